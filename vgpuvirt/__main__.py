@@ -1,0 +1,5 @@
+import sys
+
+from vgpuvirt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,66 @@
+"""The ``vgpuvirt`` command: global options, dispatch, and the one-line-error contract.
+
+Each subcommand lives in ``vgpuvirt/cli/<name>.py`` and exposes ``register(subparsers)``, which adds
+its parser and sets ``func(ctx, args) -> int``. The CLI only parses, calls the API and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from vgpuvirt.cli.context import Context
+from vgpuvirt.errors import VgpuvirtError
+
+# Subcommand modules, in help order. A module that does not exist yet is simply not offered.
+SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "sim")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vgpuvirt", description="GPU-backed VMs on KVM/libvirt hosts")
+    p.add_argument("--host", default="local", help="local (default), ssh://[user@]host[:port] or sim:PROFILE")
+    p.add_argument("--sysfs-root", default=None, help="read/write sysfs below this directory (local and ssh hosts)")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout, nothing else")
+    p.add_argument("--identity", default=None, help="SSH private key file")
+    p.add_argument("--known-hosts", default=None, help="known_hosts file (default: ~/.ssh/known_hosts)")
+    p.add_argument("--sudo", action="store_true", help="run remote commands through sudo -n")
+    p.add_argument("--insecure-accept-unknown-host-key", action="store_true", dest="allow_unknown_hosts",
+                   help="add an unknown SSH host key instead of refusing (explicit opt-in)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"vgpuvirt.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"vgpuvirt.cli.{name}":
+                continue
+            raise
+        mod.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    ctx = Context(args)
+    try:
+        rc: int = args.func(ctx, args)
+        return rc
+    except VgpuvirtError as exc:
+        print(f"vgpuvirt: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except KeyboardInterrupt:
+        print("vgpuvirt: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        ctx.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

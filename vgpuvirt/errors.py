@@ -1,0 +1,161 @@
+"""The exception tree of vgpuvirt.
+
+Every error the library raises on purpose is a :class:`VgpuvirtError`; the CLI prints its
+``str()`` as a one-line reason and exits non-zero. Backend errors (OSError, paramiko,
+libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
+
+::
+
+    VgpuvirtError
+    ├── InvalidSpec (ValueError)          bad input, refused before anything reaches a host
+    ├── MissingDependency (ImportError)   an optional extra is not installed
+    ├── HostError                         something about one host (carries .host)
+    │   ├── TransportError                connection refused/dropped/timed out (retryable)
+    │   │   └── HostKeyError              unknown or changed SSH host key (never retried)
+    │   ├── RemoteRequirementMissing      e.g. no python3 on the remote host
+    │   ├── CommandFailed                 a command exited non-zero (carries the Result)
+    │   └── LockTimeout                   the host-side lock could not be taken in time
+    ├── DeviceError                       about one device on one host (carries .host, .device)
+    │   ├── DeviceNotFound
+    │   ├── NoCapacity                    no instance of the type can be created there
+    │   ├── AlreadyExists                 a UUID/VF type exists in a conflicting form
+    │   ├── WriteFailed                   a sysfs write failed (carries .path, .errno, .strerror)
+    │   ├── NotAssignable                 IOMMU pre-flight refused (carries the report)
+    │   └── IommuDisabled
+    ├── LibvirtError                      a libvirt call failed (carries .domain, .code)
+    ├── XmlError                          domain XML rejected by the linter or the schema
+    └── ProvisioningError                 apply() failed (carries .completed and .rollback)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vgpuvirt.host.base import Result
+
+
+class VgpuvirtError(Exception):
+    """Base class of every error vgpuvirt raises on purpose."""
+
+
+class InvalidSpec(VgpuvirtError, ValueError):
+    """A value given by the caller is malformed; nothing was attempted."""
+
+    def __init__(self, what: str, value: object, expected: str) -> None:
+        self.what = what
+        self.value = value
+        self.expected = expected
+        super().__init__(f"invalid {what} {value!r}: expected {expected}")
+
+
+class MissingDependency(VgpuvirtError, ImportError):
+    """An optional dependency is missing; the message names the extra that provides it."""
+
+    def __init__(self, module: str, extra: str, feature: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs the Python module {module!r}: pip install 'vgpuvirt[{extra}]'"
+        )
+
+
+class HostError(VgpuvirtError):
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}")
+
+
+class TransportError(HostError):
+    """The connection to the host failed or dropped. Idempotent operations retry it."""
+
+
+class HostKeyError(TransportError):
+    """The SSH host key is unknown or does not match known_hosts. Never retried."""
+
+
+class RemoteRequirementMissing(HostError):
+    pass
+
+
+class LockTimeout(HostError):
+    pass
+
+
+class CommandFailed(HostError):
+    def __init__(self, host: str, result: Result, what: str | None = None) -> None:
+        self.result = result
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        detail = " | ".join(tail) if tail else "no output"
+        action = what or " ".join(result.argv[:3])
+        super().__init__(host, f"{action} failed with exit status {result.exit_code}: {detail}")
+
+
+class DeviceError(VgpuvirtError):
+    def __init__(self, host: str, device: str, message: str) -> None:
+        self.host = host
+        self.device = device
+        super().__init__(f"{host}: {device}: {message}")
+
+
+class DeviceNotFound(DeviceError):
+    pass
+
+
+class NoCapacity(DeviceError):
+    pass
+
+
+class AlreadyExists(DeviceError):
+    pass
+
+
+class IommuDisabled(DeviceError):
+    pass
+
+
+class WriteFailed(DeviceError):
+    def __init__(
+        self, host: str, device: str, path: str, value: str, errno: int | None, strerror: str
+    ) -> None:
+        self.path = path
+        self.value = value
+        self.errno = errno
+        self.strerror = strerror
+        super().__init__(host, device, f"writing {value!r} to {path} failed: {strerror}")
+
+
+class NotAssignable(DeviceError):
+    def __init__(self, host: str, device: str, reasons: list[str], report: Any = None) -> None:
+        self.reasons = reasons
+        self.report = report
+        super().__init__(host, device, "not assignable: " + "; ".join(reasons))
+
+
+class LibvirtError(VgpuvirtError):
+    def __init__(self, message: str, *, domain: str | None = None, code: int | None = None,
+                 uri: str | None = None) -> None:
+        self.domain = domain
+        self.code = code
+        self.uri = uri
+        where = f"domain {domain!r}: " if domain else ""
+        super().__init__(f"{where}{message}")
+
+
+class XmlError(VgpuvirtError):
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = problems or [message]
+        super().__init__(message)
+
+
+class ProvisioningError(VgpuvirtError):
+    """A plan failed part-way; ``completed`` lists the steps that had run, ``rollback`` what undo did."""
+
+    def __init__(self, message: str, *, completed: list[str], rollback: list[str],
+                 cause: BaseException | None = None) -> None:
+        self.completed = completed
+        self.rollback = rollback
+        self.cause = cause
+        done = ", ".join(completed) or "nothing"
+        undone = ", ".join(rollback) or "nothing"
+        super().__init__(f"{message} (completed: {done}; rolled back: {undone})")

@@ -1,0 +1,358 @@
+"""The batch agent: one request in, one response out.
+
+This file is self-contained (stdlib only, Python >= 3.6) because SSHHost sends its source to
+the remote ``python3`` and feeds the request on stdin: a whole inventory or a whole batch of
+writes is ONE remote exec. LocalHost calls :func:`handle` in-process and SimHost calls it with
+the simulator's filesystem, so every Host shares these exact semantics.
+
+Request (JSON)::
+
+    {"root": "/", "reads": ["/sys/bus/pci/devices/*/vendor", ...],
+     "ops": [{"op": "write", "path": ..., "value": ...}, ...],
+     "on_error": "stop" | "continue", "lock": {"path": ..., "timeout": 30} | null,
+     "reads_after": [...], "compress": false}
+
+Paths are host paths (``/sys/...``) below ``root``; they never contain ``.`` or ``..``
+components. Read patterns may use ``*``, ``?`` and ``[...]`` inside a component.
+
+Ops::
+
+    write      path, value                 one write(2) of value
+    check_int  path, min                   fail (errno ENOSPC) if int(content) < min
+    check_absent path                      fail (errno EEXIST) if path exists
+    wait       path, state (exists|absent|equals), value?, timeout
+    exec       argv, stdin?, timeout       run a program (never through a shell)
+
+Each op may carry ``"group"``: with on_error=continue a failure skips the rest of its group only.
+"""
+
+import errno as _errno
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+
+PROTOCOL = 1
+MAX_READ = 1 << 20
+_MAGIC = set("*?[")
+
+
+class PathRefused(Exception):
+    pass
+
+
+def check_path(path):
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise PathRefused("path must be absolute: %r" % (path,))
+    for part in path.split("/")[1:]:
+        if part in (".", ".."):
+            raise PathRefused("path must not contain . or ..: %r" % (path,))
+    return path
+
+
+class OsFs(object):
+    """The real filesystem below ``root``."""
+
+    def __init__(self, root="/"):
+        self.root = os.path.abspath(root)
+
+    def real(self, path):
+        check_path(path)
+        if self.root == "/":
+            return path
+        return self.root + path if path != "/" else self.root
+
+    def listdir(self, path):
+        return os.listdir(self.real(path))
+
+    def kind(self, path):
+        """'l' symlink, 'd' directory, 'f' anything else, None if absent."""
+        try:
+            st = os.lstat(self.real(path))
+        except OSError:
+            return None
+        import stat
+        if stat.S_ISLNK(st.st_mode):
+            return "l"
+        if stat.S_ISDIR(st.st_mode):
+            return "d"
+        return "f"
+
+    def exists(self, path):
+        return os.path.exists(self.real(path))
+
+    def readlink(self, path):
+        return os.readlink(self.real(path))
+
+    def read(self, path):
+        fd = os.open(self.real(path), os.O_RDONLY)
+        try:
+            chunks = []
+            total = 0
+            while total < MAX_READ:
+                b = os.read(fd, 65536)
+                if not b:
+                    break
+                chunks.append(b)
+                total += len(b)
+            return b"".join(chunks).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+
+    def write(self, path, value):
+        # sysfs attributes take exactly one write(2); O_TRUNC as the shell's '>' does (sysfs ignores it,
+        # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file.
+        fd = os.open(self.real(path), os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, value.encode("utf-8"))
+        finally:
+            os.close(fd)
+
+
+class FlockLocker(object):
+    def __init__(self, path, timeout):
+        self.path = path
+        self.timeout = timeout
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+        d = os.path.dirname(self.path)
+        if d and not os.path.isdir(d):
+            os.makedirs(d, 0o755)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError as exc:
+                if exc.errno not in (_errno.EAGAIN, _errno.EACCES) or time.monotonic() > deadline:
+                    os.close(self.fd)
+                    self.fd = None
+                    raise
+                time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        import fcntl
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
+def _expand(fs, pattern):
+    check_path(pattern)
+    parts = [p for p in pattern.split("/") if p]
+    paths = ["/"]
+    for i, part in enumerate(parts):
+        nxt = []
+        magic = bool(_MAGIC & set(part))
+        for base in paths:
+            prefix = base if base.endswith("/") else base + "/"
+            if magic:
+                try:
+                    names = fs.listdir(base)
+                except OSError:
+                    continue
+                for name in sorted(names):
+                    if name.startswith(".") and not part.startswith("."):
+                        continue
+                    if fnmatch.fnmatchcase(name, part):
+                        nxt.append(prefix + name)
+            elif i == len(parts) - 1:
+                nxt.append(prefix + part)
+            else:
+                nxt.append(prefix + part)
+        paths = nxt
+        if not paths:
+            break
+    return paths
+
+
+def read_entries(fs, patterns, out):
+    for pattern in patterns:
+        for path in _expand(fs, pattern):
+            if path in out:
+                continue
+            k = fs.kind(path)
+            if k is None:
+                continue
+            if k == "l":
+                try:
+                    out[path] = ["l", fs.readlink(path), None]
+                except OSError as exc:
+                    out[path] = ["e", None, exc.errno]
+            elif k == "d":
+                out[path] = ["d", None, None]
+            else:
+                try:
+                    out[path] = ["f", fs.read(path), None]
+                except OSError as exc:
+                    out[path] = ["e", None, exc.errno]
+    return out
+
+
+def _err(code, message):
+    return {"ok": False, "errno": code, "error": message}
+
+
+def _run_op(fs, op):
+    kind = op.get("op")
+    path = op.get("path")
+    try:
+        if path is not None:
+            check_path(path)
+        if kind == "write":
+            value = op["value"]
+            if not isinstance(value, str) or "\0" in value:
+                return _err(_errno.EINVAL, "value must be text")
+            fs.write(path, value)
+            return {"ok": True}
+        if kind == "check_int":
+            try:
+                raw = fs.read(path)
+            except OSError as exc:
+                return _err(exc.errno, "cannot read %s: %s" % (path, os.strerror(exc.errno or 0)))
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                return _err(_errno.EINVAL, "%s holds %r, not an integer" % (path, raw.strip()))
+            if value < int(op["min"]):
+                return dict(_err(_errno.ENOSPC, "%s is %d (< %d)" % (path, value, int(op["min"]))), value=value)
+            return {"ok": True, "value": value}
+        if kind == "check_absent":
+            if fs.kind(path) is not None:
+                return _err(_errno.EEXIST, "%s exists" % path)
+            return {"ok": True}
+        if kind == "wait":
+            state = op.get("state", "exists")
+            deadline = time.monotonic() + float(op.get("timeout", 10))
+            interval = float(op.get("interval", 0.02))
+            while True:
+                present = fs.kind(path) is not None
+                if state == "exists" and present:
+                    return {"ok": True}
+                if state == "absent" and not present:
+                    return {"ok": True}
+                if state == "equals" and present:
+                    try:
+                        cur = fs.read(path).strip()
+                    except OSError:
+                        cur = None
+                    if cur == str(op.get("value")).strip():
+                        return {"ok": True}
+                if state == "link_endswith" and present and fs.kind(path) == "l":
+                    if fs.readlink(path).rstrip("/").endswith("/" + str(op.get("value"))):
+                        return {"ok": True}
+                if time.monotonic() >= deadline:
+                    return _err(_errno.ETIMEDOUT, "timed out waiting for %s to be %s %s" % (
+                        path, state, op.get("value", "")))
+                time.sleep(interval)
+        if kind == "exec":
+            argv = op["argv"]
+            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+                return _err(_errno.EINVAL, "argv must be a non-empty list of strings")
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE)
+            except OSError as exc:
+                return dict(_err(exc.errno, "cannot run %s: %s" % (argv[0], os.strerror(exc.errno or 0))),
+                            rc=127, stdout="", stderr=str(exc))
+            try:
+                out, err = proc.communicate((op.get("stdin") or "").encode("utf-8"),
+                                            timeout=float(op.get("timeout", 60)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                return dict(_err(_errno.ETIMEDOUT, "%s timed out" % argv[0]), rc=-9,
+                            stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
+            res = {"ok": proc.returncode in op.get("ok_codes", [0]), "rc": proc.returncode,
+                   "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+            if not res["ok"]:
+                res["errno"] = None
+                res["error"] = "%s exited %d" % (argv[0], proc.returncode)
+            return res
+        return _err(_errno.EINVAL, "unknown op %r" % (kind,))
+    except PathRefused as exc:
+        return _err(_errno.EINVAL, str(exc))
+    except OSError as exc:
+        return _err(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
+
+
+def run_ops(fs, ops, on_error):
+    results = []
+    stopped = False
+    failed_groups = set()
+    for op in ops:
+        group = op.get("group")
+        if stopped or (group is not None and group in failed_groups):
+            results.append({"ok": False, "skipped": True, "errno": None, "error": "skipped"})
+            continue
+        res = _run_op(fs, op)
+        results.append(res)
+        if not res.get("ok"):
+            if on_error == "continue":
+                if group is not None:
+                    failed_groups.add(group)
+            else:
+                stopped = True
+    return results
+
+
+def handle(request, fs=None, locker=None):
+    """Execute one request; return the response dict. Never raises for per-item failures."""
+    if fs is None:
+        fs = OsFs(request.get("root", "/"))
+    response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}
+    try:
+        read_entries(fs, request.get("reads", []), response["entries"])
+    except PathRefused as exc:
+        return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
+    ops = request.get("ops", [])
+    if ops or request.get("reads_after"):
+        lock = request.get("lock")
+        if locker is None and lock:
+            locker = FlockLocker(lock["path"], float(lock.get("timeout", 30)))
+        t0 = time.monotonic()
+        try:
+            if lock and locker is not None:
+                try:
+                    locker.__enter__()
+                except OSError as exc:
+                    return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
+                            "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
+            response["lock_wait_s"] = round(time.monotonic() - t0, 4)
+            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"))
+            try:
+                read_entries(fs, request.get("reads_after", []), response["after"])
+            except PathRefused as exc:
+                return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
+        finally:
+            if lock and locker is not None:
+                locker.__exit__(None, None, None)
+    return response
+
+
+def main():
+    raw = sys.stdin.buffer.read()
+    try:
+        request = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        out = {"v": PROTOCOL, "fatal": "request", "error": "bad request: %s" % exc}
+        request = {}
+    else:
+        out = handle(request)
+    data = json.dumps(out, separators=(",", ":")).encode("utf-8")
+    if request.get("compress"):
+        import zlib
+        data = zlib.compress(data, 6)
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""The Host protocol: the only door to a host.
+
+A Host does three things, each in ONE round trip:
+
+* ``run(argv)``: run a program given as argv (never through a shell) and return a :class:`Result`;
+* ``read(patterns)``: read every file/symlink/dir matching a set of globs and return a :class:`Snapshot`;
+* ``apply(ops)``: apply a batch of :class:`Op` (writes, checks, waits, execs), optionally under the
+  host-side flock, and return one :class:`OpResult` per op.
+
+:class:`BaseHost` implements ``read``/``apply`` on top of one primitive, ``_exchange(request)``,
+which LocalHost runs in-process, SSHHost runs as one remote ``python3`` exec and SimHost runs
+against the simulated sysfs. Every mutation is logged on the ``vgpuvirt.audit`` logger.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import posixpath
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from vgpuvirt.errors import HostError, InvalidSpec
+from vgpuvirt.model import SysPath
+
+audit = logging.getLogger("vgpuvirt.audit")
+log = logging.getLogger("vgpuvirt.host")
+
+DEFAULT_LOCK_PATH = "/run/lock/vgpuvirt.lock"
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command did: argv, exit code, stdout, stderr (text)."""
+
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+EntryKind = Literal["file", "link", "dir", "error"]
+_KINDS: dict[str, EntryKind] = {"f": "file", "l": "link", "d": "dir", "e": "error"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: EntryKind
+    text: str | None = None      # file content (raw, with its newline)
+    target: str | None = None    # symlink target as readlink(2) gives it
+    errno: int | None = None     # for kind == "error": why the read failed
+
+
+class Snapshot(Mapping[str, Entry]):
+    """An immutable picture of part of a host's filesystem, keyed by host path (``/sys/...``)."""
+
+    def __init__(self, entries: Mapping[str, Entry], host: str = "") -> None:
+        self._entries = dict(entries)
+        self.host = host
+        self._children: dict[str, list[str]] | None = None
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Sequence[Any]], host: str = "") -> Snapshot:
+        return cls({p: Entry(_KINDS[k], text=v if k == "f" else None, target=v if k == "l" else None,
+                             errno=e) for p, (k, v, e) in raw.items()}, host)
+
+    def __getitem__(self, path: str) -> Entry:
+        return self._entries[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def text(self, path: str) -> str | None:
+        """File content stripped of surrounding whitespace, or None when absent/unreadable."""
+        e = self._entries.get(path)
+        return e.text.strip() if e is not None and e.text is not None else None
+
+    def raw(self, path: str) -> str | None:
+        e = self._entries.get(path)
+        return e.text if e is not None else None
+
+    def int(self, path: str) -> int | None:
+        t = self.text(path)
+        if t is None:
+            return None
+        try:
+            return int(t, 0)
+        except ValueError:
+            return None
+
+    def link(self, path: str) -> str | None:
+        e = self._entries.get(path)
+        return e.target if e is not None else None
+
+    def link_name(self, path: str) -> str | None:
+        """The last component of a symlink's target (``driver`` -> ``nvidia``)."""
+        t = self.link(path)
+        return posixpath.basename(t.rstrip("/")) if t else None
+
+    def resolve_link(self, path: str) -> str | None:
+        """A symlink's target made absolute against the link's directory (lexically)."""
+        t = self.link(path)
+        if t is None:
+            return None
+        return posixpath.normpath(posixpath.join(posixpath.dirname(path), t))
+
+    def has(self, path: str) -> bool:
+        return path in self._entries
+
+    def is_dir(self, path: str) -> bool:
+        e = self._entries.get(path)
+        return e is not None and e.kind == "dir"
+
+    def children(self, directory: str) -> list[str]:
+        """Names directly below ``directory`` that the snapshot holds, sorted."""
+        if self._children is None:
+            idx: dict[str, list[str]] = {}
+            for p in self._entries:
+                parent, _, name = p.rpartition("/")
+                idx.setdefault(parent or "/", []).append(name)
+            for names in idx.values():
+                names.sort()
+            self._children = idx
+        return list(self._children.get(directory.rstrip("/") or "/", []))
+
+    def glob(self, pattern: str) -> list[str]:
+        """Paths in the snapshot matching a glob, component by component (``*`` never crosses ``/``)."""
+        parts = pattern.split("/")
+        return sorted(p for p in self._entries
+                      if len(p.split("/")) == len(parts)
+                      and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p.split("/"), parts, strict=True)))
+
+    def to_wire(self) -> dict[str, list[Any]]:
+        rev = {v: k for k, v in _KINDS.items()}
+        return {p: [rev[e.kind], e.text if e.kind == "file" else e.target, e.errno]
+                for p, e in sorted(self._entries.items())}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step of a batch. Build with the constructors; paths are validated host paths."""
+
+    op: str
+    path: str | None = None
+    value: str | None = None
+    min: int | None = None
+    state: str | None = None
+    timeout: float | None = None
+    argv: tuple[str, ...] | None = None
+    stdin: str | None = None
+    group: str | None = None
+    ok_codes: tuple[int, ...] | None = None
+
+    @staticmethod
+    def write(path: str, value: str, *, group: str | None = None) -> Op:
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidSpec("sysfs value", value, "text without NUL bytes")
+        return Op("write", str(SysPath(path)), value=value, group=group)
+
+    @staticmethod
+    def check_int(path: str, minimum: int, *, group: str | None = None) -> Op:
+        return Op("check_int", str(SysPath(path)), min=int(minimum), group=group)
+
+    @staticmethod
+    def check_absent(path: str, *, group: str | None = None) -> Op:
+        return Op("check_absent", str(SysPath(path)), group=group)
+
+    @staticmethod
+    def wait(path: str, state: str = "exists", value: str | None = None, timeout: float = 10.0,
+             *, group: str | None = None) -> Op:
+        if state not in ("exists", "absent", "equals", "link_endswith"):
+            raise InvalidSpec("wait state", state, "exists, absent, equals or link_endswith")
+        return Op("wait", str(SysPath(path)), value=value, state=state, timeout=timeout, group=group)
+
+    @staticmethod
+    def exec(argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0,
+             group: str | None = None, ok_codes: Sequence[int] = (0,)) -> Op:
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise InvalidSpec("argv", argv, "a non-empty list of strings")
+        return Op("exec", argv=tuple(argv), stdin=stdin, timeout=timeout, group=group,
+                  ok_codes=tuple(ok_codes))
+
+    @property
+    def mutates(self) -> bool:
+        return self.op in ("write", "exec")
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op}
+        for k in ("path", "value", "min", "state", "timeout", "stdin", "group"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        if self.argv is not None:
+            d["argv"] = list(self.argv)
+        if self.ok_codes is not None:
+            d["ok_codes"] = list(self.ok_codes)
+        return d
+
+    def describe(self) -> str:
+        if self.op == "write":
+            return f"write {self.value!r} > {self.path}"
+        if self.op == "exec":
+            return "exec " + " ".join(self.argv or ())
+        return f"{self.op} {self.path}"
+
+
+@dataclass(frozen=True)
+class OpResult:
+    op: Op
+    ok: bool
+    errno: int | None = None
+    error: str | None = None
+    skipped: bool = False
+    value: int | None = None
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    results: tuple[OpResult, ...]
+    after: Snapshot = field(default_factory=lambda: Snapshot({}))
+    lock_wait_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def __iter__(self) -> Iterator[OpResult]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, i: int) -> OpResult:
+        return self.results[i]
+
+    def failures(self) -> list[OpResult]:
+        return [r for r in self.results if not r.ok and not r.skipped]
+
+
+@runtime_checkable
+class Host(Protocol):
+    """What every host (local, SSH, simulated) offers. Services depend only on this."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sysfs_root(self) -> str: ...
+
+    @property
+    def round_trips(self) -> int: ...
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            idempotent: bool = False) -> Result: ...
+
+    def read(self, patterns: Iterable[str]) -> Snapshot: ...
+
+    def apply(self, ops: Sequence[Op], *, lock: bool = True, on_error: str = "stop",
+              reads_after: Iterable[str] = ()) -> BatchResult: ...
+
+    def close(self) -> None: ...
+
+
+class BaseHost:
+    """read/apply over one ``_exchange`` primitive; subclasses supply transport."""
+
+    lock_path: str = DEFAULT_LOCK_PATH
+    lock_timeout: float = 60.0
+
+    def __init__(self, name: str, sysfs_root: str = "/") -> None:
+        self._name = name
+        self._sysfs_root = sysfs_root
+        self._round_trips = 0
+        self._rt_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sysfs_root(self) -> str:
+        return self._sysfs_root
+
+    @property
+    def round_trips(self) -> int:
+        return self._round_trips
+
+    def _count_round_trip(self) -> None:
+        with self._rt_lock:
+            self._round_trips += 1
+
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            idempotent: bool = False) -> Result:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> BaseHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _checked(self, response: dict[str, Any]) -> dict[str, Any]:
+        if "fatal" in response:
+            raise HostError(self.name, f"agent refused the request ({response['fatal']}): {response.get('error')}")
+        return response
+
+    def read(self, patterns: Iterable[str]) -> Snapshot:
+        pats = [str(SysPath(p)) for p in patterns]
+        response = self._checked(self._exchange({"root": self.sysfs_root, "reads": pats}, idempotent=True))
+        return Snapshot.from_wire(response["entries"], self.name)
+
+    def apply(self, ops: Sequence[Op], *, lock: bool = True, on_error: str = "stop",
+              reads_after: Iterable[str] = ()) -> BatchResult:
+        if on_error not in ("stop", "continue"):
+            raise InvalidSpec("on_error", on_error, "stop or continue")
+        request: dict[str, Any] = {
+            "root": self.sysfs_root,
+            "ops": [op.to_wire() for op in ops],
+            "on_error": on_error,
+            "reads_after": [str(SysPath(p)) for p in reads_after],
+            "lock": {"path": self.lock_path, "timeout": self.lock_timeout} if lock else None,
+        }
+        for op in ops:
+            if op.mutates:
+                audit.info("%s: begin %s", self.name, op.describe())
+        # A batch that mutates is never retried blindly: the caller re-reads and reconciles.
+        response = self._checked(self._exchange(request, idempotent=not any(o.mutates for o in ops)))
+        results = []
+        for op, r in zip(ops, response["ops"], strict=True):
+            res = OpResult(op=op, ok=bool(r.get("ok")), errno=r.get("errno"), error=r.get("error"),
+                           skipped=bool(r.get("skipped")), value=r.get("value"), rc=r.get("rc"),
+                           stdout=r.get("stdout", ""), stderr=r.get("stderr", ""))
+            if op.mutates and not res.skipped:
+                audit.info("%s: %s -> %s", self.name, op.describe(),
+                           "ok" if res.ok else f"FAILED errno={res.errno} {res.error}")
+            results.append(res)
+        return BatchResult(tuple(results), Snapshot.from_wire(response.get("after", {}), self.name),
+                           float(response.get("lock_wait_s", 0.0)))

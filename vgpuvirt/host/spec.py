@@ -1,0 +1,30 @@
+"""Open a Host from the CLI's ``--host`` string: ``local``, ``ssh://[user@]host[:port]``, ``sim:PROFILE``."""
+
+from __future__ import annotations
+
+import re
+
+from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.host.base import BaseHost
+
+_SSH_RE = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
+                     r"(?::(?P<port>\d{1,5}))?/?$")
+
+
+def open_host(spec: str = "local", *, sysfs_root: str | None = None, identity: str | None = None,
+              known_hosts: str | None = None, sudo: bool = False, allow_unknown_hosts: bool = False) -> BaseHost:
+    if spec == "local":
+        from vgpuvirt.host.local import LocalHost
+        return LocalHost(sysfs_root or "/")
+    if spec.startswith("sim:"):
+        if sysfs_root:
+            raise InvalidSpec("--sysfs-root", sysfs_root, "no --sysfs-root with a sim: host (the profile is the tree)")
+        from vgpuvirt.sim import SimHost
+        return SimHost.from_profile(spec[4:])
+    m = _SSH_RE.match(spec)
+    if m:
+        from vgpuvirt.host.ssh import SSHHost
+        return SSHHost(m["host"].strip("[]"), port=int(m["port"] or 22), username=m["user"],
+                       key_filename=identity, known_hosts=known_hosts, sudo=sudo,
+                       sysfs_root=sysfs_root or "/", allow_unknown_hosts=allow_unknown_hosts)
+    raise InvalidSpec("host", spec, "local, ssh://[user@]host[:port] or sim:PROFILE")

@@ -1,0 +1,267 @@
+"""SSHHost: a remote host over SSH (paramiko), agentless.
+
+* Host keys are verified against known_hosts with RejectPolicy; an unknown or changed key is a
+  :class:`HostKeyError`. Only ``allow_unknown_hosts=True`` (an explicit caller choice) adds keys.
+* One connection, reused across calls and threads; TCP_NODELAY on the socket (paramiko does not set
+  it, which costs ~40 ms per command through Nagle + delayed ACK); keepalive.
+* Batched reads/writes are one exec of the remote ``python3`` running :mod:`vgpuvirt.host.agent`,
+  whose source travels base64-encoded in argv and whose request travels as JSON on stdin.
+* Commands are argv lists; every element is shell-quoted, so no value is ever interpreted by the
+  remote shell. ``sudo=True`` prefixes ``sudo -n --`` (never prompts).
+* Transport failures are retried (tenacity, policy injectable) for idempotent operations only.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.resources
+import json
+import select
+import shlex
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import paramiko
+import tenacity
+
+from vgpuvirt.errors import (
+    HostError,
+    HostKeyError,
+    InvalidSpec,
+    RemoteRequirementMissing,
+    TransportError,
+)
+from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+
+RetryFactory = Callable[[], tenacity.Retrying]
+
+
+def default_retry() -> tenacity.Retrying:
+    """Three attempts on transport errors (never on host-key errors), short exponential backoff."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
+        stop=tenacity.stop_after_attempt(3),
+        wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
+
+
+def no_retry() -> tenacity.Retrying:
+    return tenacity.Retrying(stop=tenacity.stop_after_attempt(1), reraise=True)
+
+
+def _agent_bootstrap() -> str:
+    src = importlib.resources.files("vgpuvirt.host").joinpath("agent.py").read_bytes()
+    blob = base64.b64encode(zlib.compress(src, 9)).decode("ascii")
+    return ("import sys,zlib,base64;exec(compile(zlib.decompress(base64.b64decode('%s')),"
+            "'vgpuvirt-agent','exec'))" % blob)
+
+
+_BOOTSTRAP: str | None = None
+
+
+def agent_command(python: str = "python3") -> list[str]:
+    global _BOOTSTRAP
+    if _BOOTSTRAP is None:
+        _BOOTSTRAP = _agent_bootstrap()
+    return [python, "-c", _BOOTSTRAP]
+
+
+class SSHHost(BaseHost):
+    def __init__(
+        self,
+        hostname: str,
+        *,
+        port: int = 22,
+        username: str | None = None,
+        key_filename: str | None = None,
+        known_hosts: str | None = None,
+        allow_unknown_hosts: bool = False,
+        sudo: bool = False,
+        sysfs_root: str = "/",
+        connect_timeout: float = 10.0,
+        command_timeout: float = 300.0,
+        keepalive: int = 15,
+        retry: RetryFactory = default_retry,
+        python: str = "python3",
+        lock_path: str = DEFAULT_LOCK_PATH,
+    ) -> None:
+        if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
+            raise InvalidSpec("SSH host name", hostname, "a host name or IP address")
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise InvalidSpec("SSH port", port, "1..65535")
+        if username is not None and (not username or username.startswith("-")
+                                     or not all(c.isalnum() or c in "._-" for c in username)):
+            raise InvalidSpec("SSH user", username, "a POSIX user name")
+        if not sysfs_root.startswith("/") or ".." in sysfs_root.split("/"):
+            raise InvalidSpec("sysfs root", sysfs_root, "an absolute path without '..'")
+        label = f"{username + '@' if username else ''}{hostname}{':' + str(port) if port != 22 else ''}"
+        super().__init__(f"ssh://{label}", sysfs_root)
+        self.hostname = hostname
+        self.port = port
+        self.username = username
+        self.key_filename = key_filename
+        self.known_hosts = known_hosts
+        self.allow_unknown_hosts = allow_unknown_hosts
+        self.sudo = sudo
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.keepalive = keepalive
+        self.retry = retry
+        self.python = python
+        self.lock_path = lock_path
+        self._client: paramiko.SSHClient | None = None
+        self._conn_lock = threading.Lock()
+
+    # -- connection -------------------------------------------------------------------------
+    def _connect(self) -> paramiko.SSHClient:
+        with self._conn_lock:
+            if self._client is not None:
+                t = self._client.get_transport()
+                if t is not None and t.is_active():
+                    return self._client
+                self._client.close()
+                self._client = None
+            try:
+                sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
+            except OSError as exc:
+                raise TransportError(self.name, f"cannot connect: {exc}") from exc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = paramiko.SSHClient()
+            if self.known_hosts:
+                try:
+                    client.load_host_keys(self.known_hosts)
+                except OSError as exc:
+                    sock.close()
+                    raise HostKeyError(self.name, f"cannot read known_hosts {self.known_hosts}: {exc}") from exc
+            else:
+                client.load_system_host_keys()
+            policy: paramiko.MissingHostKeyPolicy = (
+                paramiko.AutoAddPolicy() if self.allow_unknown_hosts else paramiko.RejectPolicy())
+            client.set_missing_host_key_policy(policy)
+            try:
+                client.connect(
+                    self.hostname, port=self.port, username=self.username, key_filename=self.key_filename,
+                    sock=sock, timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                    auth_timeout=self.connect_timeout, look_for_keys=self.key_filename is None,
+                    allow_agent=True,
+                )
+            except paramiko.BadHostKeyException as exc:
+                sock.close()
+                raise HostKeyError(self.name, f"host key CHANGED (got {exc.key.get_name()} "
+                                              f"{exc.key.get_base64()[:16]}...): refusing to connect; "
+                                              "check the host and update known_hosts") from exc
+            except paramiko.AuthenticationException as exc:
+                sock.close()
+                raise HostError(self.name, f"authentication failed: {exc}") from exc
+            except paramiko.SSHException as exc:
+                sock.close()
+                if "not found in known_hosts" in str(exc):
+                    raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
+                                                  "add it with ssh-keyscan after checking its fingerprint, "
+                                                  "or pass allow_unknown_hosts=True") from exc
+                raise TransportError(self.name, f"SSH handshake failed: {exc}") from exc
+            except OSError as exc:
+                sock.close()
+                raise TransportError(self.name, f"connection failed: {exc}") from exc
+            transport = client.get_transport()
+            assert transport is not None
+            transport.set_keepalive(self.keepalive)
+            self._client = client
+            return client
+
+    def _drop(self) -> None:
+        with self._conn_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- one exec ---------------------------------------------------------------------------
+    def _command_line(self, argv: Sequence[str]) -> str:
+        prefix = ["sudo", "-n", "--"] if self.sudo else []
+        return " ".join(shlex.quote(a) for a in [*prefix, *argv])
+
+    def _exec_once(self, argv: Sequence[str], stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
+        client = self._connect()
+        self._count_round_trip()
+        try:
+            transport = client.get_transport()
+            if transport is None or not transport.is_active():
+                raise paramiko.SSHException("SSH session not active")
+            chan = transport.open_session(timeout=self.connect_timeout)
+            try:
+                chan.settimeout(timeout)
+                chan.exec_command(self._command_line(argv))
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+                out: list[bytes] = []
+                err: list[bytes] = []
+                deadline = time.monotonic() + timeout
+                while True:
+                    if chan.recv_ready():
+                        out.append(chan.recv(1 << 16))
+                        continue
+                    if chan.recv_stderr_ready():
+                        err.append(chan.recv_stderr(1 << 16))
+                        continue
+                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    if chan.closed and not chan.exit_status_ready():
+                        raise paramiko.SSHException("channel closed before the command exited")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    select.select([chan], [], [], min(left, 1.0))
+                # drain anything that raced with the exit status
+                while chan.recv_ready():
+                    out.append(chan.recv(1 << 16))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(1 << 16))
+                return chan.recv_exit_status(), b"".join(out), b"".join(err)
+            finally:
+                chan.close()
+        except TimeoutError as exc:
+            raise HostError(self.name, f"{argv[0]} did not finish within {timeout} s") from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise TransportError(self.name, f"connection lost: {exc or type(exc).__name__}") from exc
+
+    def _call(self, fn: Callable[[], Any], idempotent: bool) -> Any:
+        if not idempotent:
+            return fn()
+        return self.retry()(fn)
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            idempotent: bool = False) -> Result:
+        argv = tuple(argv)
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise InvalidSpec("argv", argv, "a non-empty list of strings")
+        rc, out, err = self._call(
+            lambda: self._exec_once(argv, (stdin or "").encode(), timeout or self.command_timeout), idempotent)
+        return Result(argv, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        payload = json.dumps({**request, "compress": True}).encode()
+        argv = agent_command(self.python)
+        rc, out, err = self._call(lambda: self._exec_once(argv, payload, self.command_timeout), idempotent)
+        if rc == 127 or (rc != 0 and b"not found" in err and self.python.encode() in err):
+            raise RemoteRequirementMissing(self.name, f"{self.python} (>= 3.6) is required on the host but was not "
+                                                      f"found: {err.decode(errors='replace').strip()}")
+        if rc == 1 and self.sudo and b"sudo" in err and b"password" in err:
+            raise HostError(self.name, "sudo -n needs a password: allow passwordless sudo for python3 on the host")
+        if rc != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise HostError(self.name, f"remote agent failed (exit {rc}): {' | '.join(tail) or 'no output'}")
+        try:
+            response: dict[str, Any] = json.loads(zlib.decompress(out))
+        except (zlib.error, ValueError) as exc:
+            raise HostError(self.name, f"remote agent sent an unreadable answer ({len(out)} bytes)") from exc
+        return response
