@@ -104,7 +104,8 @@ class MdevUuid:
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, str) or not _UUID_RE.match(self.value) or self.value != self.value.lower():
-            raise InvalidSpec("UUID", self.value, "lower-case 8-4-4-4-12 hex, e.g. 83b8f4f2-509f-382f-3c1e-e6bfe0fa1001")
+            raise InvalidSpec("UUID", self.value,
+                              "lower-case 8-4-4-4-12 hex, e.g. 83b8f4f2-509f-382f-3c1e-e6bfe0fa1001")
 
     @classmethod
     def parse(cls, text: str | MdevUuid | _uuid.UUID) -> MdevUuid:
@@ -222,7 +223,8 @@ class DomainName:
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, str) or not _DOMAIN_NAME_RE.match(self.value):
-            raise InvalidSpec("domain name", self.value, "1-64 characters of A-Z a-z 0-9 _ . + -, not starting with . or -")
+            raise InvalidSpec("domain name", self.value,
+                              "1-64 characters of A-Z a-z 0-9 _ . + -, not starting with . or -")
 
     @classmethod
     def parse(cls, text: str | DomainName) -> DomainName:

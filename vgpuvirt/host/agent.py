@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any, Dict, List, Optional
 
 PROTOCOL = 1
 MAX_READ = 1 << 20
@@ -43,7 +44,7 @@ class PathRefused(Exception):
     pass
 
 
-def check_path(path):
+def check_path(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise PathRefused("path must be absolute: %r" % (path,))
     for part in path.split("/")[1:]:
@@ -52,22 +53,22 @@ def check_path(path):
     return path
 
 
-class OsFs(object):
+class OsFs:
     """The real filesystem below ``root``."""
 
-    def __init__(self, root="/"):
+    def __init__(self, root: str = "/") -> None:
         self.root = os.path.abspath(root)
 
-    def real(self, path):
+    def real(self, path: str) -> str:
         check_path(path)
         if self.root == "/":
             return path
         return self.root + path if path != "/" else self.root
 
-    def listdir(self, path):
+    def listdir(self, path: str) -> List[str]:
         return os.listdir(self.real(path))
 
-    def kind(self, path):
+    def kind(self, path: str) -> Optional[str]:
         """'l' symlink, 'd' directory, 'f' anything else, None if absent."""
         try:
             st = os.lstat(self.real(path))
@@ -80,16 +81,16 @@ class OsFs(object):
             return "d"
         return "f"
 
-    def exists(self, path):
+    def exists(self, path: str) -> bool:
         return os.path.exists(self.real(path))
 
-    def readlink(self, path):
+    def readlink(self, path: str) -> str:
         return os.readlink(self.real(path))
 
-    def read(self, path):
+    def read(self, path: str) -> str:
         fd = os.open(self.real(path), os.O_RDONLY)
         try:
-            chunks = []
+            chunks = []  # type: List[bytes]
             total = 0
             while total < MAX_READ:
                 b = os.read(fd, 65536)
@@ -101,7 +102,7 @@ class OsFs(object):
         finally:
             os.close(fd)
 
-    def write(self, path, value):
+    def write(self, path: str, value: str) -> None:
         # sysfs attributes take exactly one write(2); O_TRUNC as the shell's '>' does (sysfs ignores it,
         # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file.
         fd = os.open(self.real(path), os.O_WRONLY | os.O_TRUNC)
@@ -111,13 +112,13 @@ class OsFs(object):
             os.close(fd)
 
 
-class FlockLocker(object):
-    def __init__(self, path, timeout):
+class FlockLocker:
+    def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
-        self.fd = None
+        self.fd = None  # type: Optional[int]
 
-    def __enter__(self):
+    def __enter__(self) -> "FlockLocker":
         import fcntl
         d = os.path.dirname(self.path)
         if d and not os.path.isdir(d):
@@ -135,21 +136,20 @@ class FlockLocker(object):
                     raise
                 time.sleep(0.01)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         import fcntl
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
-        return False
 
 
-def _expand(fs, pattern):
+def _expand(fs: Any, pattern: str) -> List[str]:
     check_path(pattern)
     parts = [p for p in pattern.split("/") if p]
-    paths = ["/"]
+    paths = ["/"]  # type: List[str]
     for i, part in enumerate(parts):
-        nxt = []
+        nxt = []  # type: List[str]
         magic = bool(_MAGIC & set(part))
         for base in paths:
             prefix = base if base.endswith("/") else base + "/"
@@ -173,7 +173,7 @@ def _expand(fs, pattern):
     return paths
 
 
-def read_entries(fs, patterns, out):
+def read_entries(fs: Any, patterns: List[str], out: Dict[str, Any]) -> Dict[str, Any]:
     for pattern in patterns:
         for path in _expand(fs, pattern):
             if path in out:
@@ -196,11 +196,11 @@ def read_entries(fs, patterns, out):
     return out
 
 
-def _err(code, message):
+def _err(code: Optional[int], message: str) -> Dict[str, Any]:
     return {"ok": False, "errno": code, "error": message}
 
 
-def _run_op(fs, op):
+def _run_op(fs: Any, op: Dict[str, Any]) -> Dict[str, Any]:
     kind = op.get("op")
     path = op.get("path")
     try:
@@ -245,9 +245,9 @@ def _run_op(fs, op):
                         cur = None
                     if cur == str(op.get("value")).strip():
                         return {"ok": True}
-                if state == "link_endswith" and present and fs.kind(path) == "l":
-                    if fs.readlink(path).rstrip("/").endswith("/" + str(op.get("value"))):
-                        return {"ok": True}
+                if (state == "link_endswith" and present and fs.kind(path) == "l"
+                        and fs.readlink(path).rstrip("/").endswith("/" + str(op.get("value")))):
+                    return {"ok": True}
                 if time.monotonic() >= deadline:
                     return _err(_errno.ETIMEDOUT, "timed out waiting for %s to be %s %s" % (
                         path, state, op.get("value", "")))
@@ -283,10 +283,10 @@ def _run_op(fs, op):
         return _err(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
 
 
-def run_ops(fs, ops, on_error):
-    results = []
+def run_ops(fs: Any, ops: List[Dict[str, Any]], on_error: str) -> List[Dict[str, Any]]:
+    results = []  # type: List[Dict[str, Any]]
     stopped = False
-    failed_groups = set()
+    failed_groups = set()  # type: set[str]
     for op in ops:
         group = op.get("group")
         if stopped or (group is not None and group in failed_groups):
@@ -303,11 +303,11 @@ def run_ops(fs, ops, on_error):
     return results
 
 
-def handle(request, fs=None, locker=None):
+def handle(request: Dict[str, Any], fs: Any = None, locker: Any = None) -> Dict[str, Any]:
     """Execute one request; return the response dict. Never raises for per-item failures."""
     if fs is None:
         fs = OsFs(request.get("root", "/"))
-    response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}
+    response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
     try:
         read_entries(fs, request.get("reads", []), response["entries"])
     except PathRefused as exc:
@@ -337,13 +337,13 @@ def handle(request, fs=None, locker=None):
     return response
 
 
-def main():
+def main() -> None:
     raw = sys.stdin.buffer.read()
+    request = {}  # type: Dict[str, Any]
     try:
         request = json.loads(raw.decode("utf-8"))
     except ValueError as exc:
-        out = {"v": PROTOCOL, "fatal": "request", "error": "bad request: %s" % exc}
-        request = {}
+        out = {"v": PROTOCOL, "fatal": "request", "error": "bad request: %s" % exc}  # type: Dict[str, Any]
     else:
         out = handle(request)
     data = json.dumps(out, separators=(",", ":")).encode("utf-8")

@@ -57,8 +57,8 @@ def no_retry() -> tenacity.Retrying:
 def _agent_bootstrap() -> str:
     src = importlib.resources.files("vgpuvirt.host").joinpath("agent.py").read_bytes()
     blob = base64.b64encode(zlib.compress(src, 9)).decode("ascii")
-    return ("import sys,zlib,base64;exec(compile(zlib.decompress(base64.b64decode('%s')),"
-            "'vgpuvirt-agent','exec'))" % blob)
+    return ("import sys,zlib,base64;exec(compile(zlib.decompress(base64.b64decode('" + blob + "')),"
+            "'vgpuvirt-agent','exec'))")
 
 
 _BOOTSTRAP: str | None = None
