@@ -19,6 +19,7 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   ├── DeviceNotFound
     │   ├── NoCapacity                    no instance of the type can be created there
     │   ├── AlreadyExists                 a UUID/VF type exists in a conflicting form
+    │   ├── DeviceBusy                    in use (VFs enabled and used, a VM holds it): not changed
     │   ├── WriteFailed                   a sysfs write failed (carries .path, .errno, .strerror)
     │   ├── NotAssignable                 IOMMU pre-flight refused (carries the report)
     │   └── IommuDisabled
@@ -108,6 +109,10 @@ class NoCapacity(DeviceError):
 
 class AlreadyExists(DeviceError):
     pass
+
+
+class DeviceBusy(DeviceError):
+    """The device is in use (by a VM, by its VFs, by the host) and was left as it was."""
 
 
 class IommuDisabled(DeviceError):

@@ -256,6 +256,11 @@ def _run_op(fs: Any, op: Dict[str, Any]) -> Dict[str, Any]:
             argv = op["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 return _err(_errno.EINVAL, "argv must be a non-empty list of strings")
+            # A simulated filesystem (vgpuvirt.sim) runs its own emulated tools instead of real programs.
+            runner = getattr(fs, "run", None)
+            if runner is not None:
+                emulated: Dict[str, Any] = runner(argv, op)
+                return emulated
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)

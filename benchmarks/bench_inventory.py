@@ -1,0 +1,242 @@
+"""Inventory of the `large` profile over real sshd with 25 ms added RTT, against a naive per-file reader.
+
+    .venv/bin/python benchmarks/bench_inventory.py [--rtt-ms 25] [--naive-files 200] [--repeat 3]
+
+Needs the testbed (scripts/testbed.sh start; this script starts it if needed). Prints:
+* the batched inventory (one exec) through the delay proxy: best and median of --repeat runs;
+* a naive reader that runs one remote `cat`/`readlink` per path, on the first --naive-files paths of the same
+  snapshot, through the same proxy, extrapolated linearly to the full path count (running all of them at
+  one RTT each would take many minutes); the ratio against the batched figure;
+* LocalHost inventory of the same materialized tree, and `mdevctl types` on that tree (real mdevctl in a
+  mount namespace with the tree bound over /sys) for comparison.
+Targets (issue 4): batched <= 2 RTT + 100 ms, and >= 50x faster than per-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vgpuvirt.host.local import LocalHost  # noqa: E402
+from vgpuvirt.host.ssh import SSHHost, no_retry  # noqa: E402
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory  # noqa: E402
+from vgpuvirt.sim import materialize  # noqa: E402
+
+
+def testbed_env() -> dict[str, object]:
+    sbx = os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed")
+    env_file = Path(sbx) / "testbed.json"
+    if not env_file.exists():
+        subprocess.run([str(REPO / "scripts" / "testbed.sh"), "start"], check=True)
+    data: dict[str, object] = json.loads(env_file.read_text())
+    return data
+
+
+def start_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, threading.Event]:
+    """A TCP proxy delaying each direction by one_way_s (vgpuvirt.testing.delayproxy when present)."""
+    try:
+        from vgpuvirt.testing.delayproxy import DelayProxy  # type: ignore[import-not-found]
+    except ImportError:
+        DelayProxy = None  # noqa: N806
+    if DelayProxy is not None:
+        proxy = DelayProxy(target=target, delay_ms=one_way_s * 1000)
+        port = proxy.start()
+        stop = threading.Event()
+        threading.Thread(target=lambda: (stop.wait(), proxy.stop()), daemon=True).start()
+        return int(port), stop
+    return _thread_proxy(target, one_way_s)
+
+
+def _thread_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, threading.Event]:
+    import heapq
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        q: list[tuple[float, int, bytes]] = []
+        cv = threading.Condition()
+        seq = 0
+
+        def writer() -> None:
+            while True:
+                with cv:
+                    while not q:
+                        cv.wait()
+                    due, _, data = q[0]
+                    now = time.monotonic()
+                    if due > now:
+                        cv.wait(due - now)
+                        continue
+                    heapq.heappop(q)
+                if not data:
+                    try:
+                        dst.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    return
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    return
+
+        threading.Thread(target=writer, daemon=True).start()
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            with cv:
+                seq += 1
+                heapq.heappush(q, (time.monotonic() + one_way_s, seq, data))
+                cv.notify()
+            if not data:
+                return
+
+    def accept() -> None:
+        while not stop.is_set():
+            c, _ = srv.accept()
+            s = socket.create_connection(target)
+            for x in (c, s):
+                x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=pump, args=(c, s), daemon=True).start()
+            threading.Thread(target=pump, args=(s, c), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv.getsockname()[1], stop
+
+
+def proxy_known_hosts(env: dict[str, object], port: int) -> str:
+    """The testbed's host keys, also listed for the proxy's port (keys stay verified, never auto-added)."""
+    real = f"[127.0.0.1]:{env['ssh_port']}"
+    lines = []
+    for line in Path(str(env["known_hosts"])).read_text().splitlines():
+        fields = line.split(" ", 1)
+        if len(fields) == 2 and real in fields[0].split(","):
+            lines.append(f"[127.0.0.1]:{port} {fields[1]}")
+    fd, path = tempfile.mkstemp(prefix="bench-known-hosts-")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def ssh_host(env: dict[str, object], port: int, sysfs_root: str) -> SSHHost:
+    return SSHHost("127.0.0.1", port=port, username=str(env.get("ssh_user", "root")),
+                   key_filename=str(env["identity"]), known_hosts=proxy_known_hosts(env, port),
+                   sysfs_root=sysfs_root, retry=no_retry)
+
+
+def naive_read(host: SSHHost, tree: str, paths: list[str]) -> float:
+    """One remote exec per path: readlink for links, cat for files (what a per-file tool does)."""
+    t0 = time.perf_counter()
+    for p in paths:
+        real = tree + p
+        if os.path.islink(real):
+            host.run(["readlink", real])
+        elif os.path.isfile(real):
+            host.run(["cat", real])
+    return time.perf_counter() - t0
+
+
+def mdevctl_types(tree: str) -> float | None:
+    if shutil.which("mdevctl") is None or shutil.which("unshare") is None:
+        return None
+    etc = tempfile.mkdtemp(prefix="mdevctl-etc-")
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount --bind "$1/sys" /sys && mount --bind "$2" /etc/mdevctl.d 2>/dev/null; exec mdevctl types --dumpjson',
+            "sh", tree, etc]
+    os.makedirs("/etc/mdevctl.d", exist_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, check=False)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(f"  mdevctl types failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+        return None
+    return dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="large")
+    ap.add_argument("--rtt-ms", type=float, default=25.0)
+    ap.add_argument("--naive-files", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+
+    env = testbed_env()
+    base = str(env.get("mnt_dir") or tempfile.gettempdir())
+    tree = tempfile.mkdtemp(prefix=f"bench-{a.profile}-", dir=base if os.path.isdir(base) else None)
+    n_written = materialize(a.profile, tree)
+    print(f"profile {a.profile}: materialized {n_written} entries in {tree}")
+
+    local = LocalHost(tree)
+    t0 = time.perf_counter()
+    snap = local.read(INVENTORY_GLOBS)
+    local_read = time.perf_counter() - t0
+    times_local = []
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        inv = inventory(LocalHost(tree))
+        times_local.append(time.perf_counter() - t0)
+    print(f"snapshot: {len(snap)} paths; {len(inv.gpus)} GPUs, {len(inv.mdev_parents)} mdev parents, "
+          f"{sum(len(p.types) for p in inv.mdev_parents)} type dirs")
+    print(f"LocalHost inventory:      best {min(times_local) * 1000:8.1f} ms  (read alone {local_read * 1000:.1f} ms)")
+
+    mt = mdevctl_types(tree)
+    print(f"mdevctl types (same tree): {'n/a' if mt is None else f'{mt * 1000:8.1f} ms'}")
+
+    port, stop = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
+    try:
+        host = ssh_host(env, port, tree)
+        t0 = time.perf_counter()
+        host.run(["true"])
+        connect = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        host.run(["true"])
+        rtt_exec = time.perf_counter() - t0
+        batched = []
+        for _ in range(a.repeat):
+            before = host.round_trips
+            t0 = time.perf_counter()
+            inv_ssh = inventory(host)
+            batched.append(time.perf_counter() - t0)
+            assert host.round_trips - before == 1, "inventory must be one exec"
+        assert len(inv_ssh.gpus) == len(inv.gpus)
+        paths = sorted(snap)[: a.naive_files]
+        naive = naive_read(host, tree, paths)
+        host.close()
+    finally:
+        stop.set()
+    per_file = naive / max(1, len(paths))
+    naive_full = per_file * len(snap)
+    best, med = min(batched), statistics.median(batched)
+    target = 2 * a.rtt_ms / 1000 + 0.100
+    print(f"added RTT {a.rtt_ms:.0f} ms: connect {connect * 1000:.0f} ms, one empty exec {rtt_exec * 1000:.1f} ms")
+    print(f"batched inventory over SSH: best {best * 1000:8.1f} ms, median {med * 1000:8.1f} ms "
+          f"(target <= {target * 1000:.0f} ms: {'MET' if best <= target else 'NOT MET'})")
+    print(f"naive per-file reader:      {len(paths)} paths in {naive:.2f} s = {per_file * 1000:.1f} ms/path; "
+          f"extrapolated to {len(snap)} paths: {naive_full:.1f} s")
+    ratio = naive_full / best
+    print(f"ratio per-file / batched:   {ratio:,.0f}x (target >= 50x: {'MET' if ratio >= 50 else 'NOT MET'})")
+    shutil.rmtree(tree, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+#!/usr/bin/python
+# Copyright: vgpuvirt contributors. Apache-2.0 (see the project's license).
+"""Ansible module: the host's GPU virtualization picture as facts (thin wrapper over vgpuvirt.inventory)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vgpu_info
+short_description: Gather facts about a host's GPUs, vGPU types, mdevs, SR-IOV VFs and IOMMU groups
+description:
+  - Reads the whole GPU virtualization picture of the target host in one pass with C(vgpuvirt.inventory)
+    and returns it as the fact C(ansible_facts.vgpuvirt), the same JSON object that
+    C(vgpuvirt inventory --json) prints.
+  - Use it in C(when:) conditions and templates, for example to pick hosts that still have free
+    instances of a vGPU type.
+  - The module runs on the target host and needs the C(vgpuvirt) Python package in the target's
+    Python (set C(ansible_python_interpreter) to it).
+  - It never changes anything, so it always reports C(changed=false), in check mode too.
+version_added: "0.1.0"
+author:
+  - vgpuvirt contributors
+requirements:
+  - python >= 3.10
+  - vgpuvirt (on the target host)
+  - libvirt-python (only when O(uri) is set)
+options:
+  sysfs_root:
+    description:
+      - Read sysfs below this directory instead of C(/).
+      - Point it at a directory tree or a FUSE-mounted simulator (C(vgpuvirt sim mount PROFILE DIR)) to test
+        playbooks without GPUs.
+    type: path
+    default: /
+  uri:
+    description:
+      - A libvirt connection URI (C(qemu:///system), C(test:///default)).
+      - When set, every mdev in the result names the libvirt domain that uses it (C(domain)), so orphans can be told
+        apart from vGPUs in use.
+      - When omitted, libvirt is not contacted and C(domain) is null.
+    type: str
+  use_nvml:
+    description:
+      - Enrich the result with NVML data (MIG mode, driver version) when C(nvidia-ml-py) and an NVIDIA driver are
+        present.
+      - Left unset, NVML is used when it is available and silently skipped otherwise; C(true) makes its absence a
+        warning in C(warnings); C(false) never loads it.
+    type: bool
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; behaves the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing is changed, so there is nothing to diff.
+notes:
+  - The fact is the DESIGN.md inventory contract; fields may be added in later versions, existing names keep their
+    meaning.
+seealso:
+  - module: vgpu_mdev
+  - module: vgpu_passthrough
+  - module: vgpu_domain
+"""
+
+EXAMPLES = r"""
+- name: Gather the GPU picture of every hypervisor
+  vgpu_info:
+  register: gpu
+
+- name: Show the vGPU types with free instances
+  ansible.builtin.debug:
+    msg: "{{ item.0.address }} {{ item.1.name }}: {{ item.1.available_instances }} free"
+  loop: "{{ ansible_facts.vgpuvirt.mdev_parents | subelements('types') }}"
+  when: item.1.available_instances > 0
+
+- name: Only hosts whose IOMMU is on may get passthrough VMs
+  ansible.builtin.group_by:
+    key: "iommu_{{ ansible_facts.vgpuvirt.iommu_enabled | default(false) }}"
+
+- name: Name the domains that use each mdev (talks to libvirt)
+  vgpu_info:
+    uri: qemu:///system
+
+- name: Test a playbook against a simulated host
+  vgpu_info:
+    sysfs_root: /srv/vgpu-sim/t4x2
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to the host's variables.
+  returned: always
+  type: dict
+  contains:
+    vgpuvirt:
+      description:
+        - The inventory of the host, as C(vgpuvirt inventory --json) prints it.
+      returned: always
+      type: dict
+      contains:
+        host:
+          description: The name vgpuvirt gives the host (C(local) on the target).
+          type: str
+          sample: local
+        iommu_enabled:
+          description: Whether the kernel has IOMMU groups (needed for any passthrough).
+          type: bool
+          sample: true
+        pci_devices:
+          description: Every PCI device of interest with vendor, device, class, driver, IOMMU group, NUMA node and
+            SR-IOV topology.
+          type: list
+          elements: dict
+        iommu_groups:
+          description: IOMMU group number (as a string) to member addresses.
+          type: dict
+          sample: {"35": ["0000:3a:00.0", "0000:3b:00.0"]}
+        mdev_parents:
+          description: Devices that offer mdev types, each with its types and free instances.
+          type: list
+          elements: dict
+          sample:
+            - address: "0000:3b:00.0"
+              types:
+                - {id: nvidia-231, name: GRID T4-2Q, available_instances: 7, framebuffer_mib: 2048}
+        mdevs:
+          description: Existing mdev instances with parent, type and (with O(uri)) the domain using it.
+          type: list
+          elements: dict
+          sample:
+            - {uuid: e55bf865-6983-4d53-967f-51e8a3bb0f57, parent: "0000:3b:00.0", type: nvidia-231, domain: null}
+        vendor_vgpu:
+          description: NVIDIA vGPU 17+ virtual functions with their current and creatable vGPU types.
+          type: list
+          elements: dict
+        gpus:
+          description: One entry per GPU with its virtualization backend (mdev, mdev-sriov, vendor-vfio,
+            passthrough, gvtg, sriov-vf).
+          type: list
+          elements: dict
+        warnings:
+          description: Things the inventory noticed but could not resolve.
+          type: list
+          elements: str
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+try:
+    from vgpuvirt.errors import MissingDependency, VgpuvirtError
+    from vgpuvirt.host.local import LocalHost
+    from vgpuvirt.services.inventory import inventory
+except ImportError:
+    HAS_VGPUVIRT = False
+    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
+else:
+    HAS_VGPUVIRT = True
+    VGPUVIRT_IMPORT_ERROR = None
+
+ARGUMENT_SPEC = dict(
+    sysfs_root=dict(type="path", default="/"),
+    uri=dict(type="str"),
+    use_nvml=dict(type="bool"),
+)
+
+
+def open_host(module):
+    """The target itself. Unit tests replace this with a simulated host."""
+    return LocalHost(module.params["sysfs_root"])
+
+
+def domain_pairs(uri):
+    """(name, xml) of every libvirt domain, for telling used mdevs from orphans."""
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+
+    with LibvirtConnection(uri, readonly=True) as conn:
+        return list(conn.domain_xml_pairs())
+
+
+def run(module, host):
+    domains = domain_pairs(module.params["uri"]) if module.params["uri"] else None
+    inv = inventory(host, domains=domains, use_nvml=module.params["use_nvml"])
+    return dict(changed=False, ansible_facts=dict(vgpuvirt=inv.to_dict()))
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not HAS_VGPUVIRT:
+        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
+    try:
+        host = open_host(module)
+        try:
+            result = run(module, host)
+        finally:
+            host.close()
+    except MissingDependency as exc:
+        module.fail_json(msg=missing_required_lib(exc.module, reason=str(exc)), exception=traceback.format_exc())
+    except VgpuvirtError as exc:
+        module.fail_json(msg=str(exc), error=type(exc).__name__)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# The vgpuvirt testbed: installs and runs the real parts the integration tests talk to.
+# Debian 12 (bookworm), as root (no sudo is used). Idempotent: every step checks before it acts.
+#
+#   scripts/testbed.sh install        apt packages, libvirtd prerequisites, .venv with vgpuvirt[all,dev]
+#   scripts/testbed.sh start          virtlogd, libvirtd, a loopback sshd on 127.0.0.1:2222, a shared mnt dir;
+#                                     writes $SBX/testbed.json (what tests/conftest.py reads)
+#   scripts/testbed.sh stop           stops what `start`/`hosts-up` started (by pid file, nothing else)
+#   scripts/testbed.sh status         one line per part; exit 0 when sshd and libvirtd run
+#   scripts/testbed.sh hosts-up N     N extra test hosts: sshd on 127.0.2.1..N:2222, each with its own mnt dir
+#   scripts/testbed.sh hosts-down     stops the extra hosts          (netns-up/netns-down are aliases)
+#
+# State lives in $VGPUVIRT_SBX (default /tmp/vgpuvirt-testbed). See docs/testbed.md.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SBX=${VGPUVIRT_SBX:-/tmp/vgpuvirt-testbed}
+PORT=${VGPUVIRT_SSH_PORT:-2222}
+VENV=${VGPUVIRT_VENV:-$REPO/.venv}
+PYTHON=${PYTHON:-python3}
+RUN=$SBX/run
+SSH_DIR=$SBX/ssh
+MNT=$SBX/mnt
+ENV_FILE=$SBX/testbed.json
+EXTRA_NET=127.0.2            # extra host N listens on 127.0.2.N (all of 127/8 is local: no netns needed)
+LIBVIRT_URI=qemu:///system
+export DEBIAN_FRONTEND=noninteractive
+
+APT_PKGS=(
+  python3 python3-venv python3-dev gcc pkg-config libvirt-dev   # the venv; libvirt-python builds from sdist
+  libvirt-clients libxml2-utils                                 # virsh, virt-xml-validate (needs xmllint)
+  libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils ovmf swtpm
+  openssh-server                                                # the loopback sshd (and ssh-keygen)
+  fuse3 mdevctl iproute2 util-linux                             # FUSE sysfs, real mdevctl, ss, unshare, flock
+)
+
+log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit "${2:-1}"; }
+
+# $SBX ends up in sshd_config and in argv; keep it to characters no config or shell can misread.
+[[ $SBX == /* && $SBX =~ ^[A-Za-z0-9/._-]+$ ]] || die "VGPUVIRT_SBX must be an absolute path of [A-Za-z0-9/._-]: $SBX" 2
+[[ $PORT =~ ^[0-9]{1,5}$ ]] || die "VGPUVIRT_SSH_PORT must be a number: $PORT" 2
+
+need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts sshd/libvirtd and makes mounts; no sudo is used)" 3; }
+
+need_bins() {
+  local b missing=()
+  for b in /usr/sbin/sshd ssh-keygen libvirtd virtlogd virsh unshare mountpoint flock ss "$PYTHON"; do
+    command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+  done
+  ((${#missing[@]} == 0)) || die "missing ${missing[*]}: run scripts/testbed.sh install first" 4
+}
+
+# One testbed command at a time (several pytest sessions may call `start` together). Every daemon
+# is started with 9>&- so that it does not inherit, and hold forever, this lock.
+take_lock() { mkdir -p "$SBX"; exec 9>"$SBX/.lock"; flock 9; }
+
+# ---------------------------------------------------------------- install
+install_apt() {
+  local missing=() p
+  for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "apt: installing ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    log "apt: all ${#APT_PKGS[@]} packages present"
+  fi
+}
+
+prep_libvirt() {
+  # libvirtd's qemu driver refuses to start unless its compiled-in user exists; libvirt-daemon-system
+  # would create it but drags in systemd. /dev/kvm is root-only here, so qemu runs as root.
+  getent group kvm >/dev/null || groupadd --system kvm
+  getent group libvirt-qemu >/dev/null || groupadd --system libvirt-qemu
+  getent passwd libvirt-qemu >/dev/null || useradd --system --no-create-home --home-dir /var/lib/libvirt \
+      --shell /usr/sbin/nologin -g kvm libvirt-qemu
+  mkdir -p /var/log/libvirt/qemu /var/lib/libvirt /var/cache/libvirt /etc/libvirt
+  grep -qs '^user = "root"' /etc/libvirt/qemu.conf || printf 'user = "root"\ngroup = "root"\n' >> /etc/libvirt/qemu.conf
+}
+
+install_venv() {
+  local stamp=$VENV/.vgpuvirt-deps want
+  want=$(cd "$REPO" && cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+  [ -x "$VENV/bin/python" ] || { log "venv: creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VENV/bin/python" -c 'import vgpuvirt' 2>/dev/null; then
+    log "venv: vgpuvirt[all,dev] present"
+    return
+  fi
+  log "venv: pip install -e '.[all,dev]' (libvirt-python compiles from sdist, ~15 s)"
+  (cd "$REPO" && "$VENV/bin/python" -m pip install -q -e '.[all,dev]')
+  echo "$want" > "$stamp"
+}
+
+# ---------------------------------------------------------------- helpers for daemons
+# alive PIDFILE [WORD]: the pid in PIDFILE runs, and (when given) its command line contains WORD,
+# so that a recycled pid is never taken for ours.
+alive() {
+  local pid
+  [ -s "$1" ] || return 1
+  pid=$(cat "$1")
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ -z "${2:-}" ] || tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2"
+}
+
+stop_pidfile() {  # stop_pidfile NAME PIDFILE WORD
+  local pid i
+  if alive "$2" "$3"; then
+    pid=$(cat "$2")
+    kill "$pid"
+    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    log "stopped $1 (pid $pid)"
+  fi
+  rm -f "$2"
+}
+
+wait_port() {  # wait_port ADDR PORT: up to 5 s for a listener
+  local i
+  for i in $(seq 1 100); do (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0; sleep 0.05; done
+  return 1
+}
+
+# ---------------------------------------------------------------- ssh material
+sshd_config() {  # sshd_config DIR LISTEN_ADDR NAME
+  cat > "$1/sshd_config" <<EOF
+# generated by scripts/testbed.sh; key-only root login on loopback, keys under $SBX
+ListenAddress $2:$PORT
+HostKey $1/host_ed25519
+PidFile none
+AuthorizedKeysFile $SSH_DIR/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PermitUserEnvironment no
+MaxSessions 100
+MaxStartups 100:30:200
+Subsystem sftp /usr/lib/openssh/sftp-server
+# VERBOSE logs "Starting session: command for root from ADDR port N" for every exec: the tests count
+# remote execs from this log, independently of the client's own counter.
+LogLevel VERBOSE
+EOF
+  /usr/sbin/sshd -t -f "$1/sshd_config"
+}
+
+prep_ssh() {
+  mkdir -p "$SSH_DIR" "$RUN" /run/sshd
+  chmod 700 "$SSH_DIR"
+  [ -f "$SSH_DIR/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C vgpuvirt-testbed-host -f "$SSH_DIR/host_ed25519"
+  [ -f "$SSH_DIR/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C vgpuvirt-testbed-client -f "$SSH_DIR/id_ed25519"
+  install -m 600 "$SSH_DIR/id_ed25519.pub" "$SSH_DIR/authorized_keys"
+  : > "$SSH_DIR/empty_bashrc"
+  sshd_config "$SSH_DIR" 127.0.0.1 main
+  # libvirt's qemu+ssh:// transport runs plain ssh: this wrapper makes it check our known_hosts strictly.
+  cat > "$SSH_DIR/ssh-wrapper" <<EOF
+#!/bin/sh
+exec /usr/bin/ssh -o UserKnownHostsFile=$SSH_DIR/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes "\$@"
+EOF
+  chmod 755 "$SSH_DIR/ssh-wrapper"
+  write_known_hosts
+}
+
+write_known_hosts() {
+  local d i
+  {
+    printf '[127.0.0.1]:%s %s\n' "$PORT" "$(cut -d' ' -f1,2 "$SSH_DIR/host_ed25519.pub")"
+    for d in "$SBX"/hosts/h*; do
+      [ -f "$d/host_ed25519.pub" ] || continue
+      i=${d##*/h}
+      printf '[%s.%s]:%s %s\n' "$EXTRA_NET" "$i" "$PORT" "$(cut -d' ' -f1,2 "$d/host_ed25519.pub")"
+    done
+  } > "$SSH_DIR/known_hosts.new"
+  mv "$SSH_DIR/known_hosts.new" "$SSH_DIR/known_hosts"
+}
+
+# start_sshd NAME DIR ADDR: sshd in its own mount namespace (slave propagation) where root's ~/.bashrc
+# is an empty file: on these machines it runs `pyenv init` (~150 ms on every exec); slave propagation
+# still shows FUSE mounts made later under the shared $MNT.
+start_sshd() {
+  local name=$1 dir=$2 addr=$3 pidfile=$RUN/sshd-$1.pid bashrc
+  if alive "$pidfile" "$dir/sshd_config"; then return 0; fi
+  bashrc=$(getent passwd root | cut -d: -f6)/.bashrc
+  # shellcheck disable=SC2016  # $1.. are expanded by the inner sh, from argv, never spliced
+  nohup unshare -m --propagation slave sh -c \
+    'if [ -e "$1" ]; then mount --bind "$2" "$1" || exit 1; fi; exec /usr/sbin/sshd -D -f "$3" -E "$4"' \
+    sshd-ns "$bashrc" "$SSH_DIR/empty_bashrc" "$dir/sshd_config" "$RUN/sshd-$name.log" >>"$RUN/sshd-$name.out" 2>&1 9>&- &
+  echo $! > "$pidfile"
+  wait_port "$addr" "$PORT" || { tail -5 "$RUN/sshd-$name.out" "$RUN/sshd-$name.log" >&2 || true; die "sshd $name did not listen on $addr:$PORT"; }
+  log "sshd $name listening on $addr:$PORT (pid $(cat "$pidfile"))"
+}
+
+# ---------------------------------------------------------------- start / stop
+start_libvirt() {
+  if alive "$RUN/virtlogd.pid" virtlogd; then :
+  elif pgrep -x virtlogd >/dev/null; then log "virtlogd: one we did not start is running; using it"
+  else virtlogd -d -p "$RUN/virtlogd.pid" 9>&-; log "virtlogd started"; fi
+
+  if alive "$RUN/libvirtd.pid" libvirtd; then return 0; fi
+  if virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; then
+    log "libvirtd: one we did not start answers on $LIBVIRT_URI; using it"
+    return 0
+  fi
+  LIBVIRT_LOG_OUTPUTS="3:file:$RUN/libvirtd.log" libvirtd -d --pid-file "$RUN/libvirtd.pid" 9>&-
+  local i
+  for i in $(seq 1 600); do virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1 && break; sleep 0.05; done
+  virsh -q -c "$LIBVIRT_URI" version >/dev/null || { tail -20 "$RUN/libvirtd.log" >&2; die "libvirtd did not answer"; }
+  log "libvirtd ready on $LIBVIRT_URI (pid $(cat "$RUN/libvirtd.pid"))"   # cold ~8 s: QEMU capability probe
+}
+
+# All mounts here are private (no systemd): make $MNT a shared mount point so that FUSE trees mounted
+# below it later propagate into the sshd namespaces (which are slaves).
+share_mnt() {
+  mkdir -p "$MNT"
+  mountpoint -q "$MNT" || mount --bind "$MNT" "$MNT"
+  mount --make-shared "$MNT"
+}
+
+write_env() {
+  local hosts=() d i
+  for d in "$SBX"/hosts/h*; do
+    [ -d "$d" ] || continue
+    i=${d##*/h}
+    alive "$RUN/sshd-h$i.pid" "$d/sshd_config" && hosts+=("$i")
+  done
+  "$PYTHON" - "$ENV_FILE" "$SBX" "$PORT" "$SSH_DIR" "$MNT" "$LIBVIRT_URI" "$EXTRA_NET" "$RUN" "${hosts[@]}" <<'EOF'
+import json, os, sys
+env_file, sbx, port, ssh_dir, mnt, uri, net, run, *hosts = sys.argv[1:]
+port = int(port)
+identity = os.path.join(ssh_dir, "id_ed25519")
+wrapper = os.path.join(ssh_dir, "ssh-wrapper")
+data = {
+    "sbx": sbx, "ssh_host": "127.0.0.1", "ssh_port": port, "ssh_user": "root", "identity": identity,
+    "known_hosts": os.path.join(ssh_dir, "known_hosts"), "mnt_dir": mnt, "libvirt_uri": uri,
+    "libvirt_ssh_uri": "qemu+ssh://root@127.0.0.1:%d/system?keyfile=%s&command=%s" % (port, identity, wrapper),
+    "ssh_wrapper": wrapper, "sshd_log": os.path.join(run, "sshd-main.log"),
+    "hosts": [{"name": "h" + i, "ssh_host": "%s.%s" % (net, i), "ssh_port": port,
+               "mnt_dir": os.path.join(mnt, "h" + i), "sshd_log": os.path.join(run, "sshd-h%s.log" % i)}
+              for i in sorted(hosts, key=int)],
+}
+tmp = env_file + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(data, f, indent=1)
+os.replace(tmp, env_file)
+EOF
+}
+
+start() {
+  need_root; need_bins; take_lock
+  prep_libvirt
+  prep_ssh
+  start_libvirt
+  share_mnt
+  start_sshd main "$SSH_DIR" 127.0.0.1
+  write_env
+  log "ready: $ENV_FILE"
+}
+
+hosts_up() {
+  local n=${1:-} i d
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 50)) || die "usage: $0 hosts-up N (1..50)" 2
+  need_root; need_bins
+  [ -f "$ENV_FILE" ] || start
+  take_lock
+  share_mnt
+  for i in $(seq 1 "$n"); do
+    d=$SBX/hosts/h$i
+    mkdir -p "$d" "$MNT/h$i"
+    [ -f "$d/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "vgpuvirt-testbed-h$i" -f "$d/host_ed25519"
+    sshd_config "$d" "$EXTRA_NET.$i" "h$i"
+  done
+  write_known_hosts
+  for i in $(seq 1 "$n"); do start_sshd "h$i" "$SBX/hosts/h$i" "$EXTRA_NET.$i"; done
+  write_env
+}
+
+hosts_down() {
+  local d
+  need_root; take_lock
+  for d in "$SBX"/hosts/h*; do
+    [ -d "$d" ] || continue
+    stop_pidfile "sshd ${d##*/}" "$RUN/sshd-${d##*/}.pid" "$d/sshd_config"
+  done
+  [ -f "$ENV_FILE" ] && write_env
+  return 0
+}
+
+stop() {
+  need_root
+  hosts_down
+  stop_pidfile "sshd main" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config"
+  stop_pidfile libvirtd "$RUN/libvirtd.pid" libvirtd
+  stop_pidfile virtlogd "$RUN/virtlogd.pid" virtlogd
+  # leave $MNT mounted while something (a FUSE tree of a running test) is still mounted below it
+  if mountpoint -q "$MNT" && ! grep -qF " $MNT/" /proc/self/mountinfo; then umount "$MNT"; fi
+  rm -f "$ENV_FILE"
+}
+
+status() {
+  local ok=0 f d
+  show() {  # show NAME PIDFILE WORD
+    if alive "$2" "$3"; then echo "$1: running (pid $(cat "$2"))"; else echo "$1: stopped"; return 1; fi
+  }
+  show "sshd 127.0.0.1:$PORT" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config" || ok=1
+  if ! show libvirtd "$RUN/libvirtd.pid" libvirtd; then
+    virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1 && echo "  (a libvirtd we did not start answers)" || ok=1
+  fi
+  show virtlogd "$RUN/virtlogd.pid" virtlogd || true
+  for d in "$SBX"/hosts/h*; do
+    [ -d "$d" ] || continue
+    f=${d##*/}
+    show "sshd $f $EXTRA_NET.${f#h}:$PORT" "$RUN/sshd-$f.pid" "$d/sshd_config" || true
+  done
+  if mountpoint -q "$MNT" && grep -qE "^[0-9]+ [0-9]+ [^ ]+ [^ ]+ $MNT .*shared:" /proc/self/mountinfo; then
+    echo "mnt $MNT: shared mount"
+  else
+    echo "mnt $MNT: not a shared mount"; ok=1
+  fi
+  [ -f "$ENV_FILE" ] && echo "env: $ENV_FILE" || echo "env: none"
+  return $ok
+}
+
+t0=$EPOCHREALTIME
+case "${1:-}" in
+  install)  need_root; take_lock; install_apt; prep_libvirt; install_venv ;;
+  start)    start ;;
+  stop)     stop ;;
+  status)   status; exit $? ;;
+  hosts-up|netns-up)     hosts_up "${2:-}" ;;
+  hosts-down|netns-down) hosts_down ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+esac
+log "$1 done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"

@@ -1,0 +1,174 @@
+"""Bad input to every lifecycle entry point is refused with InvalidSpec before the host sees anything.
+
+The host double records every call; each test asserts it recorded none."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from lifecycle_doubles import RecordingHost
+from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VfCount, VgpuTypeId
+from vgpuvirt.services import gc, iommu
+from vgpuvirt.services.iommu import BindingRecord
+from vgpuvirt.services.mdev import MdevService
+from vgpuvirt.services.sriov import SriovService
+from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+
+GOOD_PCI = "0000:3b:00.0"
+GOOD_UUID = "a1b2c3d4-0000-4000-8000-000000000001"
+GOOD_TYPE = "nvidia-231"
+
+INJECTIONS = [
+    "; rm -rf /", "$(reboot)", "`id`", "| cat /etc/shadow", "&& halt", "\n", "x\0y", "../../etc/passwd",
+    "..", "/", "'", '"', "0000:3b:00.0; reboot", "0000:3b:00.0\nrm", "nvidia-231 && reboot",
+    "nvidia-231/../../x", "nvidia-..", "-rf", "--help", " ", "",
+]
+
+
+def _valid(parse: Callable[[Any], Any], value: Any) -> bool:
+    try:
+        parse(value)
+    except InvalidSpec:
+        return False
+    except Exception:          # noqa: BLE001 - anything else would be a bug the other tests catch
+        return False
+    return True
+
+
+def _refused(call: Callable[[RecordingHost], Any]) -> None:
+    host = RecordingHost()
+    with pytest.raises(InvalidSpec):
+        call(host)
+    assert host.calls == [], f"the host was called before validation: {host.calls}"
+
+
+anything = st.one_of(st.text(max_size=40), st.sampled_from(INJECTIONS), st.integers(), st.none(),
+                     st.floats(allow_nan=True), st.booleans(), st.binary(max_size=8))
+
+
+# ---------------------------------------------------------------- addresses
+
+
+@settings(max_examples=150, deadline=None)
+@given(bad=anything)
+def test_bad_pci_address_is_refused_everywhere(bad: Any) -> None:
+    assume(bad is not None and not _valid(PciAddress.parse, bad))
+    _refused(lambda h: MdevService(h).create(bad, GOOD_TYPE, GOOD_UUID))
+    _refused(lambda h: MdevService(h).ensure(GOOD_UUID, bad, GOOD_TYPE))
+    _refused(lambda h: VendorVgpuService(h).assign(1155, vf=bad))
+    _refused(lambda h: VendorVgpuService(h).assign(1155, pf=bad))
+    _refused(lambda h: VendorVgpuService(h).release(bad))
+    _refused(lambda h: SriovService(h).enable(bad, 4))
+    _refused(lambda h: SriovService(h).disable(bad))
+    _refused(lambda h: SriovService(h).report(bad))
+    _refused(lambda h: iommu.check_assignable(h, [GOOD_PCI, bad]))
+    _refused(lambda h: iommu.prepare(h, [bad]))
+    _refused(lambda h: iommu.release(h, [bad]))
+
+
+# ---------------------------------------------------------------- UUIDs
+
+
+@settings(max_examples=150, deadline=None)
+@given(bad=anything)
+def test_bad_uuid_is_refused_everywhere(bad: Any) -> None:
+    assume(bad is not None and not _valid(MdevUuid.parse, bad))
+    _refused(lambda h: MdevService(h).create(GOOD_PCI, GOOD_TYPE, bad))
+    _refused(lambda h: MdevService(h).remove(bad))
+    _refused(lambda h: MdevService(h).ensure(bad, GOOD_PCI, GOOD_TYPE))
+    _refused(lambda h: MdevService(h).ensure(bad, state="absent"))
+
+
+@given(u=st.uuids())
+def test_uuid_case_and_form_normalize(u: Any) -> None:
+    # the kernel names devices %pUl: lower case; upper-case input must not create a second identity
+    assert MdevUuid.parse(str(u).upper()) == MdevUuid.parse(str(u)) == MdevUuid.parse(u)
+
+
+# ---------------------------------------------------------------- type ids
+
+
+@settings(max_examples=150, deadline=None)
+@given(bad=anything)
+def test_bad_mdev_type_is_refused(bad: Any) -> None:
+    assume(not _valid(MdevTypeId.parse, bad))
+    _refused(lambda h: MdevService(h).create(GOOD_PCI, bad, GOOD_UUID))
+    _refused(lambda h: MdevService(h).ensure(GOOD_UUID, GOOD_PCI, bad))
+
+
+@settings(max_examples=150, deadline=None)
+@given(bad=anything)
+def test_bad_vgpu_type_is_refused(bad: Any) -> None:
+    assume(not _valid(VgpuTypeId.parse, bad))
+    _refused(lambda h: VendorVgpuService(h).assign(bad))
+    _refused(lambda h: VendorVgpuService(h).assign(bad, vf="0000:3d:00.4"))
+
+
+@pytest.mark.parametrize("bad", ["nvidia-231;reboot", "nvidia-231 x", "nvidia/231", "nvidia-..", "-nvidia",
+                                 "nvidia-$(id)", "nvidia-`id`", "nvidia-231|x"])
+def test_type_ids_with_shell_or_path_characters(bad: str) -> None:
+    _refused(lambda h: MdevService(h).create(GOOD_PCI, bad))
+
+
+# ---------------------------------------------------------------- VF counts
+
+
+@settings(max_examples=150, deadline=None)
+@given(bad=st.one_of(st.integers(max_value=-1), st.integers(min_value=VfCount.MAX + 1), st.floats(),
+                     st.booleans(), st.sampled_from(["1e3", "0x10", "4;reboot", "-1", " ", "four", "$(x)"]),
+                     st.text(max_size=8)))
+def test_bad_vf_count_is_refused(bad: Any) -> None:
+    assume(not _valid(VfCount.parse, bad))
+    _refused(lambda h: SriovService(h).enable(GOOD_PCI, bad))
+
+
+# ---------------------------------------------------------------- everything else
+
+
+@pytest.mark.parametrize("bad", ["transient;x", "", "PERSISTENT", "auto"])
+def test_bad_persistence_is_refused(bad: str) -> None:
+    _refused(lambda h: MdevService(h).create(GOOD_PCI, GOOD_TYPE, GOOD_UUID, persist=bad))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["present;x", "", "gone"])
+def test_bad_state_is_refused(bad: str) -> None:
+    _refused(lambda h: MdevService(h).ensure(GOOD_UUID, GOOD_PCI, GOOD_TYPE, state=bad))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix", [[], [""], ["mdevctl", ""]])
+def test_bad_mdevctl_prefix_is_refused(prefix: list[str]) -> None:
+    _refused(lambda h: MdevService(h, mdevctl=prefix))
+
+
+@pytest.mark.parametrize("record", [
+    {"bindings": [{"address": GOOD_PCI, "original_driver": "nvidia; reboot"}]},
+    {"bindings": [{"address": GOOD_PCI, "original_driver": "../../x"}]},
+    {"bindings": [{"address": GOOD_PCI, "original_driver": "snd_hda_intel", "original_override": "a b"}]},
+    {"bindings": [{"address": "../x", "original_driver": "nvidia"}]},
+    {"bindings": [{"original_driver": "nvidia"}]},
+    {"nothing": []},
+])
+def test_bad_binding_record_is_refused(record: dict[str, Any]) -> None:
+    _refused(lambda h: iommu.release(h, BindingRecord.from_dict(record)))
+
+
+def test_empty_address_list_is_refused() -> None:
+    _refused(lambda h: iommu.check_assignable(h, []))
+    _refused(lambda h: iommu.prepare(h, []))
+
+
+def test_malformed_domain_xml_stops_gc_before_reading() -> None:
+    _refused(lambda h: gc.collect(h, [("vm1", "<domain><devices>")], dry_run=False))
+
+
+def test_hostile_names_never_become_paths() -> None:
+    # the validated values render only to characters that cannot leave a sysfs directory
+    for v in (PciAddress.parse("3B:0.7"), MdevUuid.parse(GOOD_UUID.upper()), MdevTypeId.parse("i915-GVTg_V5_4")):
+        assert re.fullmatch(r"[0-9A-Za-z:._-]+", str(v)) and ".." not in str(v)

@@ -1,0 +1,171 @@
+"""LibvirtConnection against libvirt's real test driver (test:///default, in-process, no daemon)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import pytest
+import tenacity
+
+from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency
+from vgpuvirt.libvirt_conn import (
+    VIR_ERR_NO_DOMAIN,
+    VIR_ERR_OPERATION_TIMEOUT,
+    LibvirtConnection,
+    no_retry,
+    retry_transient,
+)
+
+libvirt = pytest.importorskip("libvirt")
+
+
+def _xml(name: str, *, mdev: str | None = None, disk: str | None = None) -> str:
+    dev = ""
+    if mdev:
+        dev += (f"<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
+                f"<address uuid='{mdev}'/></source></hostdev>")
+    if disk:
+        dev += f"<disk type='file' device='disk'><source file='{disk}'/><target dev='vda' bus='virtio'/></disk>"
+    return (f"<domain type='test'><name>{name}</name><memory unit='MiB'>64</memory>"
+            f"<os><type>hvm</type></os><devices>{dev}</devices></domain>")
+
+
+@pytest.fixture
+def conn():
+    c = LibvirtConnection("test:///default", retry=no_retry)
+    made: list[str] = []
+    c.made = made  # type: ignore[attr-defined]
+    yield c
+    for name in made:
+        c.destroy(name)
+        c.undefine(name)
+    c.close()
+
+
+def _name() -> str:
+    return "t-" + uuid.uuid4().hex[:10]
+
+
+def test_define_start_destroy_undefine_cycle(conn):
+    name = _name()
+    conn.made.append(name)
+    mdev = str(uuid.uuid4())
+    assert conn.define(_xml(name, mdev=mdev)) == name
+    assert conn.exists(name)
+    assert not conn.is_active(name)
+    conn.start(name)
+    assert conn.is_active(name)
+    conn.start(name)  # already running: converges, no error
+    info = {d.name: d for d in conn.domains()}[name]
+    assert info.active and info.persistent and mdev in info.xml
+    assert (name, info.xml) in list(conn.domain_xml_pairs())
+    assert conn.destroy(name) is True
+    assert conn.destroy(name) is False
+    assert conn.undefine(name) == []
+    assert not conn.exists(name)
+    assert conn.undefine(name) == []  # gone: no-op
+
+
+def test_undefine_keeps_disks_by_default(conn, tmp_path):
+    disk = tmp_path / "disk.qcow2"
+    disk.write_bytes(b"data")
+    name = _name()
+    conn.made.append(name)
+    conn.define(_xml(name, disk=str(disk)))
+    conn.undefine(name)
+    assert disk.exists()
+
+
+def test_bad_xml_is_translated_with_domain_and_code(conn):
+    name = _name()
+    bad = _xml(name).replace("<devices>", "<devices><hostdev mode='subsystem' type='mdev' model='bogus'>"
+                                          "<source><address uuid='" + str(uuid.uuid4()) + "'/></source></hostdev>")
+    with pytest.raises(LibvirtError) as ei:
+        conn.define(bad)
+    assert ei.value.domain == name
+    assert ei.value.code not in (None, 0)
+    assert ei.value.uri == "test:///default"
+    assert not conn.exists(name)
+
+
+def test_missing_domain_errors_carry_name_and_code(conn):
+    with pytest.raises(LibvirtError) as ei:
+        conn.start("no-such-domain-x")
+    assert ei.value.code == VIR_ERR_NO_DOMAIN
+    assert "no-such-domain-x" in str(ei.value)
+
+
+def test_refuses_bad_names_and_xml_before_libvirt(conn):
+    with pytest.raises(InvalidSpec):
+        conn.start("bad;name")
+    with pytest.raises(InvalidSpec):
+        conn.define("<domain><name>x")
+    with pytest.raises(InvalidSpec):
+        LibvirtConnection("")
+
+
+def test_hotplug_is_refused_clearly_on_the_test_driver(conn):
+    assert conn.driver == "test"
+    assert conn.supports_hotplug is False
+    name = _name()
+    conn.made.append(name)
+    conn.define(_xml(name))
+    with pytest.raises(LibvirtError) as ei:
+        conn.attach(name, "<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
+                          f"<address uuid='{uuid.uuid4()}'/></source></hostdev>")
+    assert ei.value.domain == name
+
+
+def _lv_error(code: int) -> Exception:
+    exc = libvirt.libvirtError("synthetic")
+    exc.err = (code, 10, f"synthetic error {code}", 2, None, None, None, 0, 0)
+    return exc
+
+
+def test_transient_errors_are_retried_and_others_are_not():
+    policy = retry_transient(attempts=3, max_wait=0)
+    c = LibvirtConnection("test:///default", retry=policy)
+    calls = {"n": 0}
+
+    def flaky() -> str:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise _lv_error(VIR_ERR_OPERATION_TIMEOUT)
+        return "ok"
+
+    assert c._call("d1", "start", flaky) == "ok"
+    assert calls["n"] == 3
+
+    calls["n"] = 0
+
+    def broken() -> str:
+        calls["n"] += 1
+        raise _lv_error(1)
+
+    with pytest.raises(LibvirtError) as ei:
+        c._call("d1", "start", broken)
+    assert calls["n"] == 1 and ei.value.code == 1 and ei.value.domain == "d1"
+
+
+def test_transient_retry_gives_up_after_the_policy():
+    c = LibvirtConnection("test:///default",
+                          retry=retry_transient(attempts=2, max_wait=0))
+    calls = {"n": 0}
+
+    def always() -> None:
+        calls["n"] += 1
+        raise _lv_error(VIR_ERR_OPERATION_TIMEOUT)
+
+    with pytest.raises(LibvirtError) as ei:
+        c._call("d", "start", always)
+    assert calls["n"] == 2 and ei.value.code == VIR_ERR_OPERATION_TIMEOUT
+    assert isinstance(no_retry(), tenacity.Retrying)
+
+
+def test_missing_libvirt_python_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "libvirt", None)
+    c = LibvirtConnection("test:///default")
+    with pytest.raises(MissingDependency) as ei:
+        c.domains()
+    assert "vgpuvirt[libvirt]" in str(ei.value)

@@ -1,0 +1,290 @@
+"""plan/apply/rollback/teardown end to end on SimHost + libvirt's test driver, with faults injected
+at each step: vGPU creation, define, start, and the connection cut mid-batch. After each failure
+the host holds exactly what it held before (foreign devices and domains included), and a rerun
+converges without duplicates."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from vgpuvirt.errors import LibvirtError, ProvisioningError, TransportError
+from vgpuvirt.host.base import Op
+from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
+from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
+from vgpuvirt.provision.plan import mdev_uuid_for
+from vgpuvirt.provision.run import gather
+from vgpuvirt.services.inventory import inventory
+from vgpuvirt.sim import SimHost
+
+libvirt = pytest.importorskip("libvirt")
+
+Q2 = VgpuRequest(type="nvidia-231")
+FOREIGN_UUID = "0badc0de-0000-4000-8000-000000000001"
+
+
+class CutSimHost(SimHost):
+    """A SimHost whose connection 'drops' on the n-th writing batch, before or after the batch ran;
+    with ``stay_down`` every later call fails too until ``down`` is cleared."""
+
+    cut_at: int | None = None
+    cut_after_running: bool = True
+    stay_down: bool = False
+    down: bool = False
+    _writes = 0
+
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        if self.down:
+            raise TransportError(self.name, "connection refused: simulated outage")
+        if any(o.get("op") == "write" for o in request.get("ops") or ()):
+            self._writes += 1
+            if self._writes == self.cut_at:
+                if self.cut_after_running:
+                    super()._exchange(request, idempotent=idempotent)
+                self.down = self.stay_down
+                raise TransportError(self.name, "connection lost: simulated cut")
+        return super()._exchange(request, idempotent=idempotent)
+
+
+class FaultyConn(LibvirtConnection):
+    """The real test driver, with one lifecycle call made to fail the way libvirt fails."""
+
+    fail: tuple[str, str] | None = None    # (method, domain name)
+
+    def _boom(self, method: str, name: str) -> None:
+        if self.fail == (method, name):
+            raise LibvirtError(f"{method} failed: injected", domain=name, code=1, uri=self.uri)
+
+    def define(self, xml: str) -> str:
+        from lxml import etree
+        self._boom("define", etree.fromstring(xml.encode()).findtext("name"))
+        return super().define(xml)
+
+    def start(self, name: str) -> None:
+        self._boom("start", name)
+        super().start(name)
+
+
+@pytest.fixture
+def conn():
+    c = FaultyConn("test:///default", retry=no_retry)
+    yield c
+    for d in c.domains():
+        if d.name != "test":
+            c.destroy(d.name)
+            c.undefine(d.name)
+    c.close()
+
+
+def _prefix() -> str:
+    return "p" + uuid.uuid4().hex[:6]
+
+
+def _state(host, conn) -> tuple[set[str], set[str], dict[str, bool]]:
+    inv = inventory(host)
+    return ({str(m.uuid) for m in inv.mdevs}, {str(v.address) for v in inv.vendor_vgpu if v.current_type},
+            {d.name: d.active for d in conn.domains()})
+
+
+def _foreign(host, conn) -> str:
+    """A foreign mdev (same size as ours, on GPU0) and a foreign domain that must survive everything."""
+    res = host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-231/create",
+                               FOREIGN_UUID)])
+    assert res.ok
+    name = "foreign-" + uuid.uuid4().hex[:6]
+    conn.define(f"<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os></domain>")
+    return name
+
+
+@pytest.mark.parametrize("profile", ["t4x2", "a100-sriov", "l40s-vgpu17", "gvtg", "mixed", "large"])
+def test_provision_rerun_teardown_on_every_vgpu_profile(profile, conn):
+    host = SimHost.from_profile(profile)
+    vms = VmRequest.pool(_prefix(), 3, gpu=VgpuRequest())
+    before = _state(host, conn)
+    r = provision(host, conn, vms)
+    assert r.applied is not None and r.applied.round_trips[host.name] == 1   # one batch for all vGPUs
+    after = _state(host, conn)
+    assert len(after[0] - before[0]) + len(after[1] - before[1]) == 3
+    assert all(after[2][v.name] for v in vms)
+    again = provision(host, conn, vms)
+    assert again.plan.empty and again.applied is not None and again.applied.done == []
+    assert _state(host, conn) == after                                        # nothing duplicated
+    td = teardown(host, conn, [v.name for v in vms])
+    assert td.ok, td.failed
+    assert _state(host, conn) == before
+
+
+@pytest.mark.parametrize(("profile", "gpu", "template"), [
+    ("desktop", VgpuRequest(mode="passthrough"), "gaming"),
+    ("mxgpu", VgpuRequest(mode="vf"), "vdi"),
+    ("a100-sriov", VgpuRequest(mig_backed=True), "compute"),
+])
+def test_passthrough_vf_and_mig_profiles(profile, gpu, template, conn):
+    host = SimHost.from_profile(profile)
+    vms = VmRequest.pool(_prefix(), 1, gpu=gpu, template=template)
+    before = _state(host, conn)
+    r = provision(host, conn, vms)
+    xml = conn.xml(vms[0].name)
+    a = r.plan.assignments[0]
+    assert str(a.slot).split(":")[1] in xml or str(mdev_uuid_for(vms[0].name, 0)) in xml
+    assert teardown(host, conn, [v.name for v in vms]).ok
+    assert _state(host, conn) == before
+
+
+def test_vgpu_creation_failure_rolls_back_exactly_what_was_created(conn):
+    host = SimHost.from_profile("t4x2")
+    foreign = _foreign(host, conn)
+    vms = VmRequest.pool(_prefix(), 6, gpu=Q2)
+    invs, doms = gather({host.name: host}, {host.name: conn})
+    p = plan(invs, vms, domains=doms)
+    assert {s.parent for s in p.steps if s.action == "create-mdev"} == {"0000:3b:00.0"}
+    # Between plan and apply someone else takes 4 of the GPU's remaining 7 2Q instances.
+    taken = [str(uuid.uuid4()) for _ in range(4)]
+    assert host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-231/create", u)
+                       for u in taken]).ok
+    before = _state(host, conn)
+    with pytest.raises(ProvisioningError) as ei:
+        apply(p, host, conn)
+    err = ei.value
+    assert "no free instance" in str(err.cause)
+    assert len([c for c in err.completed if "create vGPU" in c]) == 3
+    assert len([r for r in err.rollback if "removed vGPU" in r]) == 3
+    assert _state(host, conn) == before                     # foreign mdevs and domain untouched
+    assert FOREIGN_UUID in before[0] and foreign in before[2]
+    # Rerun with the capacity back: converges onto both GPUs.
+    host.apply([Op.write(f"/sys/bus/mdev/devices/{u}/remove", "1") for u in taken])
+    r = provision(host, conn, vms)
+    assert r.applied is not None and len(r.plan.assignments) == 6
+    mdevs, _, doms_now = _state(host, conn)
+    assert FOREIGN_UUID in mdevs and foreign in doms_now
+    assert {str(mdev_uuid_for(v.name, 0)) for v in vms} <= mdevs and len(mdevs) == 7
+
+
+@pytest.mark.parametrize("method", ["define", "start"])
+def test_define_or_start_failure_rolls_back_and_rerun_converges(method, conn):
+    host = SimHost.from_profile("t4x2")
+    foreign = _foreign(host, conn)
+    vms = VmRequest.pool(_prefix(), 4, gpu=Q2)
+    before = _state(host, conn)
+    conn.fail = (method, vms[2].name)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    err = ei.value
+    assert isinstance(err.cause, LibvirtError) and err.cause.domain == vms[2].name
+    assert any("removed vGPU" in r for r in err.rollback)
+    assert any("undefined domain" in r for r in err.rollback)
+    if method == "start":
+        assert any("destroyed domain" in r for r in err.rollback)
+    assert _state(host, conn) == before
+    conn.fail = None
+    provision(host, conn, vms)
+    mdevs, _, doms = _state(host, conn)
+    assert FOREIGN_UUID in mdevs and foreign in doms and len(mdevs) == 5
+    assert all(doms[v.name] for v in vms)
+
+
+def test_foreign_domain_with_our_name_is_refused_and_survives(conn):
+    host = SimHost.from_profile("t4x2")
+    name = _prefix() + "-001"
+    conn.define(f"<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os></domain>")
+    before = _state(host, conn)
+    from vgpuvirt.errors import AlreadyExists
+    with pytest.raises(AlreadyExists):
+        provision(host, conn, [VmRequest(name, gpus=(Q2,))])
+    assert _state(host, conn) == before
+    td = teardown(host, conn, [name])
+    assert "not created by vgpuvirt" in td.skipped[0] and conn.exists(name)
+
+
+@pytest.mark.parametrize("after_running", [True, False])
+def test_connection_cut_mid_batch(after_running, conn):
+    host = CutSimHost.from_profile("t4x2")
+    foreign = _foreign(host, conn)
+    host.cut_at, host.cut_after_running, host._writes = 1, after_running, 0
+    vms = VmRequest.pool(_prefix(), 5, gpu=Q2)
+    before = _state(host, conn)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    assert isinstance(ei.value.cause, TransportError)
+    assert all("outcome unknown" in c for c in ei.value.completed)
+    # The rollback re-read the host: whatever the lost batch created is gone again, nothing else.
+    assert _state(host, conn) == before
+    if after_running:
+        assert sum("removed vGPU" in r for r in ei.value.rollback) == 5
+    else:
+        assert sum("had not happened" in r for r in ei.value.rollback) == 5
+    provision(host, conn, vms)
+    mdevs, _, doms = _state(host, conn)
+    assert FOREIGN_UUID in mdevs and foreign in doms and len(mdevs) == 6
+
+
+def test_cut_with_rollback_impossible_then_rerun_adopts_the_lost_devices(conn):
+    host = CutSimHost.from_profile("t4x2")
+    host.cut_at, host.stay_down = 1, True
+    vms = VmRequest.pool(_prefix(), 3, gpu=Q2)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    # The host stayed unreachable, so the rollback could not even look: it says so.
+    assert all("FAILED" in r for r in ei.value.rollback) and len(ei.value.rollback) == 3
+    host.down = False
+    left = _state(host, conn)[0]
+    assert {str(mdev_uuid_for(v.name, 0)) for v in vms} == left
+    # The rerun adopts the devices the lost batch made (same UUIDs) instead of creating more.
+    r = provision(host, conn, vms)
+    assert not [s for s in r.plan.steps if s.action == "create-mdev"]
+    assert sum("adopted" in k.what for k in r.plan.kept) == 3
+    assert _state(host, conn)[0] == left
+    assert all(conn.is_active(v.name) for v in vms)
+
+
+def test_several_hosts_in_parallel_with_one_connection_each(conn):
+    hosts = [SimHost.from_profile("t4x2", name=f"sim:t4x2-{i}") for i in range(4)]
+    conns = {h.name: FaultyConn("test:///default", retry=no_retry) for h in hosts}
+    vms = VmRequest.pool(_prefix(), 40, gpu=Q2)
+    try:
+        r = provision(hosts, conns, vms, policy="spread")
+        assert r.applied is not None
+        assert {a.host for a in r.plan.assignments} == {h.name for h in hosts}
+        assert all(n == 1 for n in r.applied.round_trips.values())
+        td = teardown(hosts, conns, [v.name for v in vms])
+        assert td.ok and sum("removed vGPU" in x for x in td.removed) == 40
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def test_failure_on_one_host_rolls_back_all_hosts(conn):
+    hosts = [SimHost.from_profile("t4x2", name=f"sim:t4x2-{i}") for i in range(2)]
+    vms = VmRequest.pool(_prefix(), 4, gpu=Q2)
+    conn.fail = ("define", vms[1].name)
+    befores = [_state(h, conn) for h in hosts]
+    with pytest.raises(ProvisioningError):
+        provision(hosts, conn, vms, policy="spread")
+    assert [_state(h, conn) for h in hosts] == befores
+
+
+def test_dry_run_plan_changes_nothing_and_prints_a_diff(conn):
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 2, gpu=Q2)
+    before = _state(host, conn)
+    r = provision(host, conn, vms, dry_run=True)
+    assert r.applied is None and _state(host, conn) == before
+    text = r.plan.format()
+    assert text.count("+ create vGPU nvidia-231") == 2 and "+ define domain" in text and "+ start domain" in text
+    provision(host, conn, vms[:1])
+    text = provision(host, conn, vms, dry_run=True).plan.format()
+    assert "= domain " + vms[0].name in text and text.count("+ create vGPU") == 1
+
+
+def test_teardown_keeps_disks_and_is_rerunnable(conn, tmp_path):
+    host = SimHost.from_profile("t4x2")
+    disk = tmp_path / "d.qcow2"
+    disk.write_bytes(b"x")
+    vms = [VmRequest(_prefix(), gpus=(Q2,), disk=str(disk))]
+    provision(host, conn, vms)
+    assert teardown(host, conn, [vms[0].name]).ok
+    assert disk.exists()
+    again = teardown(host, conn, [vms[0].name])
+    assert again.ok and again.removed == [] and "not found" in again.skipped[0]

@@ -1,0 +1,162 @@
+"""Placement: binpack/spread over GPUs and hosts, NUMA, equal-size, heterogeneous, PF/VF, explanations."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from provision_fixtures import desktop_host, l40s_host, t4_host
+
+from vgpuvirt.errors import InvalidSpec, NoCapacity
+from vgpuvirt.provision.placement import place
+from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
+from vgpuvirt.provision.state import host_states
+
+Q2 = VgpuRequest(type="nvidia-231")
+
+
+def _states(*invs, **kw):
+    return host_states(list(invs), **kw)
+
+
+def test_binpack_fills_one_gpu_before_the_next():
+    hs = _states(t4_host())
+    got, _ = place(VmRequest.pool("vdi", 10, gpu=Q2), hs)
+    per_gpu = Counter(str(a.gpu) for a in got)
+    assert per_gpu == {"0000:3b:00.0": 8, "0000:d8:00.0": 2}   # a T4 holds 8 x 2Q
+
+
+def test_spread_alternates_gpus_and_hosts():
+    hs = _states(t4_host("a"), t4_host("b"))
+    got, _ = place(VmRequest.pool("vdi", 8, gpu=Q2), hs, policy="spread")
+    assert Counter(a.host for a in got) == {"a": 4, "b": 4}
+    assert Counter((a.host, str(a.gpu)) for a in got) == {
+        ("a", "0000:3b:00.0"): 2, ("a", "0000:d8:00.0"): 2, ("b", "0000:3b:00.0"): 2, ("b", "0000:d8:00.0"): 2}
+
+
+def test_binpack_across_hosts_fills_the_first_host_first():
+    hs = _states(t4_host("a"), t4_host("b"))
+    got, _ = place(VmRequest.pool("vdi", 17, gpu=Q2), hs)
+    assert Counter(a.host for a in got) == {"a": 16, "b": 1}
+
+
+def test_capacity_is_counted_across_the_plan_and_overflow_is_refused_with_reasons():
+    hs = _states(t4_host())
+    with pytest.raises(NoCapacity) as ei:
+        place(VmRequest.pool("vdi", 17, gpu=Q2), hs)
+    assert "vdi-017" in str(ei.value)
+    assert "no free instance" in str(ei.value) or "in use" in str(ei.value)
+
+
+def test_equal_size_rule_keeps_sizes_apart():
+    # GPU0 already holds one 2Q: a 4Q request must go to GPU1, a 2Q may join GPU0.
+    inv = t4_host(mdevs=(("a1b2c3d4-0000-4000-8000-000000000001", "0000:3b:00.0", "nvidia-231"),))
+    hs = _states(inv)
+    got, why = place([VmRequest("big", gpus=(VgpuRequest(type="nvidia-232"),)), VmRequest("small", gpus=(Q2,))], hs)
+    by = {a.vm: str(a.gpu) for a in got}
+    assert by == {"big": "0000:d8:00.0", "small": "0000:3b:00.0"}
+    skipped = [c for c in why if c.vm == "big" and c.verdict == "skipped"]
+    assert skipped and "equal-size" in skipped[0].reason
+
+
+def test_need_based_request_takes_smallest_type_the_gpu_still_allows():
+    hs = _states(t4_host(gpus=(("0000:3b:00.0", 0),)))
+    got, _ = place([VmRequest("a", gpus=(Q2,)), VmRequest("b", gpus=(VgpuRequest(min_framebuffer_mib=1024,
+                                                                                   series="Q"),))], hs)
+    # 1Q would be smallest, but the GPU already gets a 2Q: equal-size forces 2Q for b.
+    assert [a.type.id for a in got] == ["nvidia-231", "nvidia-231"]
+
+
+def test_heterogeneous_mode_mixes_sizes_within_the_framebuffer():
+    hs = _states(t4_host(gpus=(("0000:3b:00.0", 0),)), heterogeneous=True)
+    vms = [VmRequest("a", gpus=(VgpuRequest(type="nvidia-232"),)), VmRequest("b", gpus=(Q2,))]
+    # The kernel snapshot says 2Q is creatable; hetero lets it share the GPU with a 4Q.
+    got, _ = place(vms, hs)
+    assert {str(a.gpu) for a in got} == {"0000:3b:00.0"}
+    with pytest.raises(NoCapacity):  # 16 GiB total: 4G + 2G + 16G does not fit
+        place([VmRequest("c", gpus=(VgpuRequest(type="nvidia-234"),))], hs)
+
+
+def test_numa_preference_and_strictness():
+    hs = _states(t4_host())
+    got, why = place([VmRequest("n1", gpus=(Q2,), numa_node=1)], hs)
+    assert str(got[0].gpu) == "0000:d8:00.0"
+    assert any(c.verdict == "chosen" and "same NUMA node" in c.reason for c in why)
+    hs = _states(t4_host(gpus=(("0000:3b:00.0", 0),)))
+    got, _ = place([VmRequest("n2", gpus=(Q2,), numa_node=1)], hs)     # preference only: still placed
+    assert str(got[0].gpu) == "0000:3b:00.0"
+    with pytest.raises(NoCapacity) as ei:
+        place([VmRequest("n3", gpus=(Q2,), numa_node=1, numa_strict=True)], _states(t4_host(gpus=(("0000:3b:00.0", 0),))))
+    assert "NUMA node 0" in str(ei.value)
+
+
+def test_vendor_specific_vfs_one_vgpu_per_vf_and_smallest_type():
+    hs = _states(l40s_host(nvfs=3, taken={0: 1148}))
+    got, why = place(VmRequest.pool("g", 2, gpu=VgpuRequest(min_framebuffer_mib=2048, series="Q")), hs)
+    assert [a.kind for a in got] == ["vendor-vf", "vendor-vf"]
+    assert [a.type.id for a in got] == ["nvidia-1148", "nvidia-1148"]
+    assert len({a.slot for a in got}) == 2 and all(str(a.slot) != "0000:41:00.4" for a in got)
+    with pytest.raises(NoCapacity):
+        place([VmRequest("g-3", gpus=(VgpuRequest(type="nvidia-1148"),))], hs)
+
+
+def test_vendor_vf_equal_size_rule():
+    hs = _states(l40s_host(nvfs=3, taken={0: 1148}))
+    with pytest.raises(NoCapacity) as ei:
+        place([VmRequest("big", gpus=(VgpuRequest(type="nvidia-1152"),))], hs)
+    assert "equal-size" in str(ei.value)
+
+
+def test_passthrough_and_pf_vf_exclusivity():
+    hs = _states(desktop_host())
+    got, _ = place([VmRequest("game", gpus=(VgpuRequest(mode="passthrough"),), template="gaming")], hs)
+    assert got[0].kind == "whole" and [str(f) for f in got[0].functions] == ["0000:01:00.0", "0000:01:00.1"]
+    with pytest.raises(NoCapacity) as ei:
+        place([VmRequest("game2", gpus=(VgpuRequest(mode="passthrough"),))], hs)
+    assert "passthrough" in str(ei.value)
+    # a GPU with vGPUs cannot be passed through whole, and the other way round
+    inv = t4_host(gpus=(("0000:3b:00.0", 0),),
+                  mdevs=(("a1b2c3d4-0000-4000-8000-000000000001", "0000:3b:00.0", "nvidia-231"),))
+    with pytest.raises(NoCapacity) as ei:
+        place([VmRequest("whole", gpus=(VgpuRequest(mode="passthrough"),))], _states(inv))
+    assert "PF/VF exclusivity" in str(ei.value)
+    hs = _states(t4_host(gpus=(("0000:3b:00.0", 0),)))
+    place([VmRequest("whole", gpus=(VgpuRequest(mode="passthrough"),))], hs)
+    with pytest.raises(NoCapacity) as ei:
+        place([VmRequest("v", gpus=(Q2,))], hs)
+    assert "planned for passthrough" in str(ei.value)
+
+
+def test_explain_lists_every_candidate_gpu_with_a_verdict():
+    hs = _states(t4_host("a"), l40s_host("b"), desktop_host("c"))
+    _, why = place([VmRequest("v1", gpus=(Q2,))], hs)
+    seen = {(c.host, c.gpu): c for c in why if c.vm == "v1"}
+    assert seen[("a", "0000:3b:00.0")].verdict == "chosen"
+    assert seen[("a", "0000:d8:00.0")].verdict == "eligible"
+    assert seen[("b", "0000:41:00.0")].verdict == "skipped" and "no type fits" in seen[("b", "0000:41:00.0")].reason
+    assert seen[("c", "0000:01:00.0")].verdict == "skipped" and "offers no vGPU types" in seen[("c", "0000:01:00.0")].reason
+
+
+def test_vm_with_several_gpus_stays_on_one_host():
+    hs = _states(t4_host("a", gpus=(("0000:3b:00.0", 0),)), t4_host("b"))
+    vm = VmRequest("multi", gpus=(VgpuRequest(type="nvidia-233"), VgpuRequest(type="nvidia-233"),
+                                  VgpuRequest(type="nvidia-233")))
+    got, _ = place([vm], hs)
+    assert {a.host for a in got} == {"b"} and len(got) == 3
+
+
+def test_pinned_host_and_bad_policy():
+    hs = _states(t4_host("a"), t4_host("b"))
+    got, _ = place([VmRequest("p", gpus=(Q2,), host="b")], hs)
+    assert got[0].host == "b"
+    with pytest.raises(InvalidSpec):
+        place([VmRequest("p", gpus=(Q2,))], hs, policy="random")  # type: ignore[arg-type]
+
+
+def test_nic_vf_request_is_served_from_the_hosts_nic_vfs():
+    from vgpuvirt.provision.plan import plan
+    p = plan([desktop_host("c")], [VmRequest("game", gpus=(VgpuRequest(mode="passthrough"),), template="gaming",
+                                             nic=NicRequest(mac="52:54:00:aa:bb:01", vlan=42))])
+    xml = next(s.xml for s in p.steps if s.action == "define")
+    assert "type=\"hostdev\"" in xml or "type='hostdev'" in xml
+    assert "0x05" in xml and "52:54:00:aa:bb:01" in xml

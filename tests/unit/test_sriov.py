@@ -1,0 +1,110 @@
+"""SR-IOV VFs on every simulator profile: enable/disable through 0, wait, VF <-> PF, exclusivity."""
+
+from __future__ import annotations
+
+import pytest
+from lifecycle_doubles import Wrapped, domain_xml
+
+from vgpuvirt.errors import DeviceBusy, InvalidSpec
+from vgpuvirt.services.sriov import SRIOV_MANAGE, SriovService
+from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.sim import SimHost, list_profiles
+
+
+def sim(profile: str) -> Wrapped:
+    return Wrapped(SimHost.from_profile(profile))
+
+
+def physfn_map(host: Wrapped) -> dict[str, str]:
+    snap = host.read(["/sys/bus/pci/devices/*/physfn"])
+    return {p.split("/")[5]: (snap.link(p) or "").rsplit("/", 1)[-1] for p in snap}
+
+
+@pytest.mark.parametrize("profile", list_profiles())
+def test_enable_disable_idempotent_and_vf_pf_report(profile: str) -> None:
+    host = sim(profile)
+    svc = SriovService(host, vendor_tool=False)
+    pfs = [p for p in svc.report() if not any(v.in_use for v in p.vfs)]
+    if not svc.report():
+        with pytest.raises(Exception, match="not an SR-IOV capable PF"):
+            svc.enable("0000:00:00.0", 1)
+        return
+    for pf in pfs:
+        assert svc.disable(pf.address).changed == bool(pf.num_vfs)
+        assert not svc.disable(pf.address).changed
+        assert svc.report(pf.address)[0].vfs == ()
+        want = max(1, pf.total_vfs // 2)
+        host.calls.clear()
+        ch = svc.enable(pf.address, want)
+        assert ch.changed and host.kinds() == ["read", "apply"]
+        assert not svc.enable(pf.address, want).changed
+        info = svc.report(pf.address)[0]
+        assert info.num_vfs == want and len(info.vfs) == want
+        # VF <-> PF both ways: every virtfnN link's target has a physfn link back to the PF
+        back = physfn_map(host)
+        assert all(back[str(v.address)] == str(pf.address) for v in info.vfs)
+        assert [v.index for v in info.vfs] == list(range(want))
+        if pf.total_vfs != want:
+            ch = svc.enable(pf.address)          # all of them: a non-zero count goes through 0 first
+            assert [o.value for o in ch.ops if o.op == "write"] == ["0", str(pf.total_vfs)]
+            assert svc.report(pf.address)[0].num_vfs == pf.total_vfs
+
+
+def test_vfs_in_use_are_not_pulled_away_without_force() -> None:
+    host = sim("l40s-vgpu17")
+    VendorVgpuService(host).assign(1155, vf="0000:3d:00.4")
+    svc = SriovService(host, vendor_tool=False)
+    host.calls.clear()
+    with pytest.raises(DeviceBusy, match="0000:3d:00.4 carries vGPU type 1155"):
+        svc.disable("0000:3d:00.0")
+    assert "apply" not in host.kinds()
+    assert svc.report("0000:3d:00.0")[0].num_vfs == 16
+
+
+def test_vf_used_by_a_domain_blocks_and_force_overrides_the_check() -> None:
+    host = sim("desktop")
+    svc = SriovService(host)
+    svc.enable("0000:05:00.0", 2)
+    vf = str(svc.report("0000:05:00.0")[0].vfs[0].address)
+    doms = [("vm", domain_xml("vm", pci=[vf]))]
+    with pytest.raises(DeviceBusy, match="used by domain vm"):
+        svc.enable("0000:05:00.0", 4, domains=doms)
+    assert svc.enable("0000:05:00.0", 4, domains=doms, force=True).changed
+
+
+def test_a_pf_passed_through_whole_gets_no_vfs() -> None:
+    host = sim("desktop")
+    with pytest.raises(DeviceBusy, match="passed through whole"):
+        SriovService(host).enable("0000:05:00.0", 2, domains=[("vm", domain_xml("vm", pci=["0000:05:00.0"]))])
+
+
+def test_more_vfs_than_the_pf_supports_is_invalid() -> None:
+    host = sim("desktop")
+    with pytest.raises(InvalidSpec, match="0..7"):
+        SriovService(host).enable("0000:05:00.0", 8)
+    assert "apply" not in host.kinds()
+
+
+def test_nvidia_pf_uses_sriov_manage_and_falls_back_to_sysfs_when_it_is_missing() -> None:
+    host = sim("a10-sriov")
+    svc = SriovService(host)
+    plan = svc.enable("0000:41:00.0", dry_run=True)
+    assert plan.ops[0].argv == (SRIOV_MANAGE, "-e", "0000:41:00.0") and plan.data["via"] == "sriov-manage"
+    ch = svc.enable("0000:41:00.0")
+    assert ch.changed and svc.report("0000:41:00.0")[0].num_vfs == 32
+    exec_results = [c for c in host.calls if c[0] == "apply"]
+    assert exec_results[0][1][0].op == "exec"
+    if ch.data["via"] == "sysfs":       # the simulator answered 127: the tool is not installed
+        assert len(exec_results) == 2 and exec_results[1][1][0].path.endswith("/sriov_numvfs")
+    # a partial count cannot use the tool (it always enables all VFs)
+    assert svc.enable("0000:41:00.0", 4, dry_run=True).ops[0].op == "write"
+
+
+def test_the_vendor_tool_is_not_used_on_a_tree_below_another_root() -> None:
+    class Rooted(Wrapped):
+        @property
+        def sysfs_root(self) -> str:
+            return "/mnt/tree"
+
+    plan = SriovService(Rooted(SimHost.from_profile("a10-sriov"))).enable("0000:41:00.0", dry_run=True)
+    assert plan.ops[0].op == "write" and plan.data["via"] == "sysfs"

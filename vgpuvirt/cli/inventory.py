@@ -1,0 +1,125 @@
+"""``vgpuvirt inventory [--json]``: what a host offers and what is in use, in one round trip."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from vgpuvirt.cli.context import Context
+from vgpuvirt.services.inventory import Inventory, class_name, inventory, type_capacity
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inventory", help="GPUs, vGPU types and capacity, SR-IOV, IOMMU groups, mdevs")
+    add_common_options(p)
+    p.set_defaults(func=run)
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", dest="sub_json", help="print the JSON contract only")
+    p.add_argument("--connect", metavar="URI", default=None,
+                   help="libvirt URI: join mdevs/devices with the domains using them and flag orphans")
+    p.add_argument("--no-nvidia-smi", action="store_true",
+                   help="do not run nvidia-smi -q -x on the host (it runs in the same round trip otherwise)")
+    p.add_argument("--nvml", choices=("auto", "yes", "no"), default="auto",
+                   help="NVML enrichment (local host only; 'yes' fails without pynvml)")
+
+
+def collect(ctx: Context, args: argparse.Namespace) -> Inventory:
+    domains = None
+    if args.connect:
+        from vgpuvirt.libvirt_conn import LibvirtConnection
+
+        with LibvirtConnection(args.connect, readonly=True) as conn:
+            domains = list(conn.domain_xml_pairs())
+    use_nvml = {"auto": None, "yes": True, "no": False}[args.nvml]
+    return inventory(ctx.host(), domains=domains, use_nvml=use_nvml,
+                     nvidia_smi=False if args.no_nvidia_smi else None)
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.json = ctx.json or bool(args.sub_json)
+    inv = collect(ctx, args)
+    if ctx.json:
+        ctx.emit_json(inv.to_dict())
+        return 0
+    render(ctx.console(), inv)
+    return 0
+
+
+def _opt(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def render(console: Any, inv: Inventory) -> None:
+    from rich.table import Table
+
+    iommu = "[green]on[/]" if inv.iommu_enabled else "[bold red]OFF[/]"
+    drv = f", NVIDIA driver {inv.nvidia_driver_version}" if inv.nvidia_driver_version else ""
+    console.print(f"[bold]{inv.host}[/]: {len(inv.gpus)} GPU(s), IOMMU {iommu}{drv}")
+
+    t = Table(title="GPUs", title_justify="left")
+    for col in ("address", "vendor / name", "driver", "backend", "NUMA", "group", "VFs", "vGPUs", "reset"):
+        t.add_column(col, no_wrap=col in ("address", "backend"))
+    for g in inv.gpus:
+        name = g.name or f"{g.vendor_name or g.vendor} {g.device}"
+        vfs = f"{g.sriov_numvfs or 0}/{g.sriov_totalvfs}" if g.sriov_totalvfs else "-"
+        use = str(g.vgpus_in_use) if g.backend not in ("passthrough", "sriov-vf") else (g.domain or "-")
+        t.add_row(str(g.address), name, _opt(g.driver), g.backend, _opt(g.numa_node), _opt(g.iommu_group), vfs,
+                  use, " ".join(g.reset_methods or []) or "-")
+    console.print(t)
+
+    rows = type_capacity(inv)
+    if rows:
+        tt = Table(title="vGPU types (free/max per GPU; ~ = upper bound from VFs)", title_justify="left")
+        for col in ("parent", "type", "name", "free/max", "in use", "FB MiB", "series"):
+            tt.add_column(col, no_wrap=col in ("parent", "type", "free/max"))
+        for r in rows:
+            free = f"{'' if r.exact else '~'}{r.available}/{_opt(r.max_instances)}"
+            style = "dim" if r.available == 0 else None
+            series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
+            tt.add_row(r.parent, r.id, _opt(r.name), free, str(r.in_use), _opt(r.framebuffer_mib), series,
+                       style=style)
+        console.print(tt)
+
+    if inv.vendor_vgpu:
+        vt = Table(title="NVIDIA vendor-specific VFs (vGPU 17+)", title_justify="left")
+        for col in ("PF", "VFs", "configured", "free", "types offered"):
+            vt.add_column(col)
+        by_pf: dict[str, list[Any]] = {}
+        for v in inv.vendor_vgpu:
+            by_pf.setdefault(str(v.physfn or v.address), []).append(v)
+        for pf, vfs in sorted(by_pf.items()):
+            configured = [f"{v.address}={v.current_type_name or v.current_type}" for v in vfs if v.current_type]
+            offered = len({c.id for v in vfs for c in v.creatable_types})
+            vt.add_row(pf, str(len(vfs)), ", ".join(configured) or "-",
+                       str(sum(1 for v in vfs if not v.current_type)), str(offered))
+        console.print(vt)
+
+    if inv.mdevs:
+        mt = Table(title="mdevs", title_justify="left")
+        for col in ("uuid", "parent", "type", "domain"):
+            mt.add_column(col)
+        for m in inv.mdevs:
+            dom = m.domain or ("[yellow]orphan[/]" if m.orphan else "-")
+            mt.add_row(str(m.uuid), _opt(m.parent), _opt(m.type), dom)
+        console.print(mt)
+
+    gpu_groups = {g.iommu_group for g in inv.gpus if g.iommu_group is not None}
+    if gpu_groups:
+        gt = Table(title="IOMMU groups with GPUs", title_justify="left")
+        gt.add_column("group")
+        gt.add_column("members")
+        for gid in sorted(gpu_groups):
+            members = []
+            for a in inv.iommu_groups.get(gid, []):
+                d = inv.device(a)
+                members.append(f"{a} ({class_name(d.pci_class if d else None)}, {_opt(d.driver if d else None)})")
+            gt.add_row(str(gid), "\n".join(members))
+        console.print(gt)
+
+    for g in inv.gpus:
+        for note in g.notes:
+            console.print(f"[cyan]note[/]: GPU {g.address}: {note}")
+    for w in inv.warnings:
+        console.print(f"[bold yellow]warning[/]: {w}")

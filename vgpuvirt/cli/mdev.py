@@ -1,0 +1,92 @@
+"""``vgpuvirt mdev create|remove|list|ensure|restore``: mediated-device vGPUs on a host."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from vgpuvirt.cli.changes import add_common, domains, emit
+from vgpuvirt.cli.context import Context
+from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("mdev", help="create, remove, list mediated devices (mdev vGPUs)")
+    p.add_argument("--mdevctl", default="mdevctl",
+                   help="the mdevctl command on the host, as words (default: mdevctl)")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    c = verbs.add_parser("create", help="create an mdev (given or generated UUID)")
+    c.add_argument("--parent", required=True, help="parent PCI address, e.g. 0000:3b:00.0")
+    c.add_argument("--type", required=True, dest="type_id", help="mdev type id, e.g. nvidia-231")
+    c.add_argument("--uuid", default=None, help="UUID (default: a new random one)")
+    c.add_argument("--persist", choices=PERSIST_CHOICES, default="transient",
+                   help="persistent: also `mdevctl define --auto` (comes back at boot)")
+    add_common(c)
+    c.set_defaults(func=_create)
+
+    r = verbs.add_parser("remove", help="remove an mdev (and its mdevctl definition)")
+    r.add_argument("uuid")
+    r.add_argument("--keep-definition", action="store_true", help="do not undefine it in mdevctl")
+    add_common(r, domains=True)
+    r.set_defaults(func=_remove)
+
+    ls = verbs.add_parser("list", help="list active mdevs (--defined: also mdevctl definitions)")
+    ls.add_argument("--defined", action="store_true")
+    add_common(ls, dry_run=False)
+    ls.set_defaults(func=_list)
+
+    e = verbs.add_parser("ensure", help="make an mdev present or absent (idempotent)")
+    e.add_argument("--uuid", required=True)
+    e.add_argument("--parent", default=None)
+    e.add_argument("--type", default=None, dest="type_id")
+    e.add_argument("--state", choices=("present", "absent"), default="present")
+    e.add_argument("--persist", choices=PERSIST_CHOICES, default="transient")
+    add_common(e)
+    e.set_defaults(func=_ensure)
+
+    rs = verbs.add_parser("restore", help="start mdevctl-defined mdevs that are not active")
+    rs.add_argument("--only-auto", action="store_true", help="only those defined with start=auto")
+    add_common(rs)
+    rs.set_defaults(func=_restore)
+
+
+def _svc(ctx: Context, args: argparse.Namespace) -> MdevService:
+    return MdevService(ctx.host(), mdevctl=shlex.split(args.mdevctl))
+
+
+def _create(ctx: Context, args: argparse.Namespace) -> int:
+    emit(ctx, _svc(ctx, args).create(args.parent, args.type_id, args.uuid, persist=args.persist,
+                                     dry_run=args.dry_run))
+    return 0
+
+
+def _remove(ctx: Context, args: argparse.Namespace) -> int:
+    emit(ctx, _svc(ctx, args).remove(args.uuid, undefine=not args.keep_definition, dry_run=args.dry_run,
+                                     domains=domains(args)))
+    return 0
+
+
+def _ensure(ctx: Context, args: argparse.Namespace) -> int:
+    emit(ctx, _svc(ctx, args).ensure(args.uuid, args.parent, args.type_id, state=args.state, persist=args.persist,
+                                     dry_run=args.dry_run))
+    return 0
+
+
+def _restore(ctx: Context, args: argparse.Namespace) -> int:
+    ch = _svc(ctx, args).restore(dry_run=args.dry_run, only_auto=args.only_auto)
+    emit(ctx, ch)
+    return 1 if ch.data.get("failed") else 0
+
+
+def _list(ctx: Context, args: argparse.Namespace) -> int:
+    records = _svc(ctx, args).list(defined=args.defined)
+    if ctx.json:
+        ctx.emit_json([r.to_dict() for r in records])
+        return 0
+    for r in records:
+        state = "active" if r.active else "inactive"
+        extra = f" defined({r.start})" if r.defined else ""
+        print(f"{r.uuid} {r.parent} {r.type} {state}{extra}")
+    return 0

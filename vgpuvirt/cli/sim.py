@@ -1,0 +1,117 @@
+"""``vgpuvirt sim``: list, show, materialize and mount simulated GPU hosts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from vgpuvirt.cli.context import Context
+from vgpuvirt.errors import InvalidSpec
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sim", help="simulated GPU hosts (profiles, static trees, live FUSE mounts)")
+    s = p.add_subparsers(dest="sim_command", metavar="ACTION")
+    s.required = True
+    s.add_parser("list", help="the shipped profiles").set_defaults(func=_list)
+    show = s.add_parser("show", help="what a profile contains")
+    show.add_argument("profile", help="a shipped profile name or a YAML/JSON file")
+    show.set_defaults(func=_show)
+    mat = s.add_parser("materialize", help="write a profile's sysfs as a static tree (for --sysfs-root)")
+    mat.add_argument("profile")
+    mat.add_argument("dest", help="directory to create DEST/sys in (must be empty or absent)")
+    mat.set_defaults(func=_materialize)
+    mnt = s.add_parser("mount", help="mount a live simulated sysfs with FUSE (root); DIR/sys appears")
+    mnt.add_argument("profile")
+    mnt.add_argument("mountpoint")
+    mnt.add_argument("--background", action="store_true", help="serve from a background process and return")
+    mnt.add_argument("--pid-file", default=None, help="with --background: where to write the server's pid")
+    mnt.set_defaults(func=_mount)
+    um = s.add_parser("umount", help="unmount a simulated sysfs")
+    um.add_argument("mountpoint")
+    um.add_argument("--pid-file", default=None, help="wait for (and remove) the server named in this file")
+    um.set_defaults(func=_umount)
+
+
+def _list(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim import list_profiles, load_profile
+    rows = [{"name": n, "description": load_profile(n).description} for n in list_profiles()]
+    if ctx.json:
+        ctx.emit_json(rows)
+    else:
+        con = ctx.console()
+        for r in rows:
+            con.print(f"{r['name']:<14} {r['description']}")
+    return 0
+
+
+def summary(profile_name: str) -> dict[str, Any]:
+    from vgpuvirt.sim import SimHost
+    host = SimHost.from_profile(profile_name)
+    m = host.model
+    gpus = []
+    for addr, g in m.gpus.items():
+        d = m.devices[addr]
+        gpus.append({"address": addr, "product": d.spec.product, "mode": g.spec.mode, "type_table": g.table.name,
+                     "types": len(g.table.types), "vfs": d.numvfs,
+                     "sriov_totalvfs": d.spec.sriov.totalvfs if d.spec.sriov else None,
+                     "mig_enabled": g.mig_enabled, "gpu_instances": dict(sorted(g.gpu_instances.items())),
+                     "numa_node": d.numa_node})
+    return {"name": host.profile.name, "description": host.profile.description, "iommu": m.iommu,
+            "numa_nodes": len(host.profile.nodes), "pci_devices": len(m.devices), "iommu_groups": len(m.groups()),
+            "mdev_parents": len(m.mdev_parents()), "mdevs": len(m.mdevs), "gpus": gpus}
+
+
+def _show(ctx: Context, args: argparse.Namespace) -> int:
+    info = summary(args.profile)
+    if ctx.json:
+        ctx.emit_json(info)
+        return 0
+    con = ctx.console()
+    con.print(f"{info['name']}: {info['description']}")
+    con.print(f"  PCI devices {info['pci_devices']}, IOMMU {'on' if info['iommu'] else 'off'} "
+              f"({info['iommu_groups']} groups), NUMA nodes {info['numa_nodes']}, mdev parents "
+              f"{info['mdev_parents']}, mdevs {info['mdevs']}")
+    for g in info["gpus"]:
+        vfs = f", VFs {g['vfs']}/{g['sriov_totalvfs']}" if g["sriov_totalvfs"] else ""
+        mig = f", MIG on ({len(g['gpu_instances'])} GIs)" if g["mig_enabled"] else ""
+        con.print(f"  {g['address']} {g['product']}: {g['mode']} ({g['types']} types of {g['type_table']}){vfs}{mig}")
+    return 0
+
+
+def _materialize(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim import materialize
+    dest = os.path.abspath(args.dest)
+    if os.path.exists(dest) and os.listdir(dest):
+        raise InvalidSpec("destination", args.dest, "an empty or absent directory")
+    n = materialize(args.profile, dest)
+    if ctx.json:
+        ctx.emit_json({"profile": args.profile, "sysfs_root": dest, "entries": n})
+    else:
+        ctx.console().print(f"{n} entries written; use --sysfs-root {dest}")
+    return 0
+
+
+def _mount(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim import fuse
+    mnt = os.path.abspath(args.mountpoint)
+    if not os.path.isdir(mnt):
+        raise InvalidSpec("mount point", args.mountpoint, "an existing directory")
+    if args.background:
+        pid = fuse.start(args.profile, mnt, pid_file=args.pid_file)
+        if ctx.json:
+            ctx.emit_json({"profile": args.profile, "mountpoint": mnt, "pid": pid})
+        else:
+            ctx.console().print(f"mounted {args.profile} on {mnt} (pid {pid}); --sysfs-root {mnt}")
+        return 0
+    if args.pid_file:
+        raise InvalidSpec("--pid-file", args.pid_file, "only with --background")
+    fuse.mount(args.profile, mnt, foreground=True)
+    return 0
+
+
+def _umount(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim import fuse
+    fuse.stop(os.path.abspath(args.mountpoint), pid_file=args.pid_file)
+    return 0

@@ -1,0 +1,50 @@
+"""``vgpuvirt types [--parent ADDR] [--available] [--json]``: vGPU types with their capacity."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.inventory import add_common_options, collect
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services.inventory import type_capacity
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("types", help="vGPU / mdev types with free and maximum instances")
+    p.add_argument("--parent", metavar="ADDR", default=None,
+                   help="only this device: an mdev parent, a PF (VF figures folded in) or one VF")
+    p.add_argument("--available", action="store_true", help="only types that can still be created")
+    add_common_options(p)
+    p.set_defaults(func=run)
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    ctx.json = ctx.json or bool(args.sub_json)
+    parent = args.parent
+    if parent is not None and ":" in parent:
+        parent = str(PciAddress.parse(parent))     # InvalidSpec (exit 2) on a malformed address
+    inv = collect(ctx, args)
+    rows = type_capacity(inv, parent=parent, available_only=args.available)
+    if ctx.json:
+        ctx.emit_json([r.to_dict() for r in rows])
+        return 0
+    from rich.table import Table
+
+    console = ctx.console()
+    if not rows:
+        what = f" on {parent}" if parent else ""
+        console.print(f"no {'available ' if args.available else ''}vGPU types{what}")
+        return 0
+    t = Table(title=f"{inv.host}: vGPU types", title_justify="left")
+    for col in ("parent", "backend", "type", "name", "free", "max", "in use", "FB MiB", "series"):
+        t.add_column(col, no_wrap=col in ("parent", "type"))
+    for r in rows:
+        series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
+        t.add_row(r.parent, r.backend, r.id, r.name or "-", ("" if r.exact else "~") + str(r.available),
+                  "-" if r.max_instances is None else str(r.max_instances), str(r.in_use),
+                  "-" if r.framebuffer_mib is None else str(r.framebuffer_mib), series,
+                  style="dim" if r.available == 0 else None)
+    console.print(t)
+    return 0

@@ -1,0 +1,306 @@
+"""A small, honest wrapper around one libvirt connection.
+
+Works with any URI libvirt understands: ``qemu:///system``, ``qemu+ssh://root@host/system?keyfile=...``
+and ``test:///default`` (libvirt's in-process test driver, which parses domain XML with the real
+parser but cannot hot-plug). What it adds to libvirt-python:
+
+* every ``libvirtError`` becomes :class:`vgpuvirt.errors.LibvirtError` carrying the domain name,
+  libvirt's error code and the URI;
+* transient errors (an operation timeout such as "cannot acquire state change lock") are retried
+  through an injectable tenacity policy; nothing else is retried, because a define or a start
+  that failed for a real reason fails the same way again;
+* lifecycle verbs that converge: ``undefine`` of a domain that is gone and ``destroy`` of a domain
+  that is not running are no-ops, so teardown and rollback can be rerun.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import tenacity
+from lxml import etree
+
+from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency
+from vgpuvirt.model import DomainName
+
+log = logging.getLogger("vgpuvirt.libvirt")
+audit = logging.getLogger("vgpuvirt.audit")
+
+T = TypeVar("T")
+RetryFactory = Callable[[], tenacity.Retrying]
+
+# libvirt's virErrorNumber values we treat as transient. Kept as numbers so this module imports
+# without libvirt-python (the values are part of libvirt's stable ABI).
+VIR_ERR_NO_SUPPORT = 3
+VIR_ERR_INVALID_ARG = 8
+VIR_ERR_NO_DOMAIN = 42
+VIR_ERR_OPERATION_INVALID = 55
+VIR_ERR_OPERATION_TIMEOUT = 68
+VIR_ERR_OPERATION_UNSUPPORTED = 84
+TRANSIENT_CODES: frozenset[int] = frozenset({VIR_ERR_OPERATION_TIMEOUT})
+
+
+_handler_installed = False
+
+
+def _import_libvirt() -> Any:
+    global _handler_installed
+    try:
+        import libvirt
+    except ImportError as exc:
+        raise MissingDependency("libvirt", "libvirt", "talking to libvirt") from exc
+    if not _handler_installed:
+        # libvirt prints every error to stderr by default; we raise them instead.
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+        _handler_installed = True
+    return libvirt
+
+
+def retry_transient(codes: Collection[int] = TRANSIENT_CODES, attempts: int = 4,
+                    max_wait: float = 2.0) -> RetryFactory:
+    """A retry policy that retries only LibvirtErrors whose code is in ``codes``."""
+    def factory() -> tenacity.Retrying:
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, LibvirtError) and e.code in codes),
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=0.25, max=max_wait),
+            reraise=True,
+        )
+    return factory
+
+
+def no_retry() -> tenacity.Retrying:
+    return tenacity.Retrying(stop=tenacity.stop_after_attempt(1), reraise=True)
+
+
+default_retry: RetryFactory = retry_transient()
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    name: str
+    uuid: str
+    active: bool
+    persistent: bool
+    xml: str
+
+
+class LibvirtConnection:
+    """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is)."""
+
+    def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
+        if not isinstance(uri, str) or not uri or any(c in uri for c in "\0\n\r"):
+            raise InvalidSpec("libvirt URI", uri, "a URI such as qemu:///system or test:///default")
+        self.uri = uri
+        self.retry = retry
+        self.readonly = readonly
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    # -- connection ---------------------------------------------------------------------------
+    @property
+    def raw(self) -> Any:
+        """The libvirt.virConnect (opened on first use)."""
+        with self._lock:
+            if self._conn is None:
+                libvirt = _import_libvirt()
+                try:
+                    self._conn = libvirt.openReadOnly(self.uri) if self.readonly else libvirt.open(self.uri)
+                except libvirt.libvirtError as exc:
+                    raise self._translate(exc, None, "cannot connect") from exc
+            return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except Exception:  # closing a broken connection must not mask the real error
+                    log.debug("closing %s failed", self.uri, exc_info=True)
+                self._conn = None
+
+    def __enter__(self) -> LibvirtConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def driver(self) -> str:
+        """The hypervisor driver name in lower case (``qemu``, ``test``)."""
+        return str(self._call(None, "get driver type", lambda: self.raw.getType())).lower()
+
+    @property
+    def supports_hotplug(self) -> bool:
+        # The test driver rejects virDomainAttachDeviceFlags (seen on libvirt 9.0).
+        return self.driver != "test"
+
+    # -- error handling -----------------------------------------------------------------------
+    def _translate(self, exc: Any, domain: str | None, what: str) -> LibvirtError:
+        code = exc.get_error_code() if hasattr(exc, "get_error_code") else None
+        msg = exc.get_error_message() if hasattr(exc, "get_error_message") else None
+        return LibvirtError(f"{what} failed on {self.uri}: {msg or exc} (libvirt error {code})",
+                            domain=domain, code=code, uri=self.uri)
+
+    def _call(self, domain: str | None, what: str, fn: Callable[[], T]) -> T:
+        libvirt = _import_libvirt()
+
+        def once() -> T:
+            try:
+                return fn()
+            except libvirt.libvirtError as exc:
+                raise self._translate(exc, domain, what) from exc
+
+        return self.retry()(once)  # type: ignore[no-any-return]
+
+    def _lookup(self, name: str) -> Any:
+        n = str(DomainName.parse(name))
+        return self._call(n, "look up", lambda: self.raw.lookupByName(n))
+
+    # -- queries ------------------------------------------------------------------------------
+    def exists(self, name: str) -> bool:
+        try:
+            self._lookup(name)
+        except LibvirtError as exc:
+            if exc.code == VIR_ERR_NO_DOMAIN:
+                return False
+            raise
+        return True
+
+    def is_active(self, name: str) -> bool:
+        dom = self._lookup(name)
+        return bool(self._call(name, "query state", lambda: dom.isActive()))
+
+    def xml(self, name: str, *, inactive: bool = False) -> str:
+        libvirt = _import_libvirt()
+        dom = self._lookup(name)
+        flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+        return str(self._call(name, "read XML", lambda: dom.XMLDesc(flags)))
+
+    def domains(self) -> list[DomainInfo]:
+        """Every domain (running or defined) with its XML, in name order."""
+        doms = self._call(None, "list domains", lambda: self.raw.listAllDomains(0))
+        out: list[DomainInfo] = []
+        libvirt = _import_libvirt()
+        for d in doms:
+            try:
+                out.append(DomainInfo(d.name(), d.UUIDString(), bool(d.isActive()), bool(d.isPersistent()),
+                                      d.XMLDesc(0)))
+            except libvirt.libvirtError as exc:
+                # A domain undefined between list and read is simply gone.
+                if exc.get_error_code() != VIR_ERR_NO_DOMAIN:
+                    raise self._translate(exc, None, "read domain") from exc
+        return sorted(out, key=lambda i: i.name)
+
+    def domain_xml_pairs(self) -> Iterator[tuple[str, str]]:
+        """(name, xml) pairs, the shape inventory() takes to join mdevs with domains."""
+        for d in self.domains():
+            yield d.name, d.xml
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def define(self, xml: str) -> str:
+        """Define (or redefine) a persistent domain from XML; return its name."""
+        try:
+            name = etree.fromstring(xml.encode()).findtext("name")
+        except etree.XMLSyntaxError as exc:
+            raise InvalidSpec("domain XML", xml[:60], f"well-formed XML ({exc})") from None
+        if not name:
+            raise InvalidSpec("domain XML", xml[:60], "a <name> element")
+        DomainName.parse(name)
+        audit.info("%s: define domain %s", self.uri, name)
+        dom = self._call(name, "define", lambda: self.raw.defineXML(xml))
+        return str(dom.name())
+
+    def start(self, name: str) -> None:
+        dom = self._lookup(name)
+        if self._call(name, "query state", lambda: dom.isActive()):
+            return
+        audit.info("%s: start domain %s", self.uri, name)
+        self._call(name, "start", lambda: dom.create())
+
+    def shutdown(self, name: str) -> None:
+        """Ask the guest to shut down (ACPI); returns at once."""
+        dom = self._lookup(name)
+        if not self._call(name, "query state", lambda: dom.isActive()):
+            return
+        audit.info("%s: shutdown domain %s", self.uri, name)
+        self._call(name, "shutdown", lambda: dom.shutdown())
+
+    def destroy(self, name: str) -> bool:
+        """Power off at once. Returns False when the domain was not running (or is gone)."""
+        if not self.exists(name):
+            return False
+        dom = self._lookup(name)
+        if not self._call(name, "query state", lambda: dom.isActive()):
+            return False
+        audit.info("%s: destroy domain %s", self.uri, name)
+        self._call(name, "destroy", lambda: dom.destroy())
+        return True
+
+    def undefine(self, name: str, *, remove_storage: bool = False) -> list[str]:
+        """Remove a domain's definition (NVRAM too), keeping its disks unless asked.
+
+        Returns the disk paths removed. A domain that does not exist is a no-op.
+        """
+        libvirt = _import_libvirt()
+        if not self.exists(name):
+            return []
+        disks = _disk_paths(self.xml(name, inactive=True)) if remove_storage else []
+        dom = self._lookup(name)
+        flags = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                 | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+        audit.info("%s: undefine domain %s", self.uri, name)
+        try:
+            self._call(name, "undefine", lambda: dom.undefineFlags(flags))
+        except LibvirtError as exc:
+            # Drivers without NVRAM support reject the flag; fall back to a plain undefine.
+            if exc.code not in (VIR_ERR_NO_SUPPORT, VIR_ERR_INVALID_ARG, VIR_ERR_OPERATION_UNSUPPORTED,
+                                VIR_ERR_OPERATION_INVALID):
+                raise
+            self._call(name, "undefine", lambda: dom.undefine())
+        removed: list[str] = []
+        for path in disks:
+            try:
+                vol = self.raw.storageVolLookupByPath(path)
+            except libvirt.libvirtError:
+                log.warning("%s: disk %s of %s is not a libvirt volume; kept", self.uri, path, name)
+                continue
+            audit.info("%s: delete volume %s of %s", self.uri, path, name)
+            self._delete_volume(name, path, vol)
+            removed.append(path)
+        return removed
+
+    def _delete_volume(self, name: str, path: str, vol: Any) -> None:
+        self._call(name, f"delete volume {path}", lambda: vol.delete(0))
+
+    # -- hot-plug -----------------------------------------------------------------------------
+    def _device_flags(self, name: str, live: bool | None, config: bool) -> int:
+        libvirt = _import_libvirt()
+        flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if config else 0
+        if live is None:
+            live = self.is_active(name)
+        if live:
+            flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+        return int(flags)
+
+    def attach(self, name: str, device_xml: str, *, live: bool | None = None, config: bool = True) -> None:
+        """Attach a device (``<hostdev>``, ``<interface>``) to a domain, live and/or persistently."""
+        dom = self._lookup(name)
+        flags = self._device_flags(name, live, config)
+        audit.info("%s: attach device to %s", self.uri, name)
+        self._call(name, "attach device", lambda: dom.attachDeviceFlags(device_xml, flags))
+
+    def detach(self, name: str, device_xml: str, *, live: bool | None = None, config: bool = True) -> None:
+        dom = self._lookup(name)
+        flags = self._device_flags(name, live, config)
+        audit.info("%s: detach device from %s", self.uri, name)
+        self._call(name, "detach device", lambda: dom.detachDeviceFlags(device_xml, flags))
+
+
+def _disk_paths(xml: str) -> list[str]:
+    root = etree.fromstring(xml.encode())
+    return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]

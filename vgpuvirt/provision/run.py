@@ -1,0 +1,86 @@
+"""The main job in one call: inventory every host (in parallel, one round trip each), plan, apply.
+
+``provision(hosts, conn, requests)`` is what ``vgpuvirt provision`` and the examples call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from vgpuvirt.host.base import Host
+from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by_name, apply
+from vgpuvirt.provision.placement import Policy
+from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
+from vgpuvirt.provision.request import VmRequest
+
+
+@dataclass
+class ProvisionResult:
+    plan: Plan
+    applied: ApplyResult | None
+    inventory_seconds: float
+    plan_seconds: float
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per VM GPU for the summary table: VM, host, GPU, type, device, action."""
+        acted = {(s.host, s.vm) for s in self.plan.steps}
+        out = []
+        for a in self.plan.assignments:
+            dev = str(mdev_uuid_for(a.vm, a.index)) if a.kind == "mdev" else str(a.slot)
+            out.append({"vm": a.vm, "host": a.host, "gpu": str(a.gpu), "type": a.type.id, "type_name": a.type.name,
+                        "device": dev, "numa_node": a.numa_node,
+                        "status": "created" if (a.host, a.vm) in acted else "kept"})
+        placed = {a.vm for a in self.plan.assignments}
+        for k in self.plan.kept:
+            if k.vm not in placed and k.what.startswith("domain "):
+                out.append({"vm": k.vm, "host": k.host, "gpu": None, "type": None, "type_name": None, "device": None,
+                            "numa_node": None,
+                            "status": "started" if (k.host, k.vm) in acted else "kept"})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"plan": self.plan.to_dict(), "vms": self.rows(),
+             "timing": {"inventory_s": round(self.inventory_seconds, 3), "plan_s": round(self.plan_seconds, 3)}}
+        if self.applied is not None:
+            d["applied"] = self.applied.to_dict()
+        return d
+
+
+def gather(hosts: Mapping[str, Host], conn: LibvirtConnection | Mapping[str, LibvirtConnection]
+           ) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
+    """Inventories and libvirt domains of every host, hosts in parallel."""
+    from vgpuvirt.services.inventory import inventory
+
+    def one(name: str) -> tuple[str, Any, list[tuple[str, str]]]:
+        pairs = list(_conn_for(conn, name).domain_xml_pairs())
+        return name, inventory(hosts[name], domains=pairs), pairs
+
+    invs: dict[str, Any] = {}
+    doms: dict[str, list[tuple[str, str]]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts)), thread_name_prefix="vgpuvirt-inventory") as pool:
+        for name, inv, pairs in pool.map(one, list(hosts)):
+            invs[name] = inv
+            doms[name] = pairs
+    return invs, doms
+
+
+def provision(hosts: Host | Sequence[Host] | Mapping[str, Host],
+              conn: LibvirtConnection | Mapping[str, LibvirtConnection], requests: Sequence[VmRequest], *,
+              policy: Policy = "binpack", heterogeneous: bool = False, dry_run: bool = False,
+              progress: Progress | None = None, on_plan: Callable[[Plan], None] | None = None,
+              wait_timeout: float = 10.0) -> ProvisionResult:
+    by_name = _hosts_by_name(hosts)
+    t0 = time.monotonic()
+    invs, doms = gather(by_name, conn)
+    t1 = time.monotonic()
+    p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
+    t2 = time.monotonic()
+    if on_plan is not None:
+        on_plan(p)
+    applied = None if dry_run else apply(p, by_name, conn, progress=progress, wait_timeout=wait_timeout)
+    return ProvisionResult(p, applied, t1 - t0, t2 - t1)

@@ -1,0 +1,136 @@
+"""Teardown: destroy + undefine the named domains and remove the vGPUs vgpuvirt created for them.
+
+Only domains that carry vgpuvirt's metadata are touched (a foreign domain of the same name is
+reported and left alone), and only the devices that metadata lists are removed. Disks are kept
+unless ``remove_storage=True``. Per host: the libvirt calls, then ONE read and ONE batch for all
+of the host's vGPUs. Rerunning is harmless: what is already gone is reported as such.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpuvirt.errors import VgpuvirtError
+from vgpuvirt.host.base import Host, Op
+from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.provision.apply import _conn_for, _hosts_by_name, _mdev_dir, _vf_type_path, undo_ops
+from vgpuvirt.provision.plan import Step, domain_meta
+
+
+@dataclass
+class TeardownResult:
+    removed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    disks_removed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"removed": self.removed, "skipped": self.skipped, "failed": self.failed,
+                "disks_removed": self.disks_removed, "seconds": round(self.seconds, 3)}
+
+
+def _selected(name: str, names: set[str] | None, patterns: Sequence[str]) -> bool:
+    if names is not None and name in names:
+        return True
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
+             conn: LibvirtConnection | Mapping[str, LibvirtConnection], names: Iterable[str] | None = None, *,
+             patterns: Sequence[str] = (), remove_storage: bool = False, dry_run: bool = False,
+             progress: Callable[[str, str], None] | None = None, wait_timeout: float = 10.0) -> TeardownResult:
+    """Remove the VMs named (or matching a glob in ``patterns``) that vgpuvirt made on these hosts."""
+    by_name = _hosts_by_name(hosts)
+    wanted = set(names) if names is not None else None
+    if wanted is None and not patterns:
+        wanted = set()
+    result = TeardownResult()
+    t0 = time.monotonic()
+    found: set[str] = set()
+
+    def one(hname: str) -> TeardownResult:
+        r = TeardownResult()
+        host = by_name[hname]
+        c = _conn_for(conn, hname)
+        devices: list[Step] = []
+        for d in c.domains():
+            if not _selected(d.name, wanted, patterns):
+                continue
+            meta = domain_meta(d.xml)
+            if meta is None:
+                found.add(d.name)
+                r.skipped.append(f"{hname}: domain {d.name} was not created by vgpuvirt; left alone")
+                continue
+            if meta.get("host") not in (hname, None):
+                continue  # another host's VM on a shared libvirt (test:///default)
+            found.add(d.name)
+            if dry_run:
+                r.removed.append(f"{hname}: would destroy and undefine {d.name}")
+            else:
+                try:
+                    if c.destroy(d.name):
+                        r.removed.append(f"{hname}: destroyed {d.name}")
+                    r.disks_removed += c.undefine(d.name, remove_storage=remove_storage)
+                    r.removed.append(f"{hname}: undefined {d.name}")
+                except VgpuvirtError as exc:
+                    r.failed.append(f"{hname}: {d.name}: {exc}")
+                    continue
+            if progress is not None:
+                progress(hname, d.name)
+            for g in meta["gpus"]:
+                if g.get("kind") == "mdev":
+                    devices.append(Step("create-mdev", hname, d.name, g["uuid"], g.get("parent"), g.get("type")))
+                elif g.get("kind") == "vendor-vf":
+                    devices.append(Step("set-vf-type", hname, d.name, g["vf"], g["vf"], g.get("type")))
+        if devices:
+            try:
+                snap = host.read([_mdev_dir(s.target) if s.action == "create-mdev" else _vf_type_path(s.target)
+                                  for s in devices])
+                present = [s for s in devices
+                           if (snap.has(_mdev_dir(s.target)) if s.action == "create-mdev"
+                               else snap.text(_vf_type_path(s.target)) == str(s.type))]
+                for s in devices:
+                    if s not in present:
+                        r.skipped.append(f"{hname}: vGPU {s.target} already gone")
+                if present and dry_run:
+                    r.removed += [f"{hname}: would remove vGPU {s.target}" for s in present]
+                elif present:
+                    ops: list[Op] = []
+                    for s in present:
+                        ops += undo_ops(s, wait_timeout)
+                    batch = host.apply(ops, on_error="continue")
+                    i = 0
+                    for s in present:
+                        n = len(undo_ops(s, wait_timeout))
+                        res = batch.results[i:i + n]
+                        i += n
+                        if all(x.ok for x in res):
+                            r.removed.append(f"{hname}: removed vGPU {s.target}" if s.action == "create-mdev"
+                                             else f"{hname}: reset VF {s.target}")
+                        else:
+                            bad = next(x for x in res if not x.ok)
+                            r.failed.append(f"{hname}: vGPU {s.target}: {bad.error or bad.errno}")
+            except VgpuvirtError as exc:
+                r.failed.append(f"{hname}: removing vGPUs: {exc}")
+        return r
+
+    with ThreadPoolExecutor(max_workers=max(1, len(by_name)), thread_name_prefix="vgpuvirt-teardown") as pool:
+        for r in pool.map(one, list(by_name)):
+            result.removed += r.removed
+            result.skipped += r.skipped
+            result.failed += r.failed
+            result.disks_removed += r.disks_removed
+    for n in sorted((wanted or set()) - found):
+        result.skipped.append(f"domain {n} not found (already removed)")
+    result.seconds = time.monotonic() - t0
+    return result

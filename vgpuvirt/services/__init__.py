@@ -1,0 +1,1 @@
+"""Services: decisions about one host (read a snapshot, compute, write a batch)."""

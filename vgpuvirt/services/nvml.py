@@ -1,0 +1,178 @@
+"""NVML enrichment through pynvml (``nvidia-ml-py``), for the host we run on only.
+
+NVML describes the machine the process runs on, so the inventory asks it only for a LocalHost reading the
+real ``/`` (e.g. inside an Ansible module on the GPU host). Every query is wrapped: on a driver without vGPU
+support the vGPU calls answer ``NVMLError_NotSupported``, which is normal and is recorded per GPU in
+``not_supported``; any other NVML error is recorded in ``errors``. Nothing here raises for a query failure.
+
+``pynvml`` may be injected (``module=``) so that tests run against a fake built from real facts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, TypeVar
+
+from vgpuvirt.errors import InvalidSpec, MissingDependency
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
+
+T = TypeVar("T")
+
+VIRTUALIZATION_MODES = {0: "None", 1: "Pass-Through", 2: "VGPU", 3: "Host VGPU", 4: "Host VSGA"}
+HOST_VGPU_MODES = {0: "Non SR-IOV", 1: "SR-IOV"}
+FEATURE_STATE = {0: "Disabled", 1: "Enabled"}
+_NO_GI_PROFILE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class NvmlReport:
+    available: bool
+    driver_version: str | None = None
+    gpus: list[NvidiaGpuFacts] = field(default_factory=list)
+    error: str | None = None
+
+
+def load_pynvml(*, required: bool) -> ModuleType | None:
+    """Import pynvml; missing -> None, or :class:`MissingDependency` naming the ``nvml`` extra if required."""
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as exc:
+        if required:
+            raise MissingDependency("pynvml", "nvml", "NVML enrichment (use_nvml=True)") from exc
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _Query:
+    """Runs NVML calls for one GPU, sorting failures into NotSupported / other errors."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self.not_supported: list[str] = []
+        self.errors: dict[str, str] = {}
+
+    def __call__(self, key: str, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == self.nvml.NVML_ERROR_NOT_SUPPORTED:
+                if key not in self.not_supported:
+                    self.not_supported.append(key)
+            else:
+                self.errors[key] = str(exc)
+            return None
+
+
+def _type_info(nvml: Any, q: _Query, handle: Any, type_id: int) -> dict[str, Any]:
+    name = q(f"vgpu_type[{type_id}].name", lambda: _text(nvml.nvmlVgpuTypeGetName(type_id)))
+    klass = q(f"vgpu_type[{type_id}].class", lambda: _text(nvml.nvmlVgpuTypeGetClass(type_id)))
+    fb = q(f"vgpu_type[{type_id}].framebuffer", lambda: int(nvml.nvmlVgpuTypeGetFramebufferSize(type_id)))
+    max_inst = q(f"vgpu_type[{type_id}].max_instances",
+                 lambda: int(nvml.nvmlVgpuTypeGetMaxInstances(handle, type_id)))
+    heads = q(f"vgpu_type[{type_id}].num_heads", lambda: int(nvml.nvmlVgpuTypeGetNumDisplayHeads(type_id)))
+    gi = q(f"vgpu_type[{type_id}].gpu_instance_profile",
+           lambda: int(nvml.nvmlVgpuTypeGetGpuInstanceProfileId(type_id)))
+    return {"id": int(type_id), "name": name, "class": klass,
+            "framebuffer_mib": fb // (1024 * 1024) if fb is not None else None,
+            "max_instances": max_inst, "num_heads": heads,
+            "gpu_instance_profile_id": gi if gi is not None and gi != _NO_GI_PROFILE else None}
+
+
+def _active_info(nvml: Any, q: _Query, inst: int) -> dict[str, Any]:
+    vm = q(f"vgpu_instance[{inst}].vm_id", lambda: nvml.nvmlVgpuInstanceGetVmID(inst))
+    mdev = q(f"vgpu_instance[{inst}].mdev_uuid", lambda: _text(nvml.nvmlVgpuInstanceGetMdevUUID(inst)))
+    return {
+        "instance": int(inst),
+        "type_id": q(f"vgpu_instance[{inst}].type", lambda: int(nvml.nvmlVgpuInstanceGetType(inst))),
+        "uuid": q(f"vgpu_instance[{inst}].uuid", lambda: _text(nvml.nvmlVgpuInstanceGetUUID(inst))) or None,
+        "mdev_uuid": (mdev or "").lower() or None,
+        # pynvml returns (bytes, int) here: its str-decoding decorator does not look inside tuples.
+        "vm_id": _text(vm[0]) if vm else None,
+        "gpu_instance_id": q(f"vgpu_instance[{inst}].gpu_instance_id",
+                             lambda: int(nvml.nvmlVgpuInstanceGetGpuInstanceId(inst))),
+    }
+
+
+def _bus_id(nvml: Any, handle: Any) -> PciAddress | None:
+    info = nvml.nvmlDeviceGetPciInfo(handle)
+    bus_id = getattr(info, "busId", None)
+    if bus_id:
+        try:
+            return PciAddress.from_nvml(_text(bus_id))
+        except InvalidSpec:
+            pass
+    try:
+        return PciAddress(int(info.domain) & 0xFFFF, int(info.bus), int(info.device), 0)
+    except (AttributeError, InvalidSpec, TypeError, ValueError):
+        return None
+
+
+def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
+    q = _Query(nvml)
+    address = q("pci_info", lambda: _bus_id(nvml, handle))
+    mem = q("memory_info", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    virt = q("virtualization_mode", lambda: int(nvml.nvmlDeviceGetVirtualizationMode(handle)))
+    host_mode = q("host_vgpu_mode", lambda: int(nvml.nvmlDeviceGetHostVgpuMode(handle)))
+    hetero = q("vgpu_heterogeneous_mode", lambda: int(nvml.nvmlDeviceGetVgpuHeterogeneousMode(handle)))
+    mig = q("mig_mode", lambda: list(nvml.nvmlDeviceGetMigMode(handle)))
+    supported = q("supported_vgpus", lambda: [int(t) for t in nvml.nvmlDeviceGetSupportedVgpus(handle)])
+    creatable = q("creatable_vgpus", lambda: [int(t) for t in nvml.nvmlDeviceGetCreatableVgpus(handle)])
+    active = q("active_vgpus", lambda: [int(i) for i in nvml.nvmlDeviceGetActiveVgpus(handle)])
+    type_infos = {t: _type_info(nvml, q, handle, t) for t in (supported or [])}
+    return NvidiaGpuFacts(
+        source="nvml",
+        address=address,
+        product_name=q("name", lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        uuid=q("uuid", lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+        memory_total_mib=int(mem.total) // (1024 * 1024) if mem is not None else None,
+        virtualization_mode=VIRTUALIZATION_MODES.get(virt, str(virt)) if virt is not None else None,
+        host_vgpu_mode=HOST_VGPU_MODES.get(host_mode, str(host_mode)) if host_mode is not None else None,
+        vgpu_heterogeneous_mode=FEATURE_STATE.get(hetero, str(hetero)) if hetero is not None else None,
+        mig_mode_current=FEATURE_STATE.get(mig[0]) if mig else None,
+        mig_mode_pending=FEATURE_STATE.get(mig[1]) if mig and len(mig) > 1 else None,
+        supported_vgpu_types=[type_infos[t] for t in supported] if supported is not None else None,
+        creatable_vgpu_types=([type_infos.get(t) or {"id": t, "name": None} for t in creatable]
+                              if creatable is not None else None),
+        active_vgpus=[_active_info(nvml, q, i) for i in active] if active is not None else None,
+        not_supported=q.not_supported,
+        errors=q.errors,
+    )
+
+
+def collect(nvml: Any) -> NvmlReport:
+    """Ask NVML about every GPU it sees (on SR-IOV hosts these are the PFs; VFs are not NVML devices)."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        # No driver / no libnvidia-ml: a normal state for a host without an NVIDIA GPU.
+        return NvmlReport(available=False, error=str(exc))
+    try:
+        try:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError:
+            driver = None
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            return NvmlReport(available=False, driver_version=driver, error=str(exc))
+        gpus: list[NvidiaGpuFacts] = []
+        for i in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except nvml.NVMLError as exc:
+                gpus.append(NvidiaGpuFacts(source="nvml", address=None, errors={"handle": str(exc)}))
+                continue
+            gpus.append(_gpu_facts(nvml, handle))
+        return NvmlReport(available=True, driver_version=driver, gpus=gpus)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass

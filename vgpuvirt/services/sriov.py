@@ -1,0 +1,216 @@
+"""SR-IOV virtual functions: enable/disable on a PF, wait for the VFs, report VF <-> PF.
+
+The kernel refuses to change a non-zero VF count to another non-zero count (EBUSY), so a change
+goes through 0 first, in the same locked batch. VFs in use (bound to vfio-pci, carrying a vGPU
+type or mdevs, or named by a domain) are never pulled away unless ``force=True``; a PF that is
+passed through whole gets no VFs.
+
+For NVIDIA PFs, ``/usr/lib/nvidia/sriov-manage -e|-d ADDR`` is used when present (it is what the
+driver's own service runs); it only ever enables *all* VFs, so another count uses sysfs. The tool
+acts on the real /sys, so it is used only when the host's ``sysfs_root`` is ``/``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpuvirt.errors import DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec
+from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.model import PciAddress, VfCount
+from vgpuvirt.services.mutation import Change, error_for, first_failure, note
+from vgpuvirt.services.parsers import domain_device_refs, parse_hex_id
+
+PCI = "/sys/bus/pci/devices"
+MDEV_DEVICES = "/sys/bus/mdev/devices"
+SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+NVIDIA = "0x10de"
+VFIO_DRIVERS = ("vfio-pci",)
+
+
+@dataclass(frozen=True)
+class VfInfo:
+    address: PciAddress
+    index: int
+    driver: str | None
+    in_use: str | None = None          # why it is in use, None when free
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"address": str(self.address), "index": self.index, "driver": self.driver, "in_use": self.in_use}
+
+
+@dataclass(frozen=True)
+class PfInfo:
+    address: PciAddress
+    vendor: str | None
+    driver: str | None
+    total_vfs: int
+    num_vfs: int
+    vfs: tuple[VfInfo, ...] = field(default_factory=tuple)
+    used_by: tuple[str, ...] = ()      # domains that use the PF itself
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"address": str(self.address), "vendor": self.vendor, "driver": self.driver,
+                "sriov_totalvfs": self.total_vfs, "sriov_numvfs": self.num_vfs,
+                "vfs": [v.to_dict() for v in self.vfs], "used_by": list(self.used_by)}
+
+
+def read_patterns(pf: str = "*") -> list[str]:
+    base = f"{PCI}/{pf}"
+    return [f"{base}/sriov_totalvfs", f"{base}/sriov_numvfs", f"{base}/vendor", f"{base}/driver",
+            f"{base}/virtfn*", f"{base}/virtfn*/driver", f"{base}/virtfn*/nvidia/current_vgpu_type",
+            f"{MDEV_DEVICES}/*"]
+
+
+def _users(domains: Iterable[tuple[str, str]] | None) -> dict[PciAddress, list[str]]:
+    users: dict[PciAddress, list[str]] = {}
+    for name, xml in domains or ():
+        for a in domain_device_refs(xml).pci:
+            users.setdefault(a, []).append(name)
+    return users
+
+
+def pfs_from_snapshot(snap: Snapshot, users: dict[PciAddress, list[str]] | None = None) -> list[PfInfo]:
+    users = users or {}
+    mdev_parents: dict[str, int] = {}
+    for link in snap.glob(f"{MDEV_DEVICES}/*"):
+        target = snap.link(link) or ""
+        parent = posixpath.basename(posixpath.dirname(target.rstrip("/")))
+        mdev_parents[parent] = mdev_parents.get(parent, 0) + 1
+    out: list[PfInfo] = []
+    for path in snap.glob(f"{PCI}/*/sriov_totalvfs"):
+        dev = path.split("/")[5]
+        try:
+            pf = PciAddress.parse(dev)
+        except InvalidSpec:
+            continue
+        base = f"{PCI}/{dev}"
+        vfs: list[VfInfo] = []
+        for link in snap.glob(f"{base}/virtfn*"):
+            m = re.fullmatch(r"virtfn(\d+)", posixpath.basename(link))
+            vf_link = snap.link(link)
+            if not m or not vf_link:
+                continue
+            try:
+                vf = PciAddress.parse(posixpath.basename(vf_link.rstrip("/")))
+            except InvalidSpec:
+                continue
+            drv = snap.link_name(f"{link}/driver")
+            cur = snap.int(f"{link}/nvidia/current_vgpu_type")
+            why: str | None = None
+            if vf in users:
+                why = f"used by domain {', '.join(users[vf])}"
+            elif cur:
+                why = f"carries vGPU type {cur}"
+            elif mdev_parents.get(str(vf)):
+                why = f"hosts {mdev_parents[str(vf)]} mdev(s)"
+            elif drv in VFIO_DRIVERS:
+                why = f"bound to {drv} (passthrough)"
+            vfs.append(VfInfo(vf, int(m[1]), drv, why))
+        vfs.sort(key=lambda v: v.index)
+        out.append(PfInfo(pf, parse_hex_id(snap.text(f"{base}/vendor")), snap.link_name(f"{base}/driver"),
+                          snap.int(path) or 0, snap.int(f"{base}/sriov_numvfs") or 0, tuple(vfs),
+                          tuple(users.get(pf, ()))))
+    return sorted(out, key=lambda p: p.address)
+
+
+class SriovService:
+    def __init__(self, host: Host, *, wait_timeout: float = 30.0, vendor_tool: bool | None = None) -> None:
+        """``vendor_tool``: None = use sriov-manage for NVIDIA PFs when sysfs_root is /; False = never."""
+        self.host = host
+        self.wait_timeout = wait_timeout
+        self.vendor_tool = vendor_tool
+
+    def report(self, pf: str | PciAddress | None = None,
+               domains: Iterable[tuple[str, str]] | None = None) -> list[PfInfo]:
+        glob = str(PciAddress.parse(pf)) if pf is not None else "*"
+        return pfs_from_snapshot(self.host.read(read_patterns(glob)), _users(domains))
+
+    def _pf(self, pf: PciAddress, domains: Iterable[tuple[str, str]] | None) -> PfInfo:
+        snap = self.host.read(read_patterns(str(pf)))
+        found = pfs_from_snapshot(snap, _users(domains))
+        if not found:
+            raise DeviceNotFound(self.host.name, str(pf), "not an SR-IOV capable PF (no sriov_totalvfs)")
+        return found[0]
+
+    def enable(self, pf: str | PciAddress, count: int | str | VfCount | None = None, *, force: bool = False,
+               dry_run: bool = False, domains: Iterable[tuple[str, str]] | None = None) -> Change:
+        """Set the PF's VF count (``None`` = all it supports); 0 disables."""
+        a = PciAddress.parse(pf)
+        n = VfCount.parse(count) if count is not None else None
+        info = self._pf(a, domains)
+        host = self.host.name
+        want = info.total_vfs if n is None else n.value
+        data: dict[str, Any] = {"pf": str(a), "from": info.num_vfs, "to": want, "total": info.total_vfs}
+        if want > info.total_vfs:
+            raise InvalidSpec("VF count", want, f"0..{info.total_vfs} (sriov_totalvfs of {a})")
+        action = "sriov.enable" if want else "sriov.disable"
+        if want == info.num_vfs and (want == 0 or len(info.vfs) >= want):
+            return Change(host, action, str(a), changed=False, dry_run=dry_run, data=data,
+                          message=f"{want} VFs already")
+        if info.driver is None:
+            raise DeviceError(host, str(a), "no driver bound to the PF; the kernel cannot configure SR-IOV (ENOENT)")
+        if want and (info.used_by or info.driver in VFIO_DRIVERS):
+            why = f"used by domain {', '.join(info.used_by)}" if info.used_by else f"bound to {info.driver}"
+            raise DeviceBusy(host, str(a), f"the PF is passed through whole ({why}); it cannot also have VFs")
+        busy = [v for v in info.vfs if v.in_use]
+        if info.num_vfs and busy and not force:
+            lst = "; ".join(f"{v.address} {v.in_use}" for v in busy[:8])
+            raise DeviceBusy(host, str(a), f"{len(busy)} VF(s) in use ({lst}); changing the VF count would remove "
+                                           "them (pass force=True to do it anyway)")
+        ops = self._plan(a, info, want)
+        data["via"] = "sriov-manage" if ops and ops[0].op == "exec" else "sysfs"
+        if dry_run:
+            return Change(host, action, str(a), changed=True, dry_run=True, ops=tuple(ops), data=data,
+                          message=f"would set {want} VFs")
+        note(host, action, str(a), f"{info.num_vfs} -> {want} VFs via {data['via']}")
+        batch = self.host.apply(ops)
+        bad = first_failure(batch)
+        if bad is not None and bad.op.op == "exec" and (bad.rc == 127 or bad.errno == _errno.ENOENT):
+            ops = self._sysfs_plan(a, info.num_vfs, want)       # the vendor tool is not installed
+            data["via"] = "sysfs"
+            batch = self.host.apply(ops)
+            bad = first_failure(batch)
+        if bad is not None:
+            raise error_for(host, str(a), bad, what=f"setting {want} VFs on {a}",
+                            overrides={_errno.ERANGE: DeviceError})
+        return Change(host, action, str(a), changed=True, ops=tuple(ops), data=data, message=f"{want} VFs")
+
+    def disable(self, pf: str | PciAddress, *, force: bool = False, dry_run: bool = False,
+                domains: Iterable[tuple[str, str]] | None = None) -> Change:
+        return self.enable(pf, 0, force=force, dry_run=dry_run, domains=domains)
+
+    def _use_tool(self, info: PfInfo, want: int) -> bool:
+        if self.vendor_tool is False or info.vendor != NVIDIA:
+            return False
+        if self.vendor_tool is None and self.host.sysfs_root != "/":
+            return False
+        return want in (0, info.total_vfs)
+
+    def _plan(self, a: PciAddress, info: PfInfo, want: int) -> list[Op]:
+        if self._use_tool(info, want):
+            ops = []
+            if want:
+                if info.num_vfs:
+                    ops.append(Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout))
+                ops += [Op.exec([SRIOV_MANAGE, "-e", str(a)], timeout=self.wait_timeout),
+                        Op.wait(f"{PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
+            else:
+                ops += [Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout),
+                        Op.wait(f"{PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
+            return ops
+        return self._sysfs_plan(a, info.num_vfs, want)
+
+    def _sysfs_plan(self, a: PciAddress, current: int, want: int) -> list[Op]:
+        path = f"{PCI}/{a}/sriov_numvfs"
+        ops: list[Op] = []
+        if current:
+            ops += [Op.write(path, "0"), Op.wait(f"{PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
+        if want:
+            ops += [Op.write(path, str(want)),
+                    Op.wait(f"{PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
+        return ops

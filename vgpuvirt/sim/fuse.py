@@ -1,0 +1,169 @@
+"""A live FUSE mount of a simulated host (mfusepy), with the same semantics as SimHost.
+
+The mount point holds ``sys/``: point ``--sysfs-root`` (LocalHost, SSHHost) at the mount point, or
+bind ``MOUNT/sys`` over ``/sys`` in a mount namespace for tools such as mdevctl. The filesystem is
+one process, so every user of the mount sees one shared state. Needs root and /dev/fuse.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from typing import Any
+
+from vgpuvirt.errors import HostError, MissingDependency
+from vgpuvirt.sim.fs import SimFs
+from vgpuvirt.sim.model import SimModel
+from vgpuvirt.sim.profiles import Profile, load_profile
+
+try:  # the optional extra [fuse]
+    import mfusepy
+    _Operations: Any = mfusepy.Operations
+except ImportError:  # pragma: no cover - exercised only without the extra
+    mfusepy = None
+    _Operations = object
+
+_EPOCH = 1_700_000_000 * 10**9
+
+
+class SimFuse(_Operations):  # type: ignore[misc]
+    """mfusepy operations mapped onto :class:`SimFs`; sysfs open-time checks included."""
+
+    use_ns = True
+
+    def __init__(self, fs: SimFs) -> None:
+        self.fs = fs
+
+    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        kind, mode = self.fs.stat(path, follow=False)
+        if kind == "l":
+            st_mode, size, nlink = stat.S_IFLNK | 0o777, len(self.fs.readlink(path)), 1
+        elif kind == "d":
+            st_mode, size, nlink = stat.S_IFDIR | 0o755, 0, 2
+        else:
+            st_mode, size, nlink = stat.S_IFREG | mode, 4096, 1   # sysfs reports 4096 for attributes
+        return {"st_mode": st_mode, "st_nlink": nlink, "st_size": size, "st_uid": 0, "st_gid": 0,
+                "st_atime": _EPOCH, "st_mtime": _EPOCH, "st_ctime": _EPOCH}
+
+    def readdir(self, path: str, fh: Any) -> list[str]:
+        return [".", "..", *self.fs.listdir(path)]
+
+    def readlink(self, path: str) -> str:
+        return self.fs.readlink(path)
+
+    def open(self, path: str, flags: int) -> int:
+        acc = flags & os.O_ACCMODE
+        self.fs.check_open(path, read=acc in (os.O_RDONLY, os.O_RDWR), write=acc in (os.O_WRONLY, os.O_RDWR))
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
+        return self.fs.read(path).encode("utf-8")[offset:offset + size]
+
+    def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
+        self.fs.write(path, data.decode("utf-8", "surrogateescape"))
+        return len(data)
+
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        # The shell's '>' truncates first; sysfs ignores that. Only attributes that take writes allow it.
+        self.fs.check_open(path, read=False, write=True)
+        return 0
+
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_namemax": 255}
+
+
+def _require() -> None:
+    if mfusepy is None:
+        raise MissingDependency("mfusepy", "fuse", "the FUSE simulator mount")
+
+
+def mount(profile: Profile | str, mountpoint: str, *, foreground: bool = True) -> None:
+    """Mount a simulated host on ``mountpoint`` and serve it until unmounted (blocks)."""
+    _require()
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    fs = SimFs(SimModel(prof))
+    # No attribute/entry caching: a created mdev must appear (and a removed one vanish) at once.
+    mfusepy.FUSE(SimFuse(fs), mountpoint, foreground=foreground, nothreads=True, direct_io=True,
+                 allow_other=True, entry_timeout=0, attr_timeout=0, negative_timeout=0,
+                 fsname=f"vgpuvirt-sim:{prof.name}", subtype="vgpuvirt-sim")
+
+
+def _mounted(mountpoint: str) -> bool:
+    return os.path.ismount(mountpoint) and os.path.isdir(os.path.join(mountpoint, "sys", "bus"))
+
+
+def start(profile: str, mountpoint: str, *, pid_file: str | None = None, timeout: float = 30.0) -> int:
+    """Mount in a background process (a new session); wait until the mount answers; return its pid."""
+    _require()
+    if not os.path.isdir(mountpoint):
+        raise HostError("local", f"mount point {mountpoint} is not a directory")
+    load_profile(profile)   # refuse a bad profile here, with its message, not in the child
+    proc = subprocess.Popen([sys.executable, "-m", "vgpuvirt.sim.fuse", profile, mountpoint],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not _mounted(mountpoint):
+        if proc.poll() is not None:
+            err = (proc.stderr.read() if proc.stderr else b"").decode("utf-8", "replace").strip()
+            raise HostError("local", f"FUSE mount of {profile} on {mountpoint} failed: {err[-500:] or 'exited'}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise HostError("local", f"FUSE mount of {profile} on {mountpoint} did not appear in {timeout} s")
+        time.sleep(0.02)
+    if proc.stderr:
+        proc.stderr.close()
+    if pid_file:
+        with open(pid_file, "w", encoding="ascii") as fh:
+            fh.write(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0) -> None:
+    """Unmount (fusermount3 -u, else umount) and wait for the serving process to end."""
+    if os.path.ismount(mountpoint):
+        for argv in (["fusermount3", "-u", mountpoint], ["umount", mountpoint]):
+            try:
+                if subprocess.run(argv, capture_output=True, check=False).returncode == 0:
+                    break
+            except FileNotFoundError:
+                continue
+        else:
+            raise HostError("local", f"cannot unmount {mountpoint}")
+    if pid_file and os.path.exists(pid_file):
+        with open(pid_file, encoding="ascii") as fh:
+            pid = int(fh.read().strip() or "0")
+        deadline = time.monotonic() + timeout
+        while pid > 0 and time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
+        else:
+            if pid > 0:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        os.unlink(pid_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m vgpuvirt.sim.fuse PROFILE MOUNTPOINT", file=sys.stderr)
+        return 2
+    mount(args[0], args[1], foreground=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

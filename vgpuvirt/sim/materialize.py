@@ -1,0 +1,50 @@
+"""Write a simulated host's sysfs as a static tree: directories, plain files and relative symlinks.
+
+The tree is a snapshot for ``--sysfs-root`` (LocalHost/SSHHost read it like a real /sys); writes to
+it change files, not state. Write-only attributes become empty files with mode 0200.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vgpuvirt.sim.fs import SimFs
+from vgpuvirt.sim.model import SimModel
+from vgpuvirt.sim.profiles import Profile, load_profile
+
+
+def materialize_fs(fs: SimFs, dest_dir: str) -> int:
+    """Copy everything below ``/sys`` of ``fs`` into ``dest_dir/sys``; return the number of entries."""
+    count = 0
+    stack = ["/sys"]
+    os.makedirs(os.path.join(dest_dir, "sys"), exist_ok=True)
+    while stack:
+        d = stack.pop()
+        for name in sorted(fs.listdir(d)):
+            src = f"{d}/{name}"
+            dst = dest_dir + src
+            kind, mode = fs.stat(src)
+            count += 1
+            if kind == "l":
+                os.symlink(fs.readlink(src), dst)
+            elif kind == "d":
+                os.makedirs(dst, exist_ok=True)
+                stack.append(src)
+            else:
+                try:
+                    text = fs.read(src)
+                except OSError:
+                    text = ""
+                fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, text.encode("utf-8"))
+                finally:
+                    os.close(fd)
+                os.chmod(dst, mode)
+    return count
+
+
+def materialize(profile: Profile | str, dest_dir: str) -> int:
+    """Materialize a profile (object, shipped name or file path) in its initial state."""
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return materialize_fs(SimFs(SimModel(prof)), dest_dir)

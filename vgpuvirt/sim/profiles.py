@@ -1,0 +1,543 @@
+"""Simulator profiles: YAML data files describing one host, loaded and validated into frozen specs.
+
+A profile names PCI devices (with their bridges, drivers, IOMMU groups and NUMA nodes), SR-IOV
+capabilities, and for GPUs the vGPU mode and type table. Type tables live in ``profiles/_types.yaml``
+and may be extended by a profile's own ``type_tables``. The format is documented in docs/sim.md.
+A malformed file is refused with :class:`ProfileError` naming the file, the key and the reason.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import importlib.resources
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from vgpuvirt.errors import InvalidSpec, VgpuvirtError
+from vgpuvirt.model import PciAddress, parse_cpulist
+
+VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg")
+_TYPES_FILE = "_types.yaml"
+
+
+class ProfileError(VgpuvirtError, ValueError):
+    """A profile file is malformed: carries the file, the key path and the reason."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file = file
+        self.key = key
+        self.reason = reason
+        super().__init__(f"simulator profile {file}: {key or '<top>'}: {reason}")
+
+
+@dataclass(frozen=True)
+class VgpuType:
+    """One mdev / vGPU type. ``sysfs_id`` is the type directory name (``nvidia-231``)."""
+
+    sysfs_id: str
+    name: str
+    number: int | None = None          # NVIDIA numeric id (creatable_vgpu_types, current_vgpu_type)
+    framebuffer_mib: int = 0
+    num_heads: int = 0
+    frl: int = 0
+    max_resolution: str = ""
+    max_instance: int = 0
+    mig_profile: str | None = None     # GPU-instance profile a MIG-backed type consumes
+    low_gm: int = 0                    # GVT-g resources (MiB, MiB, fences)
+    high_gm: int = 0
+    fence: int = 0
+    weight: int = 0
+    description: str = ""
+    device_api: str = "vfio-pci"
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    id: int
+    name: str
+    max: int
+    slices: int
+
+
+@dataclass(frozen=True)
+class TypeTable:
+    name: str
+    driver: str                        # the parent's driver that registers these types
+    mdev_driver: str                   # the driver mdev devices bind to
+    types: tuple[VgpuType, ...]
+    framebuffer_mib: int = 0
+    heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
+    mig_profiles: tuple[MigProfile, ...] = ()
+    create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
+
+    def get(self, sysfs_id: str) -> VgpuType | None:
+        for t in self.types:
+            if t.sysfs_id == sysfs_id:
+                return t
+        return None
+
+    def by_number(self, number: int) -> VgpuType | None:
+        for t in self.types:
+            if t.number == number:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class GpuInstanceSpec:
+    id: int
+    profile: str
+
+
+@dataclass(frozen=True)
+class InitialVgpu:
+    type: str                          # nvidia-231 / i915-GVTg_V5_4 / 1155 (vendor mode)
+    uuid: str | None = None
+    vf: int | None = None
+
+
+@dataclass(frozen=True)
+class VgpuSpec:
+    mode: str
+    table: TypeTable
+    heterogeneous: bool = False
+    mig_enabled: bool = False
+    gpu_instances: tuple[GpuInstanceSpec, ...] = ()
+    pool: Mapping[str, int] = field(default_factory=dict)   # GVT-g: low_gm, high_gm, fences available
+    vgpus: tuple[InitialVgpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class SriovSpec:
+    totalvfs: int
+    numvfs: int = 0
+    offset: int = 1
+    stride: int = 1
+    vf_device: int = 0
+    vf_driver: str | None = None
+    vf_class: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    address: PciAddress
+    parent: PciAddress | None
+    vendor: int
+    device: int
+    pci_class: int
+    subsystem_vendor: int = 0
+    subsystem_device: int = 0
+    revision: int = 0
+    driver: str | None = None
+    numa_node: int = -1
+    iommu_group: int | None = None
+    reset_method: str = ""
+    product: str = ""
+    boot_vga: bool = False
+    sriov: SriovSpec | None = None
+    vgpu: VgpuSpec | None = None
+
+    @property
+    def is_bridge(self) -> bool:
+        return (self.pci_class >> 8) == 0x0604
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: int
+    cpus: frozenset[int]
+    memory_mib: int
+    hugepages: Mapping[int, int]       # page size kB -> count
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    iommu: bool
+    nodes: tuple[NodeSpec, ...]
+    threads_per_core: int
+    devices: tuple[DeviceSpec, ...]
+    drivers: tuple[str, ...]
+    source: str = ""
+
+    def device(self, address: str) -> DeviceSpec | None:
+        a = PciAddress.parse(address)
+        for d in self.devices:
+            if d.address == a:
+                return d
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _profiles_dir() -> Any:
+    return importlib.resources.files("vgpuvirt.sim").joinpath("profiles")
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped with vgpuvirt."""
+    return sorted(p.name[:-5] for p in _profiles_dir().iterdir()
+                  if p.name.endswith(".yaml") and not p.name.startswith("_"))
+
+
+class _Ctx:
+    """Where we are in the file, so every error names the key."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, key: str, reason: str) -> ProfileError:
+        return ProfileError(self.file, key, reason)
+
+    def mapping(self, value: Any, key: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a mapping, got {type(value).__name__}")
+        return value
+
+    def integer(self, value: Any, key: str, lo: int | None = None, hi: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise self.fail(key, f"expected an integer, got {value!r}")
+        try:
+            n = value if isinstance(value, int) else int(value, 0)
+        except ValueError:
+            raise self.fail(key, f"expected an integer, got {value!r}") from None
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise self.fail(key, f"{n} is out of range {lo}..{hi}")
+        return n
+
+    def text(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value or "\n" in value or "\0" in value:
+            raise self.fail(key, f"expected a one-line string, got {value!r}")
+        return value
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+    def addr(self, value: Any, key: str) -> PciAddress:
+        try:
+            return PciAddress.parse(self.text(value, key))
+        except InvalidSpec as exc:
+            raise self.fail(key, exc.expected) from None
+
+    def keys(self, m: dict[str, Any], key: str, allowed: set[str], required: set[str] | None = None) -> None:
+        for k in m:
+            if k not in allowed:
+                raise self.fail(f"{key}.{k}" if key else str(k),
+                                "unknown key (allowed: " + ", ".join(sorted(allowed)) + ")")
+        for k in sorted(required or ()):
+            if k not in m:
+                raise self.fail(f"{key}.{k}" if key else k, "required key is missing")
+
+
+def _errno_value(ctx: _Ctx, value: Any, key: str) -> int:
+    name = ctx.text(value, key)
+    code = getattr(_errno, name, None)
+    if not isinstance(code, int):
+        raise ctx.fail(key, f"{name!r} is not an errno name (e.g. EINVAL, ENOSPC)")
+    return code
+
+
+def _nvidia_description(t: dict[str, Any]) -> str:
+    return (f"num_heads={t['heads']}, frl_config={t['frl']}, framebuffer={t['fb']}M, "
+            f"max_resolution={t['res']}, max_instance={t['max']}\n")
+
+
+def _gvt_description(t: dict[str, Any]) -> str:
+    return (f"low_gm_size: {t['low_gm']}MB\nhigh_gm_size: {t['high_gm']}MB\nfence: {t['fence']}\n"
+            f"resolution: {t['res']}\nweight: {t['weight']}\n")
+
+
+def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
+    m = ctx.mapping(raw, key)
+    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "types",
+                      "create_errno"}, {"driver", "mdev_driver", "types"})
+    driver = ctx.text(m["driver"], f"{key}.driver")
+    if not isinstance(m["types"], list) or not m["types"]:
+        raise ctx.fail(f"{key}.types", "expected a non-empty list")
+    types: list[VgpuType] = []
+    seen: set[str] = set()
+    for i, row in enumerate(m["types"]):
+        rk = f"{key}.types[{i}]"
+        r = ctx.mapping(row, rk)
+        if driver == "i915":
+            ctx.keys(r, rk, {"id", "low_gm", "high_gm", "fence", "weight", "res", "name"},
+                     {"id", "low_gm", "high_gm", "fence", "weight", "res"})
+            sid = ctx.text(r["id"], f"{rk}.id")
+            vals = {k: ctx.integer(r[k], f"{rk}.{k}", 1) for k in ("low_gm", "high_gm", "fence", "weight")}
+            t = VgpuType(sysfs_id=f"i915-{sid}", name=str(r.get("name", sid)), low_gm=vals["low_gm"],
+                         high_gm=vals["high_gm"], fence=vals["fence"], weight=vals["weight"],
+                         max_resolution=ctx.text(r["res"], f"{rk}.res"),
+                         description=_gvt_description({**r, **vals}))
+        else:
+            ctx.keys(r, rk, {"id", "name", "fb", "heads", "frl", "res", "max", "mig"},
+                     {"id", "name", "fb", "heads", "frl", "res", "max"})
+            num = ctx.integer(r["id"], f"{rk}.id", 1, 1 << 30)
+            vals = {k: ctx.integer(r[k], f"{rk}.{k}", 0) for k in ("fb", "heads", "frl", "max")}
+            if vals["fb"] <= 0 or vals["max"] <= 0:
+                raise ctx.fail(f"{rk}", "fb and max must be positive")
+            t = VgpuType(sysfs_id=f"{driver}-{num}", number=num, name=ctx.text(r["name"], f"{rk}.name"),
+                         framebuffer_mib=vals["fb"], num_heads=vals["heads"], frl=vals["frl"],
+                         max_resolution=ctx.text(r["res"], f"{rk}.res"), max_instance=vals["max"],
+                         mig_profile=ctx.text(r["mig"], f"{rk}.mig") if "mig" in r else None,
+                         description=_nvidia_description({**r, **vals}))
+        if t.sysfs_id in seen:
+            raise ctx.fail(f"{rk}.id", f"duplicate type {t.sysfs_id}")
+        seen.add(t.sysfs_id)
+        types.append(t)
+    migs: list[MigProfile] = []
+    for i, row in enumerate(m.get("mig_profiles") or []):
+        rk = f"{key}.mig_profiles[{i}]"
+        r = ctx.mapping(row, rk)
+        ctx.keys(r, rk, {"id", "name", "max", "slices"}, {"id", "name", "max", "slices"})
+        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), ctx.text(r["name"], f"{rk}.name"),
+                               ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8)))
+    names = {p.name for p in migs}
+    for t in types:
+        if t.mig_profile and t.mig_profile not in names:
+            raise ctx.fail(f"{key}.types", f"{t.sysfs_id} uses MIG profile {t.mig_profile!r} not in mig_profiles")
+    return TypeTable(name=name, driver=driver, mdev_driver=ctx.text(m["mdev_driver"], f"{key}.mdev_driver"),
+                     types=tuple(types),
+                     framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
+                     heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
+                     mig_profiles=tuple(migs),
+                     create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
+                     if "create_errno" in m else _errno.EINVAL)
+
+
+_BUILTIN_TABLES: dict[str, TypeTable] | None = None
+
+
+def builtin_type_tables() -> dict[str, TypeTable]:
+    global _BUILTIN_TABLES
+    if _BUILTIN_TABLES is None:
+        f = _profiles_dir().joinpath(_TYPES_FILE)
+        raw = yaml.safe_load(f.read_text(encoding="utf-8"))
+        ctx = _Ctx(_TYPES_FILE)
+        tables = ctx.mapping(ctx.mapping(raw, "")["tables"], "tables")
+        _BUILTIN_TABLES = {n: _parse_table(ctx, n, t, f"tables.{n}") for n, t in tables.items()}
+    return _BUILTIN_TABLES
+
+
+def _parse_vgpu(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> VgpuSpec:
+    m = ctx.mapping(raw, key)
+    ctx.keys(m, key, {"mode", "types", "heterogeneous", "mig", "pool", "vgpus"}, {"mode", "types"})
+    mode = ctx.text(m["mode"], f"{key}.mode")
+    if mode not in VGPU_MODES:
+        raise ctx.fail(f"{key}.mode", f"{mode!r} is not one of {', '.join(VGPU_MODES)}")
+    tname = ctx.text(m["types"], f"{key}.types")
+    if tname not in tables:
+        raise ctx.fail(f"{key}.types", f"unknown type table {tname!r} (known: {', '.join(sorted(tables))})")
+    table = tables[tname]
+    if (mode == "gvtg") != (table.driver == "i915"):
+        raise ctx.fail(f"{key}.types", f"type table {tname!r} (driver {table.driver}) does not fit mode {mode}")
+    het = ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous")
+    if het and not table.heterogeneous:
+        raise ctx.fail(f"{key}.heterogeneous", f"type table {tname!r} has no heterogeneous (mixed-size) mode")
+    mig_on = False
+    gis: list[GpuInstanceSpec] = []
+    if "mig" in m:
+        mk = f"{key}.mig"
+        mm = ctx.mapping(m["mig"], mk)
+        ctx.keys(mm, mk, {"enabled", "instances"})
+        if not table.mig_profiles:
+            raise ctx.fail(mk, f"type table {tname!r} has no MIG profiles")
+        mig_on = ctx.boolean(mm.get("enabled", False), f"{mk}.enabled")
+        known = {p.name for p in table.mig_profiles}
+        for i, gi in enumerate(mm.get("instances") or []):
+            gk = f"{mk}.instances[{i}]"
+            g = ctx.mapping(gi, gk)
+            ctx.keys(g, gk, {"id", "profile"}, {"id", "profile"})
+            prof = ctx.text(g["profile"], f"{gk}.profile")
+            if prof not in known:
+                raise ctx.fail(f"{gk}.profile", f"unknown MIG profile {prof!r} (known: {', '.join(sorted(known))})")
+            gis.append(GpuInstanceSpec(ctx.integer(g["id"], f"{gk}.id", 0, 64), prof))
+        if gis and not mig_on:
+            raise ctx.fail(f"{mk}.instances", "GPU instances need mig.enabled: true")
+        if len({g.id for g in gis}) != len(gis):
+            raise ctx.fail(f"{mk}.instances", "duplicate GPU instance id")
+    pool: dict[str, int] = {}
+    if mode == "gvtg":
+        pk = f"{key}.pool"
+        pm = ctx.mapping(m.get("pool"), pk)
+        ctx.keys(pm, pk, {"low_gm", "high_gm", "fences"}, {"low_gm", "high_gm", "fences"})
+        pool = {k: ctx.integer(pm[k], f"{pk}.{k}", 0) for k in ("low_gm", "high_gm", "fences")}
+    elif "pool" in m:
+        raise ctx.fail(f"{key}.pool", "only GVT-g (mode gvtg) has a shared pool")
+    vgpus: list[InitialVgpu] = []
+    for i, v in enumerate(m.get("vgpus") or []):
+        vk = f"{key}.vgpus[{i}]"
+        vm = ctx.mapping(v, vk)
+        ctx.keys(vm, vk, {"type", "uuid", "vf"}, {"type"})
+        vgpus.append(InitialVgpu(str(vm["type"]), ctx.text(vm["uuid"], f"{vk}.uuid") if "uuid" in vm else None,
+                                 ctx.integer(vm["vf"], f"{vk}.vf", 0) if "vf" in vm else None))
+    return VgpuSpec(mode=mode, table=table, heterogeneous=het, mig_enabled=mig_on, gpu_instances=tuple(gis),
+                    pool=pool, vgpus=tuple(vgpus))
+
+
+_DEVICE_KEYS = {"address", "parent", "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision",
+                "driver", "numa_node", "iommu_group", "reset_method", "product", "boot_vga", "sriov", "vgpu"}
+_RESET_METHODS = {"device_specific", "acpi", "flr", "af_flr", "pm", "bus", "cxl_bus"}
+
+
+def _parse_device(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> DeviceSpec:
+    m = ctx.mapping(raw, key)
+    ctx.keys(m, key, _DEVICE_KEYS, {"address", "vendor", "device", "class"})
+    sriov = None
+    if "sriov" in m:
+        sk = f"{key}.sriov"
+        s = ctx.mapping(m["sriov"], sk)
+        ctx.keys(s, sk, {"totalvfs", "numvfs", "offset", "stride", "vf_device", "vf_driver", "vf_class"},
+                 {"totalvfs"})
+        total = ctx.integer(s["totalvfs"], f"{sk}.totalvfs", 1, 256)
+        sriov = SriovSpec(totalvfs=total, numvfs=ctx.integer(s.get("numvfs", 0), f"{sk}.numvfs", 0, total),
+                          offset=ctx.integer(s.get("offset", 1), f"{sk}.offset", 1, 0xFFFF),
+                          stride=ctx.integer(s.get("stride", 1), f"{sk}.stride", 1, 0xFF),
+                          vf_device=ctx.integer(s.get("vf_device", m["device"]), f"{sk}.vf_device", 0, 0xFFFF),
+                          vf_driver=ctx.text(s["vf_driver"], f"{sk}.vf_driver") if s.get("vf_driver") else None,
+                          vf_class=(ctx.integer(s["vf_class"], f"{sk}.vf_class", 0, 0xFFFFFF)
+                                    if "vf_class" in s else None))
+    reset = str(m.get("reset_method", "") or "")
+    for meth in reset.split():
+        if meth not in _RESET_METHODS:
+            raise ctx.fail(f"{key}.reset_method", f"unknown reset method {meth!r}")
+    vgpu = _parse_vgpu(ctx, m["vgpu"], f"{key}.vgpu", tables) if "vgpu" in m else None
+    if vgpu and vgpu.mode in ("mdev-sriov", "vendor") and sriov is None:
+        raise ctx.fail(f"{key}.vgpu.mode", f"mode {vgpu.mode} needs an sriov section on the device")
+    return DeviceSpec(
+        address=ctx.addr(m["address"], f"{key}.address"),
+        parent=ctx.addr(m["parent"], f"{key}.parent") if m.get("parent") else None,
+        vendor=ctx.integer(m["vendor"], f"{key}.vendor", 0, 0xFFFF),
+        device=ctx.integer(m["device"], f"{key}.device", 0, 0xFFFF),
+        pci_class=ctx.integer(m["class"], f"{key}.class", 0, 0xFFFFFF),
+        subsystem_vendor=ctx.integer(m.get("subsystem_vendor", m["vendor"]), f"{key}.subsystem_vendor", 0, 0xFFFF),
+        subsystem_device=ctx.integer(m.get("subsystem_device", 0), f"{key}.subsystem_device", 0, 0xFFFF),
+        revision=ctx.integer(m.get("revision", 0xa1), f"{key}.revision", 0, 0xFF),
+        driver=ctx.text(m["driver"], f"{key}.driver") if m.get("driver") else None,
+        numa_node=ctx.integer(m.get("numa_node", -1), f"{key}.numa_node", -1, 63),
+        iommu_group=ctx.integer(m["iommu_group"], f"{key}.iommu_group", 0, 1 << 20) if "iommu_group" in m else None,
+        reset_method=reset, product=str(m.get("product", "")),
+        boot_vga=ctx.boolean(m.get("boot_vga", False), f"{key}.boot_vga"),
+        sriov=sriov, vgpu=vgpu)
+
+
+def vf_address(pf: PciAddress, sriov: SriovSpec, index: int) -> PciAddress:
+    """The routing ID arithmetic of drivers/pci/iov.c (pci_iov_virtfn_bus/devfn)."""
+    rid = (pf.bus << 8) | (pf.slot << 3) | pf.function
+    rid += sriov.offset + sriov.stride * index
+    return PciAddress(pf.domain, (rid >> 8) & 0xFF, (rid >> 3) & 0x1F, rid & 7)
+
+
+def _parse_profile(raw: Any, file: str) -> Profile:
+    ctx = _Ctx(file)
+    m = ctx.mapping(raw, "")
+    ctx.keys(m, "", {"name", "description", "iommu", "cpus", "nodes", "devices", "drivers", "type_tables"},
+             {"name", "devices"})
+    tables = dict(builtin_type_tables())
+    for n, t in (ctx.mapping(m.get("type_tables") or {}, "type_tables")).items():
+        tables[n] = _parse_table(ctx, n, t, f"type_tables.{n}")
+    threads = 1
+    nodes: list[NodeSpec] = []
+    if "cpus" in m:
+        c = ctx.mapping(m["cpus"], "cpus")
+        ctx.keys(c, "cpus", {"sockets", "cores_per_socket", "threads_per_core", "memory_mib_per_node",
+                             "hugepages_per_node"}, {"sockets", "cores_per_socket"})
+        sockets = ctx.integer(c["sockets"], "cpus.sockets", 1, 16)
+        cores = ctx.integer(c["cores_per_socket"], "cpus.cores_per_socket", 1, 512)
+        threads = ctx.integer(c.get("threads_per_core", 1), "cpus.threads_per_core", 1, 2)
+        mem = ctx.integer(c.get("memory_mib_per_node", 65536), "cpus.memory_mib_per_node", 1)
+        hp_raw = ctx.mapping(c.get("hugepages_per_node") or {}, "cpus.hugepages_per_node")
+        hk = "cpus.hugepages_per_node"
+        hp = {ctx.integer(k, f"{hk}.{k}", 4, 1 << 22): ctx.integer(v, f"{hk}.{k}", 0) for k, v in hp_raw.items()}
+        for size in (2048, 1048576):
+            hp.setdefault(size, 0)
+        # Linux numbering: first thread of every core on every socket, then the SMT siblings.
+        for s in range(sockets):
+            socket_cpus = {t * sockets * cores + s * cores + k for t in range(threads) for k in range(cores)}
+            nodes.append(NodeSpec(s, frozenset(socket_cpus), mem, hp))
+    elif "nodes" in m:
+        if not isinstance(m["nodes"], list) or not m["nodes"]:
+            raise ctx.fail("nodes", "expected a non-empty list")
+        for i, n in enumerate(m["nodes"]):
+            nk = f"nodes[{i}]"
+            nm = ctx.mapping(n, nk)
+            ctx.keys(nm, nk, {"id", "cpulist", "memory_mib"}, {"id", "cpulist"})
+            try:
+                cpus = parse_cpulist(ctx.text(nm["cpulist"], f"{nk}.cpulist"))
+            except InvalidSpec as exc:
+                raise ctx.fail(f"{nk}.cpulist", exc.expected) from None
+            nodes.append(NodeSpec(ctx.integer(nm["id"], f"{nk}.id", 0, 63), cpus,
+                                  ctx.integer(nm.get("memory_mib", 65536), f"{nk}.memory_mib", 1),
+                                  {2048: 0, 1048576: 0}))
+    else:
+        nodes.append(NodeSpec(0, frozenset(range(8)), 65536, {2048: 0, 1048576: 0}))
+    if not isinstance(m["devices"], list):
+        raise ctx.fail("devices", "expected a list")
+    devices = [_parse_device(ctx, d, f"devices[{i}]", tables) for i, d in enumerate(m["devices"])]
+    iommu = ctx.boolean(m.get("iommu", True), "iommu")
+    _check_topology(ctx, devices, {n.id for n in nodes}, iommu)
+    drivers = [ctx.text(d, f"drivers[{i}]") for i, d in enumerate(m.get("drivers") or [])]
+    return Profile(name=ctx.text(m["name"], "name"), description=str(m.get("description", "")).strip(),
+                   iommu=iommu, nodes=tuple(nodes), threads_per_core=threads, devices=tuple(devices),
+                   drivers=tuple(drivers), source=file)
+
+
+def _check_topology(ctx: _Ctx, devices: list[DeviceSpec], node_ids: set[int], iommu: bool) -> None:
+    seen: dict[PciAddress, int] = {}
+    for i, d in enumerate(devices):
+        if d.address in seen:
+            raise ctx.fail(f"devices[{i}].address", f"{d.address} is already devices[{seen[d.address]}]")
+        seen[d.address] = i
+    for i, d in enumerate(devices):
+        key = f"devices[{i}]"
+        if d.parent is not None:
+            if d.parent not in seen:
+                raise ctx.fail(f"{key}.parent", f"no device {d.parent} in this profile")
+            if not devices[seen[d.parent]].is_bridge:
+                raise ctx.fail(f"{key}.parent", f"{d.parent} is not a PCI bridge (class 0x0604xx)")
+            if seen[d.parent] > i:
+                raise ctx.fail(f"{key}.parent", "list a bridge before the devices behind it")
+        if d.numa_node != -1 and d.numa_node not in node_ids:
+            raise ctx.fail(f"{key}.numa_node", f"no NUMA node {d.numa_node} (nodes: {sorted(node_ids)})")
+        if iommu and d.iommu_group is None:
+            raise ctx.fail(f"{key}.iommu_group", "required while iommu is true")
+        if d.sriov:
+            for n in range(d.sriov.totalvfs):
+                vf = vf_address(d.address, d.sriov, n)
+                if vf in seen:
+                    raise ctx.fail(f"{key}.sriov", f"VF {n} would be at {vf}, which is devices[{seen[vf]}]")
+        if d.vgpu and d.vgpu.vgpus and d.vgpu.mode in ("mdev-sriov", "vendor"):
+            for j, v in enumerate(d.vgpu.vgpus):
+                if v.vf is None or d.sriov is None or v.vf >= d.sriov.numvfs:
+                    raise ctx.fail(f"{key}.vgpu.vgpus[{j}].vf", "needs the index of an enabled VF")
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
+    """Load a shipped profile by name (``t4x2``) or a YAML/JSON file by path."""
+    text: str
+    s = os.fspath(name_or_path)
+    if os.sep in s or s.endswith((".yaml", ".yml", ".json")):
+        try:
+            with open(s, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ProfileError(s, "", f"cannot read: {exc.strerror}") from exc
+        file = s
+    else:
+        if s.startswith("_") or s not in list_profiles():
+            raise ProfileError(s, "", "no such profile (shipped: " + ", ".join(list_profiles()) + ")")
+        file = f"{s}.yaml"
+        text = _profiles_dir().joinpath(file).read_text(encoding="utf-8")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProfileError(file, "", f"not valid YAML/JSON: {exc}") from exc
+    return _parse_profile(raw, file)

@@ -1,0 +1,240 @@
+"""Emulated host tools for SimHost.run and ``exec`` ops: a few nvidia-smi forms and sriov-manage.
+
+Only what vgpuvirt and its users call is emulated; every answer comes from (and changes) the model.
+
+* ``nvidia-smi -q -x``, ``nvidia-smi -L``
+* ``nvidia-smi vgpu -i N -shm 0|1``   (heterogeneous mode; rc 19 "In use by another client" with vGPUs)
+* ``nvidia-smi -i N -mig 0|1``, ``nvidia-smi mig -i N -cgi P[,P...]``, ``-dgi -gi ID``, ``mig -lgi``
+* ``/usr/lib/nvidia/sriov-manage -e|-d ADDR|ALL``
+Anything else exits 127 ("command not found").
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import uuid as _uuid
+import xml.etree.ElementTree as ET
+
+from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.model import PciAddress
+from vgpuvirt.sim.model import Dev, Gpu, SimModel
+
+DRIVER_VERSION = "550.90.05"
+Outcome = tuple[int, str, str]
+
+# NVML return codes as nvidia-smi reports them (exit status == NVML error code).
+_NOT_SUPPORTED = 3
+_IN_USE = 19
+_INVALID = 2
+
+
+def nvidia_gpus(model: SimModel) -> list[Dev]:
+    """The NVML devices: NVIDIA physical functions bound to the nvidia driver, by PCI address."""
+    return [d for d in model.devices.values()
+            if d.spec.vendor == 0x10DE and d.physfn is None and (d.spec.pci_class >> 16) == 0x03
+            and d.driver == "nvidia"]
+
+
+def _bus_id(d: Dev) -> str:
+    a = d.spec.address
+    return f"{a.domain:08X}:{a.bus:02X}:{a.slot:02X}.{a.function:X}"
+
+
+def _gpu_uuid(d: Dev) -> str:
+    return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-gpu:{d.addr}"))
+
+
+def _xml(model: SimModel) -> str:
+    gpus = nvidia_gpus(model)
+    root = ET.Element("nvidia_smi_log")
+    ET.SubElement(root, "timestamp").text = "Thu Jan  1 00:00:00 2026"
+    ET.SubElement(root, "driver_version").text = DRIVER_VERSION
+    ET.SubElement(root, "cuda_version").text = "Not Found"
+    ET.SubElement(root, "attached_gpus").text = str(len(gpus))
+    for d in gpus:
+        g = d.gpu
+        e = ET.SubElement(root, "gpu", id=_bus_id(d))
+        ET.SubElement(e, "product_name").text = d.spec.product or "NVIDIA GPU"
+        ET.SubElement(e, "uuid").text = _gpu_uuid(d)
+        pci = ET.SubElement(e, "pci")
+        a = d.spec.address
+        for tag, val in (("pci_bus", f"{a.bus:02X}"), ("pci_device", f"{a.slot:02X}"),
+                         ("pci_domain", f"{a.domain:04X}"),
+                         ("pci_device_id", f"{d.spec.device:04X}{d.spec.vendor:04X}"), ("pci_bus_id", _bus_id(d)),
+                         ("pci_sub_system_id", f"{d.spec.subsystem_device:04X}{d.spec.subsystem_vendor:04X}")):
+            ET.SubElement(pci, tag).text = val
+        mig = ET.SubElement(e, "mig_mode")
+        if g is not None and g.table.mig_profiles:
+            state = "Enabled" if g.mig_enabled else "Disabled"
+            ET.SubElement(mig, "current_mig").text = state
+            ET.SubElement(mig, "pending_mig").text = state
+        else:
+            ET.SubElement(mig, "current_mig").text = "N/A"
+            ET.SubElement(mig, "pending_mig").text = "N/A"
+        virt = ET.SubElement(e, "gpu_virtualization_mode")
+        if g is None:
+            ET.SubElement(virt, "virtualization_mode").text = "None"
+            ET.SubElement(virt, "host_vgpu_mode").text = "N/A"
+        else:
+            ET.SubElement(virt, "virtualization_mode").text = "Host VGPU"
+            ET.SubElement(virt, "host_vgpu_mode").text = "SR-IOV" if d.spec.sriov else "Non SR-IOV"
+            ET.SubElement(virt, "vgpu_heterogeneous_mode").text = "Enabled" if g.heterogeneous else "Disabled"
+        fb = ET.SubElement(e, "fb_memory_usage")
+        total = g.table.framebuffer_mib if g is not None else 0
+        for tag, mib in (("total", total), ("reserved", 0), ("used", 0), ("free", total)):
+            ET.SubElement(fb, tag).text = f"{mib} MiB"
+    body = ET.tostring(root, encoding="unicode")
+    return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
+
+
+def _pick_gpu(model: SimModel, index: str) -> tuple[Dev, Gpu | None] | None:
+    gpus = nvidia_gpus(model)
+    try:
+        d = gpus[int(index)]
+    except (ValueError, IndexError):
+        return None
+    return d, d.gpu
+
+
+def _opt(argv: list[str], flag: str) -> str | None:
+    if flag in argv:
+        i = argv.index(flag)
+        if i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
+    gpus = nvidia_gpus(model)
+    if not gpus:
+        return 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+    if args in (["-q", "-x"], ["-x", "-q"]):
+        return 0, _xml(model), ""
+    if args == ["-L"]:
+        return 0, "".join(f"GPU {i}: {d.spec.product or 'NVIDIA GPU'} (UUID: {_gpu_uuid(d)})\n"
+                          for i, d in enumerate(gpus)), ""
+    if args[:1] == ["vgpu"] and "-shm" in args:
+        picked = _pick_gpu(model, _opt(args, "-i") or "")
+        value = _opt(args, "-shm")
+        if picked is None or value not in ("0", "1"):
+            return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+        d, g = picked
+        if g is None:
+            return _NOT_SUPPORTED, "", f"Setting vGPU heterogeneous mode is not supported for GPU {_bus_id(d)}.\n"
+        try:
+            model.set_heterogeneous(g, value == "1")
+        except OSError as exc:
+            if exc.errno == errno.EOPNOTSUPP:
+                return _NOT_SUPPORTED, "", f"Setting vGPU heterogeneous mode is not supported for GPU {_bus_id(d)}.\n"
+            return _IN_USE, "", (f"Failed to set vGPU heterogeneous mode for GPU {_bus_id(d)}: "
+                                 "In use by another client\n")
+        word = "Enabled" if value == "1" else "Disabled"
+        return 0, f"{word} vGPU heterogeneous mode for GPU {_bus_id(d)}\n", ""
+    if "-mig" in args and args[:1] != ["mig"]:
+        picked = _pick_gpu(model, _opt(args, "-i") or "0")
+        value = _opt(args, "-mig")
+        if picked is None or value not in ("0", "1"):
+            return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+        d, g = picked
+        if g is None or not g.table.mig_profiles:
+            return _NOT_SUPPORTED, "", f"Unable to {'enable' if value == '1' else 'disable'} MIG Mode for GPU " \
+                                       f"{_bus_id(d)}: Not Supported\n"
+        try:
+            model.set_mig(g, value == "1")
+        except OSError:
+            return _IN_USE, "", f"Unable to change MIG Mode for GPU {_bus_id(d)}: In use by another client\n"
+        word = "Enabled" if value == "1" else "Disabled"
+        return 0, f"{word} MIG Mode for GPU {_bus_id(d)}\nAll done.\n", ""
+    if args[:1] == ["mig"]:
+        return _mig(model, args[1:])
+    return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+
+
+def _mig(model: SimModel, args: list[str]) -> Outcome:
+    if args == ["-lgi"] or args[:1] == ["-lgi"]:
+        rows = []
+        for i, d in enumerate(nvidia_gpus(model)):
+            g = d.gpu
+            if g is None or not g.mig_enabled:
+                continue
+            ids = {p.name: p.id for p in g.table.mig_profiles}
+            for gi, prof in sorted(g.gpu_instances.items()):
+                rows.append(f"|  {i:2d}  MIG {prof:<14s} {ids[prof]:5d} {gi:8d}          0:1     |\n")
+        if not rows:
+            return 6, "", "No GPU instances found: Not Found\n"
+        return 0, "".join(rows), ""
+    picked = _pick_gpu(model, _opt(args, "-i") or "0")
+    if picked is None or picked[1] is None:
+        return _INVALID, "", "Invalid GPU index.\n"
+    d, g = picked
+    assert g is not None
+    idx = nvidia_gpus(model).index(d)
+    if "-cgi" in args:
+        out: list[str] = []
+        for item in (_opt(args, "-cgi") or "").split(","):
+            mp = next((p for p in g.table.mig_profiles if item in (str(p.id), p.name, f"MIG {p.name}")), None)
+            if mp is None:
+                return _INVALID, "".join(out), f"Invalid GPU instance profile: {item}\n"
+            try:
+                gi = model.create_gi(g, mp.id)
+            except OSError as exc:
+                reason = "Not Supported" if exc.errno == errno.EOPNOTSUPP else "Insufficient Resources"
+                return 23 if exc.errno == errno.ENOSPC else _NOT_SUPPORTED, "".join(out), \
+                    f"Unable to create a GPU instance on GPU {idx} using profile {mp.id}: {reason}\n"
+            out.append(f"Successfully created GPU instance ID {gi:2d} on GPU {idx:2d} using profile "
+                       f"MIG {mp.name} (ID {mp.id:2d})\n")
+        return 0, "".join(out), ""
+    if "-dgi" in args:
+        raw = _opt(args, "-gi")
+        try:
+            gi = int(raw or "")
+            model.destroy_gi(g, gi)
+        except ValueError:
+            return _INVALID, "", "Invalid GPU instance ID.\n"
+        except OSError as exc:
+            reason = "In use by another client" if exc.errno == errno.EBUSY else "Not Found"
+            return _IN_USE if exc.errno == errno.EBUSY else 6, "", \
+                f"Unable to destroy GPU instance ID {raw} from GPU {idx}: {reason}\n"
+        return 0, f"Successfully destroyed GPU instance ID {gi:2d} from GPU {idx:2d}\n", ""
+    return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+
+
+def _sriov_manage(model: SimModel, args: list[str]) -> Outcome:
+    if len(args) != 2 or args[0] not in ("-e", "-d"):
+        return 1, "", "Usage: sriov-manage <-e|-d> <ssss:bb:dd.f|ALL>\n"
+    enable = args[0] == "-e"
+    if args[1] == "ALL":
+        targets = [d for d in nvidia_gpus(model) if d.spec.sriov is not None]
+    else:
+        try:
+            addr = str(PciAddress.parse(args[1]))
+        except InvalidSpec:
+            return 1, "", f"Invalid PCI address {args[1]}\n"
+        d = model.devices.get(addr)
+        if d is None or d.spec.vendor != 0x10DE or d.spec.sriov is None or d.physfn is not None:
+            return 1, "", f"{args[1]} is not an NVIDIA SR-IOV physical function\n"
+        targets = [d]
+    out = []
+    for d in targets:
+        assert d.spec.sriov is not None
+        out.append(f"{'Enabling' if enable else 'Disabling'} VFs on {d.addr}\n")
+        want = d.spec.sriov.totalvfs if enable else 0
+        if d.numvfs == want or (enable and d.numvfs):
+            continue
+        try:
+            model.set_numvfs(d, str(want))
+        except OSError as exc:
+            return 1, "".join(out), f"Cannot {'enable' if enable else 'disable'} VFs on {d.addr}: {exc.strerror}\n"
+    return 0, "".join(out), ""
+
+
+def run_tool(model: SimModel, argv: list[str], stdin: str) -> Outcome:
+    """Run one emulated tool against the model: (exit status, stdout, stderr)."""
+    prog = posixpath.basename(argv[0])
+    with model.lock:
+        if prog == "nvidia-smi":
+            return _nvidia_smi(model, argv[1:])
+        if prog == "sriov-manage":
+            return _sriov_manage(model, argv[1:])
+    return 127, "", f"{argv[0]}: command not found\n"

@@ -1,0 +1,150 @@
+"""Small helpers shared by the element classes: building children, reading on/off flags, guest addresses.
+
+Every class in this package is a frozen dataclass with ``to_element()`` and ``from_element()``; values are
+normalized when parsed (``0x3b`` and ``59`` both become the integer 59), so two parses compare equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from lxml import etree
+
+from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.model import PciAddress
+
+Element = etree._Element
+
+T = TypeVar("T", bound="XmlElement")
+
+
+class XmlElement(Protocol):
+    def to_element(self) -> Element: ...
+
+
+def sub(parent: Element, tag: str, attrs: dict[str, str] | None = None, text: str | None = None) -> Element:
+    """Append ``<tag attrs>text</tag>``; attributes keep the order given (our fixed output order)."""
+    el = etree.SubElement(parent, tag)
+    if attrs:
+        for k, v in attrs.items():
+            el.set(k, v)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def make(tag: str, attrs: dict[str, str] | None = None) -> Element:
+    el = etree.Element(tag)
+    if attrs:
+        for k, v in attrs.items():
+            el.set(k, v)
+    return el
+
+
+def onoff(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def yesno(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def parse_flag(value: str | None, what: str, default: bool = False) -> bool:
+    """libvirt's tri-spelled booleans: on/off, yes/no."""
+    if value is None:
+        return default
+    v = value.strip().lower()
+    if v in ("on", "yes"):
+        return True
+    if v in ("off", "no"):
+        return False
+    raise InvalidSpec(what, value, "on/off or yes/no")
+
+
+def parse_int(value: str | None, what: str) -> int:
+    if value is None:
+        raise InvalidSpec(what, value, "an integer")
+    try:
+        return int(value.strip(), 0)
+    except ValueError:
+        raise InvalidSpec(what, value, "an integer") from None
+
+
+def expect_tag(el: Element, tag: str) -> None:
+    if el.tag != tag:
+        raise InvalidSpec("XML element", el.tag, f"<{tag}>")
+
+
+def pci_from_address(el: Element | None, what: str) -> PciAddress:
+    """A PCI address from an ``<address domain= bus= slot= function=>`` element (hex or decimal)."""
+    if el is None:
+        raise InvalidSpec(what, None, "an <address domain= bus= slot= function=> element")
+    return PciAddress.from_libvirt(el.get("domain", "0"), el.get("bus", "0"), el.get("slot", "0"),
+                                   el.get("function", "0"))
+
+
+@dataclass(frozen=True)
+class GuestAddress:
+    """Where a device appears in the guest: ``<address type='pci' ... [multifunction='on']/>``."""
+
+    pci: PciAddress
+    multifunction: bool = False
+
+    def to_element(self) -> Element:
+        el = make("address", {"type": "pci", **self.pci.libvirt_attrs()})
+        if self.multifunction:
+            el.set("multifunction", "on")
+        return el
+
+    @classmethod
+    def from_element(cls, el: Element) -> GuestAddress:
+        expect_tag(el, "address")
+        if el.get("type") != "pci":
+            raise InvalidSpec("guest address type", el.get("type"), "pci")
+        return cls(pci_from_address(el, "guest PCI address"),
+                   multifunction=parse_flag(el.get("multifunction"), "multifunction"))
+
+    @classmethod
+    def parse(cls, text: str | PciAddress, multifunction: bool = False) -> GuestAddress:
+        return cls(PciAddress.parse(text), multifunction)
+
+
+def guest_address_of(el: Element) -> GuestAddress | None:
+    """The device's own guest ``<address type='pci'>`` (a direct child), if any."""
+    for child in el.iterchildren("address"):
+        if child.get("type") == "pci":
+            return GuestAddress.from_element(child)
+    return None
+
+
+def source_key_of(el: Element) -> str | None:
+    """``mdev:<uuid>`` or ``pci:<address>`` of a hostdev/hostdev-interface element, read without full parsing."""
+    a = el.find("source/address")
+    if a is None:
+        return None
+    uuid = a.get("uuid")
+    if uuid is not None:
+        return f"mdev:{uuid.lower()}"
+    if a.get("bus") is None:
+        return None
+    try:
+        return "pci:" + str(pci_from_address(a, "source address"))
+    except InvalidSpec:
+        return None
+
+
+def boot_order_of(el: Element) -> int | None:
+    boot = el.find("boot")
+    return None if boot is None else parse_int(boot.get("order"), "boot order")
+
+
+def check_boot_order(value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidSpec("boot order", value, "a positive integer")
+
+
+def describe(obj: Any) -> str:
+    """Short device label used in lint messages and errors."""
+    label = getattr(obj, "label", None)
+    return str(label() if callable(label) else obj)
