@@ -50,7 +50,7 @@ def start_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, threadi
     try:
         from vgpuvirt.testing.delayproxy import DelayProxy  # type: ignore[import-not-found]
     except ImportError:
-        DelayProxy = None  # noqa: N806
+        DelayProxy = None
     if DelayProxy is not None:
         proxy = DelayProxy(target=target, delay_ms=one_way_s * 1000)
         port = proxy.start()
@@ -158,8 +158,10 @@ def mdevctl_types(tree: str) -> float | None:
     if shutil.which("mdevctl") is None or shutil.which("unshare") is None:
         return None
     etc = tempfile.mkdtemp(prefix="mdevctl-etc-")
+    for d in ("scripts.d/callouts", "scripts.d/notifiers"):   # mdevctl refuses to run without them
+        os.makedirs(os.path.join(etc, d), exist_ok=True)
     argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            'mount --bind "$1/sys" /sys && mount --bind "$2" /etc/mdevctl.d 2>/dev/null; exec mdevctl types --dumpjson',
+            'mount --bind "$1/sys" /sys && mount --bind "$2" /etc/mdevctl.d && exec mdevctl types --dumpjson',
             "sh", tree, etc]
     os.makedirs("/etc/mdevctl.d", exist_ok=True)
     t0 = time.perf_counter()

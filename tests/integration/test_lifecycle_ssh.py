@@ -77,7 +77,8 @@ def bed(request: pytest.FixtureRequest) -> _Bed:
         # the shared fixture is not there yet: bring the testbed up the way it would (idempotent)
         script = Path(__file__).resolve().parents[2] / "scripts" / "testbed.sh"
         if script.is_file() and os.geteuid() == 0:
-            subprocess.run([str(script), "start"], check=False, capture_output=True, timeout=300)
+            subprocess.run([str(script), "start"], check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=300)
         env = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed")) / "testbed.json"
         require_part("testbed", env.is_file(), f"{env} missing: run scripts/testbed.sh start")
         return _Bed(json.loads(env.read_text()))

@@ -15,7 +15,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory, inventory, type_capacity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-import trees  # noqa: E402
+import trees
 
 if not trees.HOSTDATA.exists():  # pragma: no cover
     pytest.skip("shared/hostdata not present", allow_module_level=True)
@@ -30,9 +30,9 @@ def mdev_domain(name: str, uuid: str) -> tuple[str, str]:
 
 def pci_domain(name: str, *addrs: str) -> tuple[str, str]:
     devs = "".join(
-        "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x{:04x}' bus='0x{:02x}' "
-        "slot='0x{:02x}' function='0x{:x}'/></source></hostdev>".format(
-            a.domain, a.bus, a.slot, a.function) for a in map(PciAddress.parse, addrs))
+        "<hostdev mode='subsystem' type='pci' managed='yes'><source><address "
+        f"domain='0x{a.domain:04x}' bus='0x{a.bus:02x}' slot='0x{a.slot:02x}' function='0x{a.function:x}'/>"
+        "</source></hostdev>" for a in map(PciAddress.parse, addrs))
     return name, f"<domain type='kvm'><name>{name}</name><devices>{devs}</devices></domain>"
 
 

@@ -128,7 +128,7 @@ def test_mdevs_survive_only_while_the_parent_driver_is_bound(host: SimHost) -> N
     snap = host.read(["/sys/class/mdev_bus/*", "/sys/bus/mdev/devices/*"])
     assert snap.glob("/sys/class/mdev_bus/*") == [f"/sys/class/mdev_bus/{GPU1}"]
     assert not snap.glob("/sys/bus/mdev/devices/*")
-    assert write(host, f"/sys/bus/pci/drivers/nvidia/bind", GPU0) is None
+    assert write(host, "/sys/bus/pci/drivers/nvidia/bind", GPU0) is None
     assert avail(host)["nvidia-231"] == 8
 
 

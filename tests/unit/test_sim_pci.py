@@ -58,13 +58,14 @@ def test_iommu_groups_link_both_ways(desktop: SimHost) -> None:
 def test_driver_override_unbind_probe_rebinds_to_vfio(desktop: SimHost) -> None:
     dev = f"{D}/{GPU}"
     res = desktop.apply([Op.write(f"{dev}/driver_override", "vfio-pci\n"),
-                         Op.write(f"/sys/bus/pci/drivers/nvidia/unbind", GPU),
+                         Op.write("/sys/bus/pci/drivers/nvidia/unbind", GPU),
                          Op.write("/sys/bus/pci/drivers_probe", GPU)],
                         reads_after=[f"{dev}/driver", f"{dev}/driver_override", "/sys/bus/pci/drivers/vfio-pci/*"])
     assert res.ok
     assert res.after.link_name(f"{dev}/driver") == "vfio-pci"
     assert res.after.text(f"{dev}/driver_override") == "vfio-pci"
-    assert res.after.link(f"/sys/bus/pci/drivers/vfio-pci/{GPU}") == "../../../../devices/pci0000:00/0000:00:01.0/" + GPU
+    assert res.after.link(f"/sys/bus/pci/drivers/vfio-pci/{GPU}") == (
+        "../../../../devices/pci0000:00/0000:00:01.0/" + GPU)
     # clearing the override does not rebind; unbind + probe returns the native driver
     assert desktop.apply([Op.write(f"{dev}/driver_override", "\n"),
                           Op.write("/sys/bus/pci/drivers/vfio-pci/unbind", GPU),

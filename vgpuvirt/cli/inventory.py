@@ -89,11 +89,11 @@ def render(console: Any, inv: Inventory) -> None:
         by_pf: dict[str, list[Any]] = {}
         for v in inv.vendor_vgpu:
             by_pf.setdefault(str(v.physfn or v.address), []).append(v)
-        for pf, vfs in sorted(by_pf.items()):
-            configured = [f"{v.address}={v.current_type_name or v.current_type}" for v in vfs if v.current_type]
-            offered = len({c.id for v in vfs for c in v.creatable_types})
-            vt.add_row(pf, str(len(vfs)), ", ".join(configured) or "-",
-                       str(sum(1 for v in vfs if not v.current_type)), str(offered))
+        for pf, members in sorted(by_pf.items()):
+            configured = [f"{m.address}={m.current_type_name or m.current_type}" for m in members if m.current_type]
+            offered = len({c.id for m in members for c in m.creatable_types})
+            vt.add_row(pf, str(len(members)), ", ".join(configured) or "-",
+                       str(sum(1 for m in members if not m.current_type)), str(offered))
         console.print(vt)
 
     if inv.mdevs:

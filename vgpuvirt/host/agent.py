@@ -65,8 +65,45 @@ class OsFs:
             return path
         return self.root + path if path != "/" else self.root
 
+    def _fast(self, path: str) -> str:
+        # Paths reaching here were built from validated patterns plus names from listdir (no '/', never
+        # '.' or '..'), so they are not re-validated: that check was a fifth of a large inventory's time.
+        return path if self.root == "/" else self.root + path
+
     def listdir(self, path: str) -> List[str]:
-        return os.listdir(self.real(path))
+        return os.listdir(self._fast(path))
+
+    def read_entry(self, path: str) -> Optional[List[Any]]:
+        """One open(O_NOFOLLOW) tells file, directory or symlink apart; a file costs open+read+close."""
+        real = self._fast(path)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == _errno.ELOOP:
+                try:
+                    return ["l", os.readlink(real), None]
+                except OSError as exc2:
+                    return ["e", None, exc2.errno]
+            if exc.errno in (_errno.ENOENT, _errno.ENOTDIR):
+                return None
+            return ["e", None, exc.errno]
+        try:
+            data = os.read(fd, 65536)
+            if len(data) == 65536:
+                rest = [data]
+                while sum(len(c) for c in rest) < MAX_READ:
+                    more = os.read(fd, 65536)
+                    if not more:
+                        break
+                    rest.append(more)
+                data = b"".join(rest)
+            return ["f", data.decode("utf-8", "replace"), None]
+        except OSError as exc:
+            if exc.errno == _errno.EISDIR:
+                return ["d", None, None]
+            return ["e", None, exc.errno]
+        finally:
+            os.close(fd)
 
     def kind(self, path: str) -> Optional[str]:
         """'l' symlink, 'd' directory, 'f' anything else, None if absent."""
@@ -144,55 +181,70 @@ class FlockLocker:
             self.fd = None
 
 
-def _expand(fs: Any, pattern: str) -> List[str]:
-    check_path(pattern)
-    parts = [p for p in pattern.split("/") if p]
-    paths = ["/"]  # type: List[str]
-    for i, part in enumerate(parts):
-        nxt = []  # type: List[str]
-        magic = bool(_MAGIC & set(part))
-        for base in paths:
-            prefix = base if base.endswith("/") else base + "/"
-            if magic:
-                try:
-                    names = fs.listdir(base)
-                except OSError:
+_TERMINAL = ""
+
+
+def _build_trie(patterns: List[str]) -> Dict[str, Any]:
+    """Merge patterns by component so shared prefixes are listed once, however many leaves hang below."""
+    trie = {}  # type: Dict[str, Any]
+    for pattern in patterns:
+        check_path(pattern)
+        node = trie
+        for part in [p for p in pattern.split("/") if p]:
+            node = node.setdefault(part, {})
+        node[_TERMINAL] = True
+    return trie
+
+
+def _read_entry(fs: Any, path: str) -> Optional[List[Any]]:
+    fast = getattr(fs, "read_entry", None)
+    if fast is not None:
+        return fast(path)  # type: ignore[no-any-return]
+    k = fs.kind(path)
+    if k is None:
+        return None
+    try:
+        if k == "l":
+            return ["l", fs.readlink(path), None]
+        if k == "d":
+            return ["d", None, None]
+        return ["f", fs.read(path), None]
+    except OSError as exc:
+        return ["e", None, exc.errno]
+
+
+def _walk(fs: Any, node: Dict[str, Any], path: str, out: Dict[str, Any]) -> None:
+    prefix = path if path.endswith("/") else path + "/"
+    magic = [(part, child) for part, child in node.items() if part and _MAGIC & set(part)]
+    if magic:
+        try:
+            names = sorted(fs.listdir(path))
+        except OSError:
+            names = []
+        for name in names:
+            for part, child in magic:
+                if name.startswith(".") and not part.startswith("."):
                     continue
-                for name in sorted(names):
-                    if name.startswith(".") and not part.startswith("."):
-                        continue
-                    if fnmatch.fnmatchcase(name, part):
-                        nxt.append(prefix + name)
-            elif i == len(parts) - 1:
-                nxt.append(prefix + part)
-            else:
-                nxt.append(prefix + part)
-        paths = nxt
-        if not paths:
-            break
-    return paths
+                if fnmatch.fnmatchcase(name, part):
+                    _visit(fs, child, prefix + name, out)
+    for part, child in node.items():
+        if part and not (_MAGIC & set(part)):
+            _visit(fs, child, prefix + part, out)
+
+
+def _visit(fs: Any, node: Dict[str, Any], path: str, out: Dict[str, Any]) -> None:
+    if _TERMINAL in node and path not in out:
+        entry = _read_entry(fs, path)
+        if entry is None:
+            return  # absent: nothing below it either
+        out[path] = entry
+    if len(node) > (1 if _TERMINAL in node else 0):
+        _walk(fs, node, path, out)
 
 
 def read_entries(fs: Any, patterns: List[str], out: Dict[str, Any]) -> Dict[str, Any]:
-    for pattern in patterns:
-        for path in _expand(fs, pattern):
-            if path in out:
-                continue
-            k = fs.kind(path)
-            if k is None:
-                continue
-            if k == "l":
-                try:
-                    out[path] = ["l", fs.readlink(path), None]
-                except OSError as exc:
-                    out[path] = ["e", None, exc.errno]
-            elif k == "d":
-                out[path] = ["d", None, None]
-            else:
-                try:
-                    out[path] = ["f", fs.read(path), None]
-                except OSError as exc:
-                    out[path] = ["e", None, exc.errno]
+    """Expand every glob (``*?[`` inside components) and record each match: file text, link target, dir."""
+    _walk(fs, _build_trie(patterns), "/", out)
     return out
 
 

@@ -12,8 +12,8 @@ import errno as _errno
 import posixpath
 import re
 from collections.abc import Iterable
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 from vgpuvirt.errors import InvalidSpec

@@ -5,14 +5,12 @@ tree for ``--sysfs-root``; :mod:`vgpuvirt.sim.fuse` mounts a live one. Profiles 
 (docs/sim.md).
 """
 
+# The submodule is imported first so that the package attribute ``materialize`` ends up being the
+# function below, not the module (a later ``import vgpuvirt.sim.materialize`` does not rebind it).
+from vgpuvirt.sim import materialize as _materialize_module
 from vgpuvirt.sim.host import SimHost
 from vgpuvirt.sim.profiles import Profile, ProfileError, list_profiles, load_profile
 
-
-def materialize(profile: "Profile | str", dest_dir: str) -> int:
-    """Write the profile's sysfs as plain files and relative symlinks below ``dest_dir``; return the count."""
-    from vgpuvirt.sim.materialize import materialize as _materialize
-    return _materialize(profile, dest_dir)
-
+materialize = _materialize_module.materialize
 
 __all__ = ["Profile", "ProfileError", "SimHost", "list_profiles", "load_profile", "materialize"]

@@ -143,6 +143,12 @@ def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0)
         deadline = time.monotonic() + timeout
         while pid > 0 and time.monotonic() < deadline:
             try:
+                # Our own child (started by start() in this process) must be reaped, or it stays a zombie.
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                pass
+            try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 break
