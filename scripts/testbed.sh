@@ -53,7 +53,8 @@ need_bins() {
 
 # One testbed command at a time (several pytest sessions may call `start` together). Every daemon
 # is started with 9>&- so that it does not inherit, and hold forever, this lock.
-take_lock() { mkdir -p "$SBX"; exec 9>"$SBX/.lock"; flock 9; }
+LOCKED=
+take_lock() { [ -n "$LOCKED" ] && return 0; mkdir -p "$SBX"; exec 9>"$SBX/.lock"; flock 9; LOCKED=1; }
 
 # ---------------------------------------------------------------- install
 install_apt() {
@@ -291,7 +292,7 @@ hosts_down() {
 }
 
 stop() {
-  need_root
+  need_root; take_lock
   hosts_down
   stop_pidfile "sshd main" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config"
   stop_pidfile libvirtd "$RUN/libvirtd.pid" libvirtd

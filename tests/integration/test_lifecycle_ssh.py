@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,14 +75,15 @@ def bed(request: pytest.FixtureRequest) -> _Bed:
         tb = request.getfixturevalue("testbed")
         return _Bed({k: getattr(tb, k) for k in ("ssh_host", "ssh_port", "identity", "known_hosts", "mnt_dir")})
     except pytest.FixtureLookupError:
-        # the shared fixture is not there yet: bring the testbed up the way it would (idempotent)
-        script = Path(__file__).resolve().parents[2] / "scripts" / "testbed.sh"
-        if script.is_file() and os.geteuid() == 0:
-            subprocess.run([str(script), "start"], check=False, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=300)
+        # the shared fixture is not there: use a testbed that `scripts/testbed.sh start` brought up
         env = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed")) / "testbed.json"
         require_part("testbed", env.is_file(), f"{env} missing: run scripts/testbed.sh start")
-        return _Bed(json.loads(env.read_text()))
+        b = _Bed(json.loads(env.read_text()))
+        try:
+            socket.create_connection((b.ssh_host, b.ssh_port), timeout=5).close()
+        except OSError as exc:
+            require_part("testbed sshd", False, f"{b.ssh_host}:{b.ssh_port}: {exc}")
+        return b
 
 
 @contextlib.contextmanager

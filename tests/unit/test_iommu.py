@@ -291,10 +291,10 @@ def test_release_without_a_record_lets_the_kernel_probe_the_default_driver() -> 
 def test_a_failed_bind_rolls_back_the_devices_that_moved() -> None:
     import errno
 
+    from lifecycle_doubles import Wrapped
+
     from vgpuvirt.errors import VgpuvirtError
     from vgpuvirt.sim import SimHost
-
-    from lifecycle_doubles import Wrapped
     host = Wrapped(SimHost.from_profile("desktop"))
     host.fail["/drivers/snd_hda_intel/unbind"] = errno.EBUSY
     with pytest.raises(VgpuvirtError, match="EBUSY"):

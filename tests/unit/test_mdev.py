@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 
 import pytest
+from lifecycle_doubles import Wrapped, mdev_types
 
 from vgpuvirt.errors import (
     AlreadyExists,
@@ -19,8 +21,6 @@ from vgpuvirt.model import MdevUuid
 from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.sriov import SriovService
 from vgpuvirt.sim import SimHost, list_profiles
-
-from lifecycle_doubles import Wrapped, mdev_types
 
 PROFILES = list_profiles()
 U1 = "11111111-2222-4333-8444-555555555555"
@@ -112,7 +112,7 @@ def test_mdevctl_three_checks_on_an_existing_uuid() -> None:
     host = sim("t4x2")
     svc = MdevService(host)
     svc.create("0000:3b:00.0", "nvidia-231", U1)
-    with pytest.raises(AlreadyExists, match="different parent '0000:3b:00.0'"):
+    with pytest.raises(AlreadyExists, match=r"different parent '0000:3b:00\.0'"):
         svc.create("0000:d8:00.0", "nvidia-231", U1)
     with pytest.raises(AlreadyExists, match="different type 'nvidia-231'"):
         svc.create("0000:3b:00.0", "nvidia-223", U1)
@@ -246,8 +246,8 @@ def test_persistent_plan_defines_with_auto_through_the_injected_prefix() -> None
     plan = svc.ensure(U1, "0000:d8:00.0", "nvidia-231", persist="persistent", dry_run=True)
     assert [o.op for o in plan.ops] == ["exec"]
     # active and defined: nothing to do
-    host.mdevctl_json = ('[{"0000:d8:00.0": [{"%s": {"mdev_type": "nvidia-231", "start": "auto", "attrs": []}}]}]'
-                         % U1)
+    host.mdevctl_json = json.dumps([{"0000:d8:00.0": [{U1: {"mdev_type": "nvidia-231", "start": "auto",
+                                                             "attrs": []}}]}])
     assert not svc.ensure(U1, "0000:d8:00.0", "nvidia-231", persist="persistent").changed
     # defined with another type on that parent: refused like mdevctl does
     with pytest.raises(AlreadyExists):
@@ -268,8 +268,8 @@ def test_failed_define_rolls_the_create_back() -> None:
 
 def test_restore_plans_a_start_for_each_defined_inactive_device() -> None:
     host = sim("t4x2")
-    host.mdevctl_json = ('[{"0000:d8:00.0": [{"%s": {"mdev_type": "nvidia-231", "start": "auto"}},'
-                         ' {"%s": {"mdev_type": "nvidia-231", "start": "manual"}}]}]' % (U1, U2))
+    host.mdevctl_json = json.dumps([{"0000:d8:00.0": [{U1: {"mdev_type": "nvidia-231", "start": "auto"}},
+                                                      {U2: {"mdev_type": "nvidia-231", "start": "manual"}}]}])
     svc = MdevService(host)
     svc.create("0000:d8:00.0", "nvidia-231", U2)
     ch = svc.restore(dry_run=True)

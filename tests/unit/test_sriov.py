@@ -55,7 +55,7 @@ def test_vfs_in_use_are_not_pulled_away_without_force() -> None:
     VendorVgpuService(host).assign(1155, vf="0000:3d:00.4")
     svc = SriovService(host, vendor_tool=False)
     host.calls.clear()
-    with pytest.raises(DeviceBusy, match="0000:3d:00.4 carries vGPU type 1155"):
+    with pytest.raises(DeviceBusy, match=r"0000:3d:00\.4 carries vGPU type 1155"):
         svc.disable("0000:3d:00.0")
     assert "apply" not in host.kinds()
     assert svc.report("0000:3d:00.0")[0].num_vfs == 16
@@ -80,7 +80,7 @@ def test_a_pf_passed_through_whole_gets_no_vfs() -> None:
 
 def test_more_vfs_than_the_pf_supports_is_invalid() -> None:
     host = sim("desktop")
-    with pytest.raises(InvalidSpec, match="0..7"):
+    with pytest.raises(InvalidSpec, match=r"0\.\.7"):
         SriovService(host).enable("0000:05:00.0", 8)
     assert "apply" not in host.kinds()
 

@@ -14,6 +14,7 @@ against the simulated sysfs. Every mutation is logged on the ``vgpuvirt.audit`` 
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import posixpath
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from vgpuvirt.errors import HostError, InvalidSpec
+from vgpuvirt.errors import HostError, InvalidSpec, LockTimeout
 from vgpuvirt.model import SysPath
 
 audit = logging.getLogger("vgpuvirt.audit")
@@ -159,6 +160,7 @@ class Op:
     stdin: str | None = None
     group: str | None = None
     ok_codes: tuple[int, ...] | None = None
+    read_only: bool = False
 
     @staticmethod
     def write(path: str, value: str, *, group: str | None = None) -> Op:
@@ -183,15 +185,17 @@ class Op:
 
     @staticmethod
     def exec(argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0,
-             group: str | None = None, ok_codes: Sequence[int] = (0,)) -> Op:
+             group: str | None = None, ok_codes: Sequence[int] = (0,), read_only: bool = False) -> Op:
+        """A program run on the host. ``read_only=True`` (e.g. ``nvidia-smi -q -x``) declares that it changes
+        nothing: it is not audited as a mutation and a batch of such ops may be retried after a dropped link."""
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise InvalidSpec("argv", argv, "a non-empty list of strings")
         return Op("exec", argv=tuple(argv), stdin=stdin, timeout=timeout, group=group,
-                  ok_codes=tuple(ok_codes))
+                  ok_codes=tuple(ok_codes), read_only=read_only)
 
     @property
     def mutates(self) -> bool:
-        return self.op in ("write", "exec")
+        return self.op == "write" or (self.op == "exec" and not self.read_only)
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op}
@@ -318,6 +322,9 @@ class BaseHost:
         self.close()
 
     def _checked(self, response: dict[str, Any]) -> dict[str, Any]:
+        if response.get("fatal") == "lock" and response.get("errno") in (errno.EAGAIN, errno.EACCES):
+            raise LockTimeout(self.name, f"{response.get('error')} (another vgpuvirt holds it for longer "
+                                         f"than {self.lock_timeout} s)")
         if "fatal" in response:
             raise HostError(self.name, f"agent refused the request ({response['fatal']}): {response.get('error')}")
         return response

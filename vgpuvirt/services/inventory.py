@@ -340,7 +340,7 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     if nvidia_smi:
         # One exec: nvidia-smi first, then the sysfs reads, in the same agent request. A missing
         # nvidia-smi (ENOENT, rc 127) is normal; lock=False because nothing is changed.
-        batch = host.apply([Op.exec(NVIDIA_SMI_ARGV, timeout=60.0)], lock=False, on_error="continue",
+        batch = host.apply([Op.exec(NVIDIA_SMI_ARGV, timeout=60.0, read_only=True)], lock=False, on_error="continue",
                            reads_after=INVENTORY_GLOBS)
         snap, smi = batch.after, batch[0]
     else:

@@ -1,0 +1,132 @@
+"""Shared fixtures: the real-parts testbed (``scripts/testbed.sh``) and :func:`require_part`.
+
+Integration tests talk to real parts (sshd, libvirtd, FUSE, mdevctl, ansible-playbook). Locally a
+missing part skips the test with its reason; under CI (``CI=true``) it fails it, so that CI never
+reports green for tests that did not run. See docs/testbed.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from vgpuvirt.host.ssh import SSHHost
+
+REPO = Path(__file__).resolve().parent.parent
+TESTBED_SH = REPO / "scripts" / "testbed.sh"
+SBX = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed"))
+ENV_FILE = SBX / "testbed.json"
+# what `scripts/testbed.sh start` needs on PATH (install provides them)
+_BINARIES = ("/usr/sbin/sshd", "ssh-keygen", "libvirtd", "virtlogd", "virsh", "unshare", "mountpoint", "flock")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_part(name: str, available: bool, why: str) -> None:
+    """Skip (locally) or fail (under CI=true) the calling test when a real part is not available."""
+    if available:
+        return
+    message = f"real part missing: {name}: {why}"
+    if in_ci():
+        pytest.fail(message + " (CI=true: a missing real part is a failure, not a skip)", pytrace=False)
+    pytest.skip(message)
+
+
+@dataclass
+class SshEndpoint:
+    """One sshd of the testbed: where it listens, its log, and a directory for FUSE trees it can see."""
+
+    name: str
+    ssh_host: str
+    ssh_port: int
+    mnt_dir: str
+    sshd_log: str
+    identity: str
+    known_hosts: str
+    ssh_user: str = "root"
+    _opened: list[SSHHost] = field(default_factory=list, repr=False)
+
+    def ssh(self, sysfs_root: str = "/", **kw: Any) -> SSHHost:
+        """An SSHHost on this sshd with the testbed's key and strict known_hosts (closed at session end)."""
+        from vgpuvirt.host.ssh import SSHHost
+
+        opts: dict[str, Any] = {"port": self.ssh_port, "username": self.ssh_user, "key_filename": self.identity,
+                                "known_hosts": self.known_hosts, "sysfs_root": sysfs_root}
+        opts.update(kw)
+        host = SSHHost(self.ssh_host, **opts)
+        self._opened.append(host)
+        return host
+
+    def close_all(self) -> None:
+        while self._opened:
+            self._opened.pop().close()
+
+
+@dataclass
+class Testbed(SshEndpoint):
+    """What ``scripts/testbed.sh start`` brought up (read from its env file)."""
+
+    sbx: str = ""
+    libvirt_uri: str = "qemu:///system"
+    libvirt_ssh_uri: str = ""
+    ssh_wrapper: str = ""
+    env: dict[str, Any] = field(default_factory=dict, repr=False)
+    _extra: list[SshEndpoint] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_env(cls, env: dict[str, Any]) -> Testbed:
+        return cls(name="main", ssh_host=env["ssh_host"], ssh_port=int(env["ssh_port"]), mnt_dir=env["mnt_dir"],
+                   sshd_log=env["sshd_log"], identity=env["identity"], known_hosts=env["known_hosts"],
+                   ssh_user=env.get("ssh_user", "root"), sbx=env["sbx"], libvirt_uri=env["libvirt_uri"],
+                   libvirt_ssh_uri=env.get("libvirt_ssh_uri", ""), ssh_wrapper=env.get("ssh_wrapper", ""),
+                   env=env)
+
+    def extra_hosts(self, n: int) -> list[SshEndpoint]:
+        """N more test hosts (sshd on 127.0.2.1..N:PORT, each with its own shared mnt dir); idempotent."""
+        _testbed_sh("hosts-up", str(n))
+        env = json.loads(ENV_FILE.read_text())
+        hosts = [SshEndpoint(name=h["name"], ssh_host=h["ssh_host"], ssh_port=int(h["ssh_port"]),
+                             mnt_dir=h["mnt_dir"], sshd_log=h["sshd_log"], identity=env["identity"],
+                             known_hosts=env["known_hosts"], ssh_user=env.get("ssh_user", "root"))
+                 for h in env["hosts"]][:n]
+        require_part(f"{n} extra test hosts", len(hosts) == n, f"testbed.sh hosts-up {n} brought up {len(hosts)}")
+        self._extra.extend(hosts)
+        return hosts
+
+    def close_all(self) -> None:
+        super().close_all()
+        for h in self._extra:
+            h.close_all()
+
+
+def _testbed_sh(*args: str) -> None:
+    proc = subprocess.run(["bash", str(TESTBED_SH), *args], capture_output=True, text=True, timeout=600,
+                          check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        require_part("testbed", False, f"scripts/testbed.sh {' '.join(args)} exited {proc.returncode}:\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """sshd on loopback, libvirtd, a shared mnt dir: started once (idempotent), left running afterwards."""
+    require_part("root", os.geteuid() == 0, "the testbed starts sshd/libvirtd and makes mounts")
+    missing = [b for b in _BINARIES if shutil.which(b) is None]
+    require_part("testbed binaries", not missing, f"missing {', '.join(missing)}: run scripts/testbed.sh install")
+    _testbed_sh("start")
+    tb = Testbed.from_env(json.loads(ENV_FILE.read_text()))
+    try:
+        yield tb
+    finally:
+        tb.close_all()

@@ -1,0 +1,461 @@
+"""The fleet proof: real ansible-playbook over real sshd to 3 test hosts, each with its own live
+FUSE-simulated GPU host, provisioning VDI desktops through the real libvirtd (qemu:///system).
+
+Order of the main test: check mode (reports changes, changes nothing: verified on every host's
+sysfs and in libvirt), the real run, the same playbook again (changed=0 everywhere), then the
+teardown playbook (every host as it started: snapshot compared). A second test stops one host's
+sshd: that host fails as unreachable, the others complete.
+
+Why qemu:///system and not the test driver: ``test:///default`` (and ``test:///PATH.xml``) live in
+the process that opens them, and every Ansible task is a new process, so nothing would persist
+from one task to the next. The three test hosts share the one libvirtd of this machine; each
+records its inventory name in the domains it makes (``host_name``), and vgpuvirt ignores domains
+recorded for another host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "ansible"
+TESTBED = REPO / "scripts" / "testbed.sh"
+SBX = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed"))
+# One profile per host: mdev (T4), vGPU 17+ VFs (L40S), and a mixed box.
+PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
+VDI_COUNT = 2
+
+pytestmark = pytest.mark.integration
+
+
+def require_part(name: str, available: bool, why: str) -> None:
+    """tests/conftest.py's require_part when it is there (skip locally, fail under CI)."""
+    try:
+        from conftest import require_part as shared  # type: ignore[import-not-found]
+    except ImportError:
+        shared = None
+    if shared is not None:
+        shared(name, available, why)
+        return
+    if available:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is required under CI: {why}")
+    pytest.skip(f"{name} not available: {why}")
+
+
+def ansible_bin(name: str) -> str | None:
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+
+
+def require_fleet_parts() -> None:
+    require_part("root", os.geteuid() == 0, "sshd, FUSE mounts and libvirtd need root")
+    require_part("ansible-playbook", ansible_bin("ansible-playbook") is not None, "pip install ansible-core")
+    require_part("sshd", os.path.exists("/usr/sbin/sshd") and shutil.which("ssh") is not None,
+                 "apt-get install openssh-server openssh-client")
+    require_part("fuse", os.path.exists("/dev/fuse") and _has_module("mfusepy"), "/dev/fuse and mfusepy")
+    require_part("libvirt-python", _has_module("libvirt"), "pip install libvirt-python")
+    require_part("testbed script", TESTBED.exists(), "scripts/testbed.sh brings up sshd and libvirtd")
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(name) is not None
+
+
+# ------------------------------------------------------------------------------------------ ansible runs
+
+
+@dataclass
+class Recap:
+    ok: int
+    changed: int
+    unreachable: int
+    failed: int
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    stdout: str
+    stderr: str
+    recap: dict[str, Recap]
+
+    def changed_items(self, host: str) -> int:
+        """Loop items reported changed for ``host`` (the recap counts tasks, not items)."""
+        return len(re.findall(rf"^changed: \[{re.escape(host)}\] => \(item=", self.stdout, re.M))
+
+    def explain(self) -> str:
+        return f"rc={self.rc}\n--- stdout (tail)\n{self.stdout[-6000:]}\n--- stderr (tail)\n{self.stderr[-3000:]}"
+
+
+_RECAP_RE = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def parse_recap(text: str) -> dict[str, Recap]:
+    part = text.rsplit("PLAY RECAP", 1)[-1] if "PLAY RECAP" in text else ""
+    return {m[1]: Recap(int(m[2]), int(m[3]), int(m[4]), int(m[5])) for m in _RECAP_RE.finditer(part)}
+
+
+@dataclass
+class Ansible:
+    """ansible-playbook with everything it writes under one tmp dir (ansible.cfg: home, local_tmp,
+    remote_tmp, control_path_dir)."""
+
+    workdir: Path
+    inventory: Path
+    cfg: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cfg = self.workdir / "ansible.cfg"
+        (self.workdir / "cp").mkdir(parents=True, exist_ok=True)
+        self.cfg.write_text(f"""[defaults]
+home = {self.workdir}/home
+local_tmp = {self.workdir}/local_tmp
+remote_tmp = {self.workdir}/remote_tmp
+library = {EXAMPLES}/library
+inventory = {self.inventory}
+forks = 10
+host_key_checking = True
+retry_files_enabled = False
+nocolor = True
+stdout_callback = default
+callback_result_format = yaml
+interpreter_python = {sys.executable}
+timeout = 15
+
+[ssh_connection]
+control_path_dir = {self.workdir}/cp
+pipelining = True
+""")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(ANSIBLE_CONFIG=str(self.cfg), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                   ANSIBLE_HOME=str(self.workdir / "home"), ANSIBLE_LOCAL_TEMP=str(self.workdir / "local_tmp"))
+        return env
+
+    def playbook(self, playbook: Path, *args: str, extra: dict[str, Any] | None = None) -> PlaybookRun:
+        exe = ansible_bin("ansible-playbook")
+        assert exe is not None
+        argv = [exe, str(playbook), *args]
+        if extra:
+            argv += ["-e", json.dumps(extra)]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env(), cwd=self.workdir, check=False)
+        return PlaybookRun(proc.returncode, proc.stdout, proc.stderr, parse_recap(proc.stdout))
+
+
+# ------------------------------------------------------------------------------------------ the fleet
+
+
+@dataclass
+class FleetHost:
+    name: str                 # inventory name (unique per test run: domain names derive from it)
+    ssh_host: str
+    ssh_port: int
+    profile: str
+    sysfs_root: str           # the FUSE mount point (holds sys/)
+    pid_file: str
+
+
+def bring_up_testbed(n_hosts: int) -> dict[str, Any]:
+    """Bring the testbed's extra hosts up (idempotent) and read what it wrote."""
+    proc = subprocess.run(["bash", str(TESTBED), "hosts-up", str(n_hosts)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, f"testbed hosts-up failed:\n{proc.stderr[-2000:]}"
+    env: dict[str, Any] = json.loads((SBX / "testbed.json").read_text())
+    assert len(env["hosts"]) >= n_hosts, env
+    return env
+
+
+def mount_sim(profile: str, parent: Path, tag: str) -> tuple[str, str]:
+    from vgpuvirt.sim import fuse
+
+    mp = parent / f"ansible-{tag}-{profile}"
+    mp.mkdir(parents=True, exist_ok=True)
+    pid_file = str(parent / f".ansible-{tag}-{profile}.pid")
+    fuse.start(profile, str(mp), pid_file=pid_file)
+    return str(mp), pid_file
+
+
+def unmount_sim(mp: str, pid_file: str) -> None:
+    from vgpuvirt.sim import fuse
+
+    fuse.stop(mp, pid_file=pid_file)
+    shutil.rmtree(mp, ignore_errors=True)
+
+
+def write_inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any], known_hosts: str) -> None:
+    inv = {"hypervisors": {
+        "hosts": {h.name: {"ansible_host": h.ssh_host, "ansible_port": h.ssh_port,
+                           "vgpu_sysfs_root": h.sysfs_root, "vgpu_host_name": h.name} for h in hosts},
+        "vars": {
+            "ansible_user": "root",
+            "ansible_connection": "ssh",
+            "ansible_ssh_private_key_file": env["identity"],
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
+                                       "-o BatchMode=yes -o GlobalKnownHostsFile=/dev/null",
+            # the interpreter where vgpuvirt is installed on the target (this repo's venv)
+            "ansible_python_interpreter": sys.executable,
+            "vgpu_uri": env["libvirt_uri"],
+            "vdi_state": "defined",   # qemu cannot start a vGPU domain here: no VFIO in this kernel
+            "vdi_count": VDI_COUNT,
+            "vdi_memory_mib": 512,
+        },
+    }}
+    path.write_text(json.dumps({"all": {"children": inv}}, indent=1))
+
+
+def host_snapshot(h: FleetHost) -> dict[str, Any]:
+    """What a teardown must restore: mdevs, free instances, VF types, drivers (read from the FUSE tree)."""
+    from vgpuvirt.host.local import LocalHost
+
+    snap = LocalHost(h.sysfs_root, name=h.name).read([
+        "/sys/bus/mdev/devices/*",
+        "/sys/bus/mdev/devices/*/mdev_type",
+        "/sys/class/mdev_bus/*/mdev_supported_types/*/available_instances",
+        "/sys/bus/pci/devices/*/nvidia/current_vgpu_type",
+        "/sys/bus/pci/devices/*/driver",
+    ])
+    return snap.to_wire()
+
+
+def vgpus_on(h: FleetHost) -> list[str]:
+    """mdev UUIDs and VFs with a vGPU type on one host."""
+    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.host.local import LocalHost
+
+    inv = inventory(LocalHost(h.sysfs_root, name=h.name), use_nvml=False)
+    return sorted([str(m.uuid) for m in inv.mdevs] + [str(v.address) for v in inv.vendor_vgpu if v.current_type])
+
+
+def fleet_domains(uri: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """Our domains in libvirt: name -> vgpuvirt metadata (host, gpus)."""
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.plan import domain_meta
+
+    with LibvirtConnection(uri) as conn:
+        return {d.name: domain_meta(d.xml) or {} for d in conn.domains() if d.name.startswith(prefix)}
+
+
+def undefine_all(uri: str, prefix: str) -> None:
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+
+    with LibvirtConnection(uri) as conn:
+        for d in conn.domains():
+            if d.name.startswith(prefix):
+                conn.destroy(d.name)
+                conn.undefine(d.name)
+
+
+@dataclass
+class Fleet:
+    hosts: list[FleetHost]
+    env: dict[str, Any]
+    prefix: str
+    workdir: Path
+    known_hosts: str
+    extra_sshd: dict[str, int] = field(default_factory=dict)   # host name -> pid of an sshd we started
+
+    def ansible(self, hosts: list[FleetHost], tag: str) -> Ansible:
+        d = self.workdir / tag
+        d.mkdir(parents=True, exist_ok=True)
+        inv = d / "inventory.json"
+        write_inventory(inv, hosts, self.env, self.known_hosts)
+        return Ansible(d, inv)
+
+
+def start_own_sshd(workdir: Path, env: dict[str, Any], addr: str, port: int) -> tuple[int, str]:
+    """An sshd of our own (so this test may stop it): its own host key and mount namespace, root's
+    ~/.bashrc hidden (TESTBED.md: pyenv init costs ~150 ms per exec), slave propagation so the FUSE
+    mounts under the testbed's shared mnt dir are visible. Returns (pid, known_hosts line)."""
+    d = workdir / "sshd-own"
+    d.mkdir(parents=True, exist_ok=True)
+    key = d / "host_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vgpuvirt-ansible-test",
+                        "-f", str(key)], check=True)
+    cfg = d / "sshd_config"
+    authorized = Path(env["identity"]).parent / "authorized_keys"
+    cfg.write_text(f"""ListenAddress {addr}:{port}
+HostKey {key}
+PidFile none
+AuthorizedKeysFile {authorized}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+MaxStartups 100:30:200
+LogLevel VERBOSE
+""")
+    empty = d / "empty_bashrc"
+    empty.write_text("")
+    bashrc = str(Path("~root").expanduser() / ".bashrc")
+    os.makedirs("/run/sshd", exist_ok=True)
+    proc = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "slave", "sh", "-c",
+         'if [ -e "$1" ]; then mount --bind "$2" "$1" || exit 1; fi; exec /usr/sbin/sshd -D -f "$3" -E "$4"',
+         "sshd-ns", bashrc, str(empty), str(cfg), str(d / "sshd.log")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    import socket
+    for _ in range(200):
+        try:
+            with socket.create_connection((addr, port), timeout=0.2):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"own sshd exited: {(d / 'sshd.log').read_text()[-1000:]}") from None
+            time.sleep(0.05)
+    pub = key.with_suffix(".pub").read_text().split()
+    return proc.pid, f"[{addr}]:{port} {pub[0]} {pub[1]}\n"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    require_fleet_parts()
+    env = bring_up_testbed(len(PROFILES))
+    tag = uuid.uuid4().hex[:6]
+    workdir = Path(tmp_path_factory.mktemp("ansible-fleet"))
+    mounts: list[tuple[str, str]] = []
+    hosts: list[FleetHost] = []
+    try:
+        for i, (profile, th) in enumerate(zip(PROFILES, env["hosts"], strict=False), start=1):
+            parent = Path(th["mnt_dir"])
+            mp, pid_file = mount_sim(profile, parent, tag)
+            mounts.append((mp, pid_file))
+            hosts.append(FleetHost(f"fleet{tag}-h{i}", th["ssh_host"], int(th["ssh_port"]), profile, mp, pid_file))
+        # a fourth host whose sshd this test starts (and may stop): 127.0.3.1, outside the testbed's range
+        mp, pid_file = mount_sim("t4x2", Path(env["mnt_dir"]), tag + "-down")
+        mounts.append((mp, pid_file))
+        pid, line = start_own_sshd(workdir, env, "127.0.3.1", int(env["ssh_port"]))
+        known = workdir / "known_hosts"
+        known.write_text(Path(env["known_hosts"]).read_text() + line)
+        down = FleetHost(f"fleet{tag}-h4", "127.0.3.1", int(env["ssh_port"]), "t4x2", mp, pid_file)
+        fl = Fleet(hosts + [down], env, f"fleet{tag}-", workdir, str(known), {down.name: pid})
+        yield fl
+    finally:
+        for pid in (fl.extra_sshd.values() if "fl" in locals() else []):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if "env" in locals():
+            undefine_all(env["libvirt_uri"], f"fleet{tag}-")
+        for mp, pid_file in mounts:
+            unmount_sim(mp, pid_file)
+
+
+# ------------------------------------------------------------------------------------------ the tests
+
+
+def test_fleet_check_then_apply_then_converged_then_teardown(fleet: Fleet) -> None:
+    hosts = fleet.hosts[:3]
+    ans = fleet.ansible(hosts, "main")
+    uri = fleet.env["libvirt_uri"]
+    start = {h.name: host_snapshot(h) for h in hosts}
+    assert fleet_domains(uri, fleet.prefix) == {}
+
+    # 1. check mode: every host reports changes, nothing changes anywhere
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml", "--check", "--diff")
+    assert run.rc == 0, run.explain()
+    assert set(run.recap) == {h.name for h in hosts}, run.explain()
+    for h in hosts:
+        r = run.recap[h.name]
+        assert r.failed == 0 and r.unreachable == 0 and r.changed == 1, run.explain()
+        assert run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert host_snapshot(h) == start[h.name], f"check mode changed {h.name}'s sysfs"
+    assert fleet_domains(uri, fleet.prefix) == {}, "check mode defined domains"
+    # --diff shows each desktop going from absent to defined
+    assert run.stdout.count("-    state: absent") == run.stdout.count("+    state: defined") == 3 * VDI_COUNT, \
+        run.explain()
+
+    # 2. the real run: desktops everywhere, in parallel
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
+    assert run.rc == 0, run.explain()
+    doms = fleet_domains(uri, fleet.prefix)
+    for h in hosts:
+        r = run.recap[h.name]
+        assert r.failed == 0 and r.unreachable == 0 and r.changed == 1, run.explain()
+        assert run.changed_items(h.name) == VDI_COUNT, run.explain()
+        mine = {n: m for n, m in doms.items() if n.startswith(h.name + "-")}
+        assert sorted(mine) == [f"{h.name}-vdi-{i:02d}" for i in range(1, VDI_COUNT + 1)]
+        assert all(m["host"] == h.name for m in mine.values())
+        # every vGPU a domain records exists on that host's (simulated) sysfs, and nothing else was made
+        recorded = sorted(g.get("uuid") or g.get("vf") for m in mine.values() for g in m["gpus"])
+        assert len(recorded) == VDI_COUNT
+        assert vgpus_on(h) == recorded, f"{h.name}: vGPUs on the host do not match the domains"
+    after_apply = {h.name: host_snapshot(h) for h in hosts}
+    assert all(after_apply[n] != start[n] for n in start)
+
+    # 3. the same playbook again: changed=0 everywhere, nothing moved
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
+    assert run.rc == 0, run.explain()
+    for h in hosts:
+        assert run.recap[h.name].changed == 0 and run.recap[h.name].failed == 0, run.explain()
+        assert host_snapshot(h) == after_apply[h.name]
+    assert fleet_domains(uri, fleet.prefix) == doms
+
+    # ... and check mode agrees that nothing is left to do
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml", "--check")
+    assert run.rc == 0 and all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
+
+    # 4. teardown: every host as it started
+    run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
+    assert run.rc == 0, run.explain()
+    for h in hosts:
+        assert run.recap[h.name].changed == 1 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert host_snapshot(h) == start[h.name], f"{h.name} is not as it started"
+    assert fleet_domains(uri, fleet.prefix) == {}
+    run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
+    assert run.rc == 0 and all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
+
+
+def test_fleet_one_host_down_fails_alone(fleet: Fleet) -> None:
+    up, down = fleet.hosts[:2], fleet.hosts[3]
+    ans = fleet.ansible([*up, down], "down")
+    uri = fleet.env["libvirt_uri"]
+    start = {h.name: host_snapshot(h) for h in [*up, down]}
+
+    # the host answers first (so the failure below is the stop, not a broken setup) ...
+    run = ans.playbook(EXAMPLES / "vgpu_info.yml", extra={"target": down.name})
+    assert run.rc == 0 and run.recap[down.name].ok >= 1, run.explain()
+
+    # ... then its sshd stops
+    pid = fleet.extra_sshd.pop(down.name)
+    os.killpg(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    # a fresh control_path_dir: the ControlPersist master of the run above would still reach the host
+    ans = fleet.ansible([*up, down], "down-after-stop")
+
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
+    assert run.rc != 0, run.explain()
+    assert run.recap[down.name].unreachable == 1 and run.recap[down.name].changed == 0, run.explain()
+    for h in up:
+        r = run.recap[h.name]
+        assert r.failed == 0 and r.unreachable == 0 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+    assert host_snapshot(down) == start[down.name], "the unreachable host was changed"
+    assert not any(n.startswith(down.name + "-") for n in fleet_domains(uri, fleet.prefix))
+
+    run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
+    assert run.recap[down.name].unreachable == 1, run.explain()
+    for h in up:
+        assert run.recap[h.name].failed == 0 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert host_snapshot(h) == start[h.name]
+    assert fleet_domains(uri, fleet.prefix) == {}

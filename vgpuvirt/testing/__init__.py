@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks (no product code depends on them)."""
