@@ -114,7 +114,8 @@ def main() -> int:
     print(f"batched read, loopback (processing+transfer):{base * 1000:8.1f} ms")
     print(f"batched read through the proxy (median of {a.repeat}): {batched * 1000:8.1f} ms"
           f"  = {batched / rtt:.2f} RTT; {(batched - base) / rtt:.2f} RTT over the loopback read")
-    how = "measured" if len(sample) == len(paths) else f"extrapolated from {len(sample)} files ({per_file_sample:.2f} s)"
+    how = ("measured" if len(sample) == len(paths)
+           else f"extrapolated from {len(sample)} files ({per_file_sample:.2f} s)")
     print(f"one exec per file ({how}): {per_file:8.2f} s")
     print(f"ratio per-file / batched: {per_file / batched:8.0f}x")
     print(f"target batched < 2 RTT + transfer ({(2 * rtt + base) * 1000:.1f} ms): "

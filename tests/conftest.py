@@ -77,6 +77,8 @@ class SshEndpoint:
 class Testbed(SshEndpoint):
     """What ``scripts/testbed.sh start`` brought up (read from its env file)."""
 
+    __test__ = False  # not a test class, despite its name
+
     sbx: str = ""
     libvirt_uri: str = "qemu:///system"
     libvirt_ssh_uri: str = ""

@@ -45,7 +45,7 @@ class PciAddress:
             return text
         if not isinstance(text, str):
             raise InvalidSpec("PCI address", text, "a string like 0000:3b:00.0")
-        m = _PCI_RE.match(text.strip())
+        m = _PCI_RE.fullmatch(text.strip())
         if not m:
             raise InvalidSpec("PCI address", text, "[dddd:]bb:ss.f in hex, e.g. 0000:3b:00.0")
         try:
@@ -82,7 +82,7 @@ class PciAddress:
 
     @classmethod
     def from_nvml(cls, text: str) -> PciAddress:
-        m = re.match(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$", text.strip())
+        m = re.fullmatch(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$", text.strip())
         if not m:
             raise InvalidSpec("NVML PCI bus id", text, "dddddddd:BB:SS.F")
         return cls(int(m[1], 16) & 0xFFFF, int(m[2], 16), int(m[3], 16), int(m[4]))
@@ -103,7 +103,7 @@ class MdevUuid:
     value: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, str) or not _UUID_RE.match(self.value) or self.value != self.value.lower():
+        if not isinstance(self.value, str) or not _UUID_RE.fullmatch(self.value) or self.value != self.value.lower():
             raise InvalidSpec("UUID", self.value,
                               "lower-case 8-4-4-4-12 hex, e.g. 83b8f4f2-509f-382f-3c1e-e6bfe0fa1001")
 
@@ -113,7 +113,7 @@ class MdevUuid:
             return text
         if isinstance(text, _uuid.UUID):
             return cls(str(text))
-        if not isinstance(text, str) or not _UUID_RE.match(text.strip()):
+        if not isinstance(text, str) or not _UUID_RE.fullmatch(text.strip()):
             raise InvalidSpec("UUID", text, "8-4-4-4-12 hex digits, e.g. 83b8f4f2-509f-382f-3c1e-e6bfe0fa1001")
         return cls(text.strip().lower())
 
@@ -135,7 +135,7 @@ class MdevTypeId:
     value: str
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.value, str) or not _MDEV_TYPE_RE.match(self.value)
+        if (not isinstance(self.value, str) or not _MDEV_TYPE_RE.fullmatch(self.value)
                 or ".." in self.value):
             raise InvalidSpec("mdev type id", self.value, "<driver>-<name> such as nvidia-231 or i915-GVTg_V5_4")
 
@@ -222,7 +222,7 @@ class DomainName:
     value: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, str) or not _DOMAIN_NAME_RE.match(self.value):
+        if not isinstance(self.value, str) or not _DOMAIN_NAME_RE.fullmatch(self.value):
             raise InvalidSpec("domain name", self.value,
                               "1-64 characters of A-Z a-z 0-9 _ . + -, not starting with . or -")
 
@@ -244,7 +244,7 @@ class DriverName:
     value: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, str) or not _DRIVER_RE.match(self.value):
+        if not isinstance(self.value, str) or not _DRIVER_RE.fullmatch(self.value):
             raise InvalidSpec("driver name", self.value, "a kernel driver name such as vfio-pci")
 
     def __str__(self) -> str:
@@ -259,7 +259,7 @@ class MacAddress:
     value: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, str) or not _MAC_RE.match(self.value):
+        if not isinstance(self.value, str) or not _MAC_RE.fullmatch(self.value):
             raise InvalidSpec("MAC address", self.value, "six colon-separated hex octets, e.g. 52:54:00:12:34:56")
         if int(self.value[:2], 16) & 1:
             raise InvalidSpec("MAC address", self.value, "a unicast address (first octet even)")

@@ -7,7 +7,6 @@ change); the test also checks that each leaves the simulated host as it found it
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,8 +16,6 @@ from typing import Any
 import pytest
 from test_ansible_fleet import (  # type: ignore[import-not-found]
     EXAMPLES,
-    SBX,
-    TESTBED,
     Ansible,
     FleetHost,
     fleet_domains,
@@ -56,7 +53,7 @@ def local_ansible(tmp_path: Path, host: FleetHost, extra_vars: dict[str, Any]) -
 @pytest.mark.parametrize("playbook,local_sim,extra", [
     ("vgpu_info.yml", "t4x2", {}),
     ("vgpu_mdev.yml", "t4x2", {}),
-    ("vgpu_mdev.yml", "a100-sriov", {}),
+    ("vgpu_mdev.yml", "a100-sriov", {"vgpu_need": {"min_framebuffer_mib": 4096, "series": "C"}}),
     ("vgpu_passthrough.yml", "desktop", {"gpu_functions": ["0000:01:00.0", "0000:01:00.1"]}),
 ], indirect=["local_sim"])
 def test_module_example_playbook(tmp_path: Path, local_sim: FleetHost, playbook: str, extra: dict[str, Any]) -> None:
@@ -69,13 +66,81 @@ def test_module_example_playbook(tmp_path: Path, local_sim: FleetHost, playbook:
 
 
 @pytest.mark.parametrize("local_sim", ["t4x2", "l40s-vgpu17"], indirect=True)
-def test_domain_example_playbook(tmp_path: Path, local_sim: FleetHost) -> None:
-    proc = subprocess.run(["bash", str(TESTBED), "start"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    uri = json.loads((SBX / "testbed.json").read_text())["libvirt_uri"]
+def test_domain_example_playbook(testbed: Any, tmp_path: Path, local_sim: FleetHost) -> None:
+    uri = testbed.libvirt_uri    # the real libvirtd: test:///default forgets between tasks
     before = host_snapshot(local_sim)
     run = local_ansible(tmp_path, local_sim, {"vgpu_uri": uri}).playbook(EXAMPLES / "vgpu_domain.yml")
     assert run.rc == 0, run.explain()
     assert run.recap[local_sim.name].failed == 0, run.explain()
     assert host_snapshot(local_sim) == before
     assert fleet_domains(uri, local_sim.name) == {}
+
+
+PERSIST_PLAY = """
+- hosts: hypervisors
+  gather_facts: false
+  tasks:
+    - name: A persistent vGPU (sysfs + mdevctl define --auto)
+      vgpu_mdev:
+        name: persistent-desk
+        type: GRID T4-2Q
+        persistent: true
+        mdevctl_command: "{{ mdevctl }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+      register: made
+    - name: Again
+      vgpu_mdev:
+        name: persistent-desk
+        type: GRID T4-2Q
+        persistent: true
+        mdevctl_command: "{{ mdevctl }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+      register: again
+    - name: What mdevctl has defined
+      ansible.builtin.command:
+        argv: "{{ mdevctl + ['list', '--defined', '--dumpjson'] }}"
+      register: defined
+      changed_when: false
+    - name: Remove (and undefine)
+      vgpu_mdev:
+        name: persistent-desk
+        state: absent
+        mdevctl_command: "{{ mdevctl }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+      register: gone
+    - name: Verify
+      ansible.builtin.assert:
+        that:
+          - made is changed
+          - again is not changed
+          - made.vgpu.uuid in defined.stdout
+          - "'auto' in defined.stdout"
+          - gone is changed
+"""
+
+
+@pytest.mark.parametrize("local_sim", ["t4x2"], indirect=True)
+def test_persistent_vgpu_with_real_mdevctl(tmp_path: Path, local_sim: FleetHost) -> None:
+    import shutil
+
+    require_fleet_parts()
+    from test_ansible_fleet import require_part  # type: ignore[import-not-found]
+
+    require_part("mdevctl", shutil.which("mdevctl") is not None and shutil.which("unshare") is not None,
+                 "apt-get install mdevctl util-linux")
+    etc = tmp_path / "mdevctl.d"
+    for d in ("scripts.d/callouts", "scripts.d/notifiers"):
+        (etc / d).mkdir(parents=True)
+    # mdevctl has no fake-root option: a private mount namespace shows it the simulator as /sys
+    # and an empty config dir as /etc/mdevctl.d (TESTBED.md).
+    mdevctl = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+               'mount --bind "$0/sys" /sys && mount --bind "$1" /etc/mdevctl.d && shift && exec mdevctl "$@"',
+               local_sim.sysfs_root, str(etc)]
+    play = tmp_path / "persist.yml"
+    play.write_text(PERSIST_PLAY)
+    ans = local_ansible(tmp_path, local_sim, {"mdevctl": mdevctl})
+    before = host_snapshot(local_sim)
+    run = ans.playbook(play)
+    assert run.rc == 0, run.explain()
+    assert host_snapshot(local_sim) == before
+    assert not any(p.is_file() for p in etc.rglob("*") if "scripts.d" not in p.parts), "a definition was left"

@@ -33,8 +33,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "ansible"
-TESTBED = REPO / "scripts" / "testbed.sh"
-SBX = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed"))
 # One profile per host: mdev (T4), vGPU 17+ VFs (L40S), and a mixed box.
 PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
 VDI_COUNT = 2
@@ -69,7 +67,6 @@ def require_fleet_parts() -> None:
                  "apt-get install openssh-server openssh-client")
     require_part("fuse", os.path.exists("/dev/fuse") and _has_module("mfusepy"), "/dev/fuse and mfusepy")
     require_part("libvirt-python", _has_module("libvirt"), "pip install libvirt-python")
-    require_part("testbed script", TESTBED.exists(), "scripts/testbed.sh brings up sshd and libvirtd")
 
 
 def _has_module(name: str) -> bool:
@@ -172,16 +169,6 @@ class FleetHost:
     pid_file: str
 
 
-def bring_up_testbed(n_hosts: int) -> dict[str, Any]:
-    """Bring the testbed's extra hosts up (idempotent) and read what it wrote."""
-    proc = subprocess.run(["bash", str(TESTBED), "hosts-up", str(n_hosts)], capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, f"testbed hosts-up failed:\n{proc.stderr[-2000:]}"
-    env: dict[str, Any] = json.loads((SBX / "testbed.json").read_text())
-    assert len(env["hosts"]) >= n_hosts, env
-    return env
-
-
 def mount_sim(profile: str, parent: Path, tag: str) -> tuple[str, str]:
     from vgpuvirt.sim import fuse
 
@@ -236,8 +223,8 @@ def host_snapshot(h: FleetHost) -> dict[str, Any]:
 
 def vgpus_on(h: FleetHost) -> list[str]:
     """mdev UUIDs and VFs with a vGPU type on one host."""
-    from vgpuvirt.services.inventory import inventory
     from vgpuvirt.host.local import LocalHost
+    from vgpuvirt.services.inventory import inventory
 
     inv = inventory(LocalHost(h.sysfs_root, name=h.name), use_nvml=False)
     return sorted([str(m.uuid) for m in inv.mdevs] + [str(v.address) for v in inv.vendor_vgpu if v.current_type])
@@ -328,9 +315,11 @@ LogLevel VERBOSE
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     require_fleet_parts()
-    env = bring_up_testbed(len(PROFILES))
+    extra = testbed.extra_hosts(len(PROFILES))       # scripts/testbed.sh hosts-up 3 (idempotent)
+    env = dict(testbed.env, hosts=[{"ssh_host": h.ssh_host, "ssh_port": h.ssh_port, "mnt_dir": h.mnt_dir}
+                                   for h in extra])
     tag = uuid.uuid4().hex[:6]
     workdir = Path(tmp_path_factory.mktemp("ansible-fleet"))
     mounts: list[tuple[str, str]] = []
@@ -348,7 +337,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         known = workdir / "known_hosts"
         known.write_text(Path(env["known_hosts"]).read_text() + line)
         down = FleetHost(f"fleet{tag}-h4", "127.0.3.1", int(env["ssh_port"]), "t4x2", mp, pid_file)
-        fl = Fleet(hosts + [down], env, f"fleet{tag}-", workdir, str(known), {down.name: pid})
+        fl = Fleet([*hosts, down], env, f"fleet{tag}-", workdir, str(known), {down.name: pid})
         yield fl
     finally:
         for pid in (fl.extra_sshd.values() if "fl" in locals() else []):

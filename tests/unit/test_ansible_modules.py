@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 pytest.importorskip("ansible")
-from ansible.module_utils.testing import patch_module_args  # noqa: E402
+from ansible.module_utils.testing import patch_module_args
 
-from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
-from vgpuvirt.provision.plan import mdev_uuid_for  # noqa: E402
-from vgpuvirt.services.inventory import inventory  # noqa: E402
-from vgpuvirt.sim import SimHost  # noqa: E402
+from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.provision.plan import mdev_uuid_for
+from vgpuvirt.services.inventory import inventory
+from vgpuvirt.sim import SimHost
 
 LIBRARY = Path(__file__).resolve().parents[2] / "examples" / "ansible" / "library"
 MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain")
@@ -171,10 +171,8 @@ def test_missing_vgpuvirt_fails_with_missing_required_lib(name: str, monkeypatch
     monkeypatch.setitem(sys.modules, "vgpuvirt", None)  # import vgpuvirt -> ImportError
     mod = load(name)
     assert mod.HAS_VGPUVIRT is False
-    args = {"name": "x", "addresses": ["0000:01:00.0"]} if name in ("vgpu_domain", "vgpu_passthrough") else {}
-    if name == "vgpu_mdev":
-        args = {"name": "x"}
-    args = {k: v for k, v in args.items() if k in mod.ARGUMENT_SPEC}
+    args = {"vgpu_info": {}, "vgpu_mdev": {"name": "x"}, "vgpu_passthrough": {"addresses": ["0000:01:00.0"]},
+            "vgpu_domain": {"name": "x"}}[name]
     out = io.StringIO()
     with patch_module_args(args), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         mod.main()

@@ -86,13 +86,14 @@ def test_numa_preference_and_strictness():
     got, _ = place([VmRequest("n2", gpus=(Q2,), numa_node=1)], hs)     # preference only: still placed
     assert str(got[0].gpu) == "0000:3b:00.0"
     with pytest.raises(NoCapacity) as ei:
-        place([VmRequest("n3", gpus=(Q2,), numa_node=1, numa_strict=True)], _states(t4_host(gpus=(("0000:3b:00.0", 0),))))
+        place([VmRequest("n3", gpus=(Q2,), numa_node=1, numa_strict=True)],
+              _states(t4_host(gpus=(("0000:3b:00.0", 0),))))
     assert "NUMA node 0" in str(ei.value)
 
 
 def test_vendor_specific_vfs_one_vgpu_per_vf_and_smallest_type():
     hs = _states(l40s_host(nvfs=3, taken={0: 1148}))
-    got, why = place(VmRequest.pool("g", 2, gpu=VgpuRequest(min_framebuffer_mib=2048, series="Q")), hs)
+    got, _ = place(VmRequest.pool("g", 2, gpu=VgpuRequest(min_framebuffer_mib=2048, series="Q")), hs)
     assert [a.kind for a in got] == ["vendor-vf", "vendor-vf"]
     assert [a.type.id for a in got] == ["nvidia-1148", "nvidia-1148"]
     assert len({a.slot for a in got}) == 2 and all(str(a.slot) != "0000:41:00.4" for a in got)
@@ -134,7 +135,8 @@ def test_explain_lists_every_candidate_gpu_with_a_verdict():
     assert seen[("a", "0000:3b:00.0")].verdict == "chosen"
     assert seen[("a", "0000:d8:00.0")].verdict == "eligible"
     assert seen[("b", "0000:41:00.0")].verdict == "skipped" and "no type fits" in seen[("b", "0000:41:00.0")].reason
-    assert seen[("c", "0000:01:00.0")].verdict == "skipped" and "offers no vGPU types" in seen[("c", "0000:01:00.0")].reason
+    desk = seen[("c", "0000:01:00.0")]
+    assert desk.verdict == "skipped" and "offers no vGPU types" in desk.reason
 
 
 def test_vm_with_several_gpus_stays_on_one_host():

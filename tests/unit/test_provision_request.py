@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from provision_fixtures import t4_host
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import host_state
-
-from provision_fixtures import t4_host
 
 
 def _t4_profiles() -> list[TypeProfile]:

@@ -39,6 +39,10 @@ from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
 
 RetryFactory = Callable[[], tenacity.Retrying]
 
+# Largest request (base64 of zlib'd JSON) sent in argv. The remote shell gets the whole command line as
+# one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the agent's bootstrap takes ~7 KiB of it.
+ARGV_REQUEST_MAX = 64 * 1024
+
 
 def default_retry() -> tenacity.Retrying:
     """Three attempts on transport errors (never on host-key errors), short exponential backoff."""
@@ -48,6 +52,13 @@ def default_retry() -> tenacity.Retrying:
         wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
         reraise=True,
     )
+
+
+def _abandon(client: paramiko.SSHClient, sock: socket.socket) -> None:
+    # Stop paramiko's transport thread before closing its socket; closing the socket first makes the
+    # thread log "Socket exception: Bad file descriptor" on stderr.
+    client.close()
+    sock.close()
 
 
 def no_retry() -> tenacity.Retrying:
@@ -151,22 +162,22 @@ class SSHHost(BaseHost):
                     allow_agent=True,
                 )
             except paramiko.BadHostKeyException as exc:
-                sock.close()
+                _abandon(client, sock)
                 raise HostKeyError(self.name, f"host key CHANGED (got {exc.key.get_name()} "
                                               f"{exc.key.get_base64()[:16]}...): refusing to connect; "
                                               "check the host and update known_hosts") from exc
             except paramiko.AuthenticationException as exc:
-                sock.close()
+                _abandon(client, sock)
                 raise HostError(self.name, f"authentication failed: {exc}") from exc
             except paramiko.SSHException as exc:
-                sock.close()
+                _abandon(client, sock)
                 if "not found in known_hosts" in str(exc):
                     raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
                                                   "add it with ssh-keyscan after checking its fingerprint, "
                                                   "or pass allow_unknown_hosts=True") from exc
                 raise TransportError(self.name, f"SSH handshake failed: {exc}") from exc
             except OSError as exc:
-                sock.close()
+                _abandon(client, sock)
                 raise TransportError(self.name, f"connection failed: {exc}") from exc
             transport = client.get_transport()
             assert transport is not None
@@ -251,6 +262,11 @@ class SSHHost(BaseHost):
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         payload = json.dumps({**request, "compress": True}).encode()
         argv = agent_command(self.python)
+        # A request that fits travels in argv: sshd opens a session channel with a zero window and
+        # widens it only once the command runs, so stdin costs one more round trip than argv.
+        blob = base64.b64encode(zlib.compress(payload, 6)).decode("ascii")
+        if len(blob) <= ARGV_REQUEST_MAX:
+            argv, payload = [*argv, blob], b""
         rc, out, err = self._call(lambda: self._exec_once(argv, payload, self.command_timeout), idempotent)
         if rc == 127 or (rc != 0 and b"not found" in err and self.python.encode() in err):
             raise RemoteRequirementMissing(self.name, f"{self.python} (>= 3.6) is required on the host but was not "

@@ -118,11 +118,17 @@ def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
         return "no type fits (" + "; ".join(misfit) + ("; ..." if misfit else "") + ")"
     last = ""
     for prof in sorted(types.values(), key=smallest_key):
-        ok, why = may_place(prof.framebuffer_mib, prof.max_instances, g.residents,
-                            heterogeneous=g.heterogeneous, total_fb_mib=g.total_fb_mib)
-        if not ok:
-            last = f"{prof.id}: {why}"
-            continue
+        if prof.id in g.mig_budget:
+            # MIG-backed: each vGPU lives in its own GPU instance; the equal-size rule does not apply.
+            if g.mig_budget[prof.id] <= 0:
+                last = f"{prof.id}: MIG-backed: no free GPU instance of this profile"
+                continue
+        else:
+            ok, why = may_place(prof.framebuffer_mib, prof.max_instances, g.residents,
+                                heterogeneous=g.heterogeneous, total_fb_mib=g.total_fb_mib)
+            if not ok:
+                last = f"{prof.id}: {why}"
+                continue
         for s in g.slots:
             if s.blocked is None and s.available.get(prof.id, 0) > 0:
                 return _Option(g, s, prof, numa_penalty, f"{prof.id} free on {s.address}")
@@ -146,6 +152,8 @@ def _commit(o: _Option) -> None:
         g.vfs_in_use += 1
         return
     g.residents.append(t.framebuffer_mib)
+    if t.id in g.mig_budget:
+        g.mig_budget[t.id] -= 1
     if s.is_vf:
         # one vGPU per VF: the VF is full now
         for k in s.available:
@@ -167,7 +175,7 @@ def _rank(vm: VmRequest, req: VgpuRequest, hosts: Sequence[HostState], policy: P
             if isinstance(r, str):
                 notes.append(Candidate(vm.name, h.name, str(g.address), "skipped", r))
             else:
-                key = (r.numa_penalty, smallest_key(r.type)[:3], _policy_key(r, h, policy), order[h.name], g.address)
+                key = (r.numa_penalty, r.type.framebuffer_mib or 0, _policy_key(r, h, policy), order[h.name], g.address)
                 options.append((key, r))
     options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
     return options, notes

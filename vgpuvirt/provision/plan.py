@@ -114,7 +114,7 @@ class Plan:
                 lines.append(f"  + {s.describe()}")
             for k in self.kept:
                 if k.host == h:
-                    lines.append(f"  = {k.what} ({k.vm})")
+                    lines.append(f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})"))
         if self.empty:
             lines.append("nothing to do: every VM is in place")
         return "\n".join(lines)

@@ -51,6 +51,10 @@ class GpuState:
     vfs_enabled: int = 0                                        # SR-IOV VFs present on this PF
     whole_blocked: str | None = None                            # why it must not be passed through whole
     planned: int = 0
+    # MIG-backed types on VFs: every VF says "1" while a free GPU instance of that profile remains, so
+    # the GPU-wide count is the largest per-VF figure, not the sum (the GI table is not in sysfs):
+    # conservative, a rerun places more once the kernel shows them.
+    mig_budget: dict[str, int] = field(default_factory=dict)
 
     @property
     def used(self) -> int:
@@ -169,6 +173,11 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = (), *, heter
                     slot.blocked = f"used by domain {used_pci[va]}"
                     gs.vfs_in_use += 1
                 gs.slots.append(slot)
+        for slot in gs.slots:
+            if slot.is_vf:
+                for tid, prof in slot.profiles.items():
+                    if prof.mig_backed:
+                        gs.mig_budget[tid] = max(gs.mig_budget.get(tid, 0), slot.available.get(tid, 0))
         funcs = tuple(sorted({g.address, *g.functions}))
         whole = Slot(g.address, "whole", available={"passthrough": 1}, functions=funcs or (g.address,),
                      profiles={"passthrough": TypeProfile("passthrough", f"whole GPU {g.address}", vendor)})
