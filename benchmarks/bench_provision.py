@@ -24,11 +24,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_inventory import ssh_host, start_proxy, testbed_env  # noqa: E402
+from bench_inventory import ssh_host, testbed_env  # noqa: E402
 
 from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown  # noqa: E402
 from vgpuvirt.sim import fuse  # noqa: E402
+from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 
 
 def main() -> int:
@@ -41,12 +42,13 @@ def main() -> int:
     a = ap.parse_args()
 
     env = testbed_env()
-    mnt = tempfile.mkdtemp(prefix="bench-prov-", dir=str(env["mnt_dir"]))
-    fuse.start("large", mnt, pid_file=mnt + ".pid")
-    port, stop = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
-    conn = LibvirtConnection(a.connect)
     gpu = VgpuRequest.parse(a.gpu)
+    proxy = DelayProxy(("127.0.0.1", int(str(env["ssh_port"]))), rtt_ms=a.rtt_ms).start()
+    port = proxy.address[1]
+    mnt = tempfile.mkdtemp(prefix="bench-prov-", dir=str(env["mnt_dir"]))
+    conn = LibvirtConnection(a.connect)
     try:
+        fuse.start("large", mnt, pid_file=mnt + ".pid")
         host = ssh_host(env, port, mnt)
         t = time.monotonic()
         host.read(["/sys/module/nvidia/version"])   # connect + one exec: the RTT as measured
@@ -78,7 +80,7 @@ def main() -> int:
         host.close()
     finally:
         conn.close()
-        stop.set()
+        proxy.stop()
         fuse.stop(mnt, pid_file=mnt + ".pid")
         os.rmdir(mnt)
 

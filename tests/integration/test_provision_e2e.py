@@ -228,14 +228,16 @@ def test_define_fails_when_a_foreign_domain_takes_the_name(bed: Bed, conn: Libvi
 
 
 class CuttingSSHHost(SSHHost):
-    """Real SSH; on the first writing batch the TCP connection is closed as soon as the batch's
-    last device shows up in the FUSE tree, i.e. after the host did the work, before the answer."""
+    """Real SSH through a 400 ms RTT delay proxy; on the first writing batch the TCP connection is
+    closed as soon as the batch's last device shows up in the FUSE tree: the host did the work, and
+    the answer (200 ms behind) never arrives."""
 
     watch: str | None = None
     cut_done = False
 
-    def _exec_once(self, argv: Any, stdin: bytes, timeout: float) -> tuple[int, bytes, bytes]:
-        if self.watch and not self.cut_done and b'"op": "write"' in stdin:
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        writes = any(o.get("op") == "write" for o in request.get("ops") or ())
+        if self.watch and not self.cut_done and writes:
             self.cut_done = True
             watch = self.watch
 
@@ -249,15 +251,24 @@ class CuttingSSHHost(SSHHost):
                     t.sock.close()
 
             threading.Thread(target=cutter, daemon=True).start()
-        return super()._exec_once(argv, stdin, timeout)
+        return super()._exchange(request, idempotent=idempotent)
 
 
 def test_ssh_connection_cut_mid_batch(bed: Bed, conn: LibvirtConnection) -> None:
     with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as observer:
         foreign = _foreign(observer, conn)
         vms = _names(4)
-        host = bed.ssh(mnt, CuttingSSHHost)
-        assert isinstance(host, CuttingSSHHost)
+        from vgpuvirt.testing.delayproxy import DelayProxy
+
+        proxy = DelayProxy((bed.ssh_host, bed.ssh_port), rtt_ms=400).start()
+        port = proxy.address[1]
+        real = f"[{bed.ssh_host}]:{bed.ssh_port}"
+        known = Path(mnt + ".known_hosts")
+        known.write_text("".join(f"[{bed.ssh_host}]:{port} {line.split(' ', 1)[1]}\n"
+                                 for line in Path(bed.known_hosts).read_text().splitlines()
+                                 if line.split(" ", 1)[0].split(",").count(real)))
+        host = CuttingSSHHost(bed.ssh_host, port=port, username="root", key_filename=bed.identity,
+                              known_hosts=str(known), sysfs_root=mnt)
         host.watch = f"{mnt}/sys/bus/mdev/devices/{mdev_uuid_for(vms[-1].name, 0)}"
         before = _state(observer, conn)
         try:
@@ -276,3 +287,24 @@ def test_ssh_connection_cut_mid_batch(bed: Bed, conn: LibvirtConnection) -> None
             assert _state(observer, conn) == before
         finally:
             host.close()
+            proxy.stop()
+            known.unlink()
+
+
+def test_libvirt_connection_hotplug_config_and_errors_on_libvirtd(conn: LibvirtConnection) -> None:
+    """attach/detach (persistent config of an inactive domain) and error translation on the qemu driver."""
+    name = "e2e" + uuid.uuid4().hex[:6]
+    conn.define(f"<domain type='kvm'><name>{name}</name><memory unit='MiB'>64</memory>"
+                "<os><type arch='x86_64' machine='q35'>hvm</type></os></domain>")
+    assert conn.supports_hotplug and conn.driver == "qemu"
+    u = str(uuid.uuid4())
+    dev = (f"<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{u}'/></source>"
+           "</hostdev>")
+    conn.attach(name, dev, live=False)
+    assert u in conn.xml(name, inactive=True)
+    conn.detach(name, dev, live=False)
+    assert u not in conn.xml(name, inactive=True)
+    with pytest.raises(LibvirtError) as ei:
+        conn.attach(name, dev.replace("vfio-pci", "bogus"), live=False)
+    assert ei.value.domain == name and ei.value.code not in (None, 0) and ei.value.uri == conn.uri
+    assert conn.undefine(name) == [] and not conn.exists(name)
