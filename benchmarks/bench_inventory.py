@@ -18,12 +18,10 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from vgpuvirt.host.local import LocalHost  # noqa: E402
 from vgpuvirt.host.ssh import SSHHost, no_retry  # noqa: E402
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory  # noqa: E402
 from vgpuvirt.sim import materialize  # noqa: E402
+from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 
 
 def testbed_env() -> dict[str, object]:
@@ -45,81 +44,10 @@ def testbed_env() -> dict[str, object]:
     return data
 
 
-def start_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, threading.Event]:
-    """A TCP proxy delaying each direction by one_way_s (vgpuvirt.testing.delayproxy when present)."""
-    try:
-        from vgpuvirt.testing.delayproxy import DelayProxy  # type: ignore[import-not-found]
-    except ImportError:
-        DelayProxy = None
-    if DelayProxy is not None:
-        proxy = DelayProxy(target=target, delay_ms=one_way_s * 1000)
-        port = proxy.start()
-        stop = threading.Event()
-        threading.Thread(target=lambda: (stop.wait(), proxy.stop()), daemon=True).start()
-        return int(port), stop
-    return _thread_proxy(target, one_way_s)
-
-
-def _thread_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, threading.Event]:
-    import heapq
-
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    stop = threading.Event()
-
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        q: list[tuple[float, int, bytes]] = []
-        cv = threading.Condition()
-        seq = 0
-
-        def writer() -> None:
-            while True:
-                with cv:
-                    while not q:
-                        cv.wait()
-                    due, _, data = q[0]
-                    now = time.monotonic()
-                    if due > now:
-                        cv.wait(due - now)
-                        continue
-                    heapq.heappop(q)
-                if not data:
-                    try:
-                        dst.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                    return
-                try:
-                    dst.sendall(data)
-                except OSError:
-                    return
-
-        threading.Thread(target=writer, daemon=True).start()
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            with cv:
-                seq += 1
-                heapq.heappush(q, (time.monotonic() + one_way_s, seq, data))
-                cv.notify()
-            if not data:
-                return
-
-    def accept() -> None:
-        while not stop.is_set():
-            c, _ = srv.accept()
-            s = socket.create_connection(target)
-            for x in (c, s):
-                x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=pump, args=(c, s), daemon=True).start()
-            threading.Thread(target=pump, args=(s, c), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return srv.getsockname()[1], stop
+def start_proxy(target: tuple[str, int], one_way_s: float) -> tuple[int, DelayProxy]:
+    """The project's TCP delay proxy (vgpuvirt.testing.delayproxy) adding 2 x one_way_s of RTT."""
+    proxy = DelayProxy(target, rtt_ms=2000 * one_way_s).start()
+    return int(proxy.address[1]), proxy
 
 
 def proxy_known_hosts(env: dict[str, object], port: int) -> str:
@@ -203,7 +131,7 @@ def main() -> int:
     mt = mdevctl_types(tree)
     print(f"mdevctl types (same tree): {'n/a' if mt is None else f'{mt * 1000:8.1f} ms'}")
 
-    port, stop = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
+    port, proxy = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
     try:
         host = ssh_host(env, port, tree)
         t0 = time.perf_counter()
@@ -224,7 +152,7 @@ def main() -> int:
         naive = naive_read(host, tree, paths)
         host.close()
     finally:
-        stop.set()
+        proxy.stop()
     per_file = naive / max(1, len(paths))
     naive_full = per_file * len(snap)
     best, med = min(batched), statistics.median(batched)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vgpuvirt.host.spec import open_host
+from vgpuvirt.hosts import open_host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
 

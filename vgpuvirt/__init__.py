@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "SSHHost": "vgpuvirt.host.ssh",
-    "open_host": "vgpuvirt.host.spec",
+    "open_host": "vgpuvirt.hosts",
     "SimHost": "vgpuvirt.sim",
     "inventory": "vgpuvirt.services.inventory",
     "Inventory": "vgpuvirt.services.inventory",

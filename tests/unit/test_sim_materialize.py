@@ -50,6 +50,6 @@ def test_cli_sim_list_show_materialize(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_sim_host_from_the_cli_host_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from vgpuvirt.host.spec import open_host
+    from vgpuvirt.hosts import open_host
     host = open_host("sim:gvtg")
     assert isinstance(host, SimHost) and host.name == "sim:gvtg"

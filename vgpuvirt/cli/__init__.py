@@ -58,6 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`vgpuvirt ... | head`): stop quietly, as cat does, and keep Python's
+        # exit-time flush of stdout from raising again.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         ctx.close()
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from vgpuvirt.host.base import BaseHost
-from vgpuvirt.host.spec import open_host
+from vgpuvirt.hosts import open_host
 
 
 class Context:

@@ -15,7 +15,7 @@ from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
-from vgpuvirt.host.spec import open_host
+from vgpuvirt.hosts import open_host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import POLICIES

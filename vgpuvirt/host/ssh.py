@@ -174,7 +174,8 @@ class SSHHost(BaseHost):
                 if "not found in known_hosts" in str(exc):
                     raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
                                                   "add it with ssh-keyscan after checking its fingerprint, "
-                                                  "or pass allow_unknown_hosts=True") from exc
+                                                  "or opt in explicitly (allow_unknown_hosts=True, CLI "
+                                                  "--insecure-accept-unknown-host-key)") from exc
                 raise TransportError(self.name, f"SSH handshake failed: {exc}") from exc
             except OSError as exc:
                 _abandon(client, sock)

@@ -1,4 +1,8 @@
-"""Open a Host from the CLI's ``--host`` string: ``local``, ``ssh://[user@]host[:port]``, ``sim:PROFILE``."""
+"""Open any Host from one string: ``local``, ``ssh://[user@]host[:port]``, ``sim:PROFILE``.
+
+This factory sits above vgpuvirt.host and vgpuvirt.sim (it knows every implementation), so neither layer
+imports the other.
+"""
 
 from __future__ import annotations
 
