@@ -405,8 +405,11 @@ def main() -> None:
         else:
             raw = sys.stdin.buffer.read()
         request = json.loads(raw.decode("utf-8"))
+        if not isinstance(request, dict):
+            raise ValueError("the request must be a JSON object")
     except Exception as exc:  # bad JSON, base64 (binascii.Error) or zlib data (zlib.error): one clear answer
         out = {"v": PROTOCOL, "fatal": "request", "error": "bad request: %s" % exc}  # type: Dict[str, Any]
+        request = {}
     else:
         out = handle(request)
     data = json.dumps(out, separators=(",", ":")).encode("utf-8")

@@ -210,7 +210,16 @@ class SSHHost(BaseHost):
             chan = transport.open_session(timeout=self.connect_timeout)
             try:
                 chan.settimeout(timeout)
-                chan.exec_command(self._command_line(argv))
+                # paramiko waits for the server's answer to the exec request without any timeout; a
+                # server that stops answering there would hang us for ever. A watchdog closes the channel,
+                # which wakes that wait with an SSHException (then: TransportError, connection dropped).
+                watchdog = threading.Timer(self.connect_timeout, chan.close)
+                watchdog.daemon = True
+                watchdog.start()
+                try:
+                    chan.exec_command(self._command_line(argv))
+                finally:
+                    watchdog.cancel()
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
@@ -278,7 +287,8 @@ class SSHHost(BaseHost):
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
             raise HostError(self.name, f"remote agent failed (exit {rc}): {' | '.join(tail) or 'no output'}")
         try:
-            response: dict[str, Any] = json.loads(zlib.decompress(out))
+            # An agent that could not even parse the request answers uncompressed.
+            response: dict[str, Any] = json.loads(zlib.decompress(out) if out[:1] != b"{" else out)
         except (zlib.error, ValueError) as exc:
             raise HostError(self.name, f"remote agent sent an unreadable answer ({len(out)} bytes)") from exc
         return response
