@@ -80,6 +80,11 @@ prep_libvirt() {
       --shell /usr/sbin/nologin -g kvm libvirt-qemu
   mkdir -p /var/log/libvirt/qemu /var/lib/libvirt /var/cache/libvirt /etc/libvirt
   grep -qs '^user = "root"' /etc/libvirt/qemu.conf || printf 'user = "root"\ngroup = "root"\n' >> /etc/libvirt/qemu.conf
+  # libvirt runs swtpm_setup as 'tss'; files a root-run swtpm_localca left in its CA dir make every
+  # later TPM domain fail to start ("Need read/write rights on .../.lock.swtpm-localca for user tss").
+  if [ -d /var/lib/swtpm-localca ] && getent passwd tss >/dev/null; then
+    chown -R tss /var/lib/swtpm-localca
+  fi
 }
 
 install_venv() {

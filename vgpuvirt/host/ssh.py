@@ -246,7 +246,12 @@ class SSHHost(BaseHost):
                     out.append(chan.recv(1 << 16))
                 while chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(1 << 16))
-                return chan.recv_exit_status(), b"".join(out), b"".join(err)
+                status = chan.recv_exit_status()
+                if status == -1 and not transport.is_active():
+                    # paramiko also "finishes" a channel whose transport died, with status -1: that is a
+                    # lost connection (the command's outcome is unknown), not a command that failed.
+                    raise paramiko.SSHException("connection closed before the command's exit status arrived")
+                return status, b"".join(out), b"".join(err)
             finally:
                 chan.close()
         except TimeoutError as exc:

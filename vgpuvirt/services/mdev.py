@@ -21,8 +21,9 @@ from __future__ import annotations
 import errno as _errno
 import json
 import posixpath
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from vgpuvirt.errors import (
@@ -34,10 +35,21 @@ from vgpuvirt.errors import (
     NoCapacity,
     RemoteRequirementMissing,
 )
-from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.services import capacity
-from vgpuvirt.services.mutation import Change, error_for, first_failure, note
+from vgpuvirt.services.mutation import (
+    Change,
+    ItemResult,
+    Outcome,
+    Planned,
+    apply_items,
+    dry_results,
+    error_for,
+    note,
+    require_unique,
+    result_of,
+)
 from vgpuvirt.services.parsers import domain_device_refs, parse_nvidia_description
 
 MDEV_BUS = "/sys/class/mdev_bus"
@@ -46,6 +58,9 @@ MDEV_DEVICES = "/sys/bus/mdev/devices"
 Persist = Literal["transient", "persistent"]
 State = Literal["present", "absent"]
 PERSIST_CHOICES = ("transient", "persistent")
+# MdevService has a method named ``list``: these names keep the builtin usable in its annotations.
+Results = list[ItemResult]
+Slots = list[Planned | ItemResult]
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,8 @@ def _type_dir(parent: PciAddress, type_id: MdevTypeId) -> str:
     return f"{MDEV_BUS}/{parent}/mdev_supported_types/{type_id}"
 
 
-def _dev(uuid: MdevUuid) -> str:
+def device_path(uuid: MdevUuid) -> str:
+    """An mdev's directory (a link) on the mdev bus: it exists exactly while the mdev is active."""
     return f"{MDEV_DEVICES}/{uuid}"
 
 
@@ -120,6 +136,89 @@ def parse_mdevctl_defined(text: str) -> dict[MdevUuid, list[Definition]]:
                     out.setdefault(uuid, []).append(
                         Definition(str(parent), str(cfg.get("mdev_type", "")), str(cfg.get("start", "manual"))))
     return out
+
+
+@dataclass(frozen=True)
+class MdevSpec:
+    """One mdev to create: where, of which type, under which UUID."""
+
+    parent: PciAddress
+    type: MdevTypeId
+    uuid: MdevUuid
+
+    @classmethod
+    def of(cls, parent: str | PciAddress, type_id: str | MdevTypeId, uuid: str | MdevUuid | None = None) -> MdevSpec:
+        """Validated; a fresh random UUID when none is given."""
+        return cls(PciAddress.parse(parent), MdevTypeId.parse(type_id),
+                   MdevUuid.parse(uuid) if uuid is not None else MdevUuid.generate())
+
+
+def _create_patterns(specs: Iterable[MdevSpec]) -> list[str]:
+    """What a create decides on: the UUIDs' device links and their parents' type directories."""
+    out: list[str] = []
+    for p in sorted({s.parent for s in specs}):
+        types = f"{MDEV_BUS}/{p}/mdev_supported_types"
+        out += [f"{MDEV_BUS}/{p}", types, f"{types}/*", f"{types}/*/available_instances",
+                f"{types}/*/description", f"{types}/*/name", f"{types}/*/devices/*"]
+    for s in specs:
+        out += [device_path(s.uuid), f"{device_path(s.uuid)}/mdev_type"]
+    return out
+
+
+def create_item(host: str, spec: MdevSpec, *, wait_timeout: float, create: bool = True,
+                define: Sequence[str] | None = None, action: str = "mdev.create",
+                data: Mapping[str, Any] | None = None, intent: str = "") -> Planned:
+    """The locked ops that create one mdev (and define it with the mdevctl argv ``define``). The
+    capacity check sits in the create's group, right before its write: concurrent callers
+    cannot both take the last instance."""
+    p, t, u = spec.parent, spec.type, spec.uuid
+    g, dev, tdir = f"create:{u}", device_path(u), _type_dir(p, t)
+    ops: list[Op] = []
+    if create:
+        ops += [Op.check_absent(dev, group=g),
+                Op.check_int(f"{tdir}/available_instances", 1, group=g),
+                Op.write(f"{tdir}/create", str(u), group=g),
+                Op.wait(dev, "exists", timeout=wait_timeout, group=g)]
+    if define is not None:
+        ops.append(Op.exec(define, group=g))
+
+    def explain(bad: OpResult) -> DeviceError:
+        op = bad.op
+        if op.op == "check_absent":
+            return AlreadyExists(host, str(u), f"device {u} appeared concurrently (EEXIST)")
+        if op.op == "check_int":
+            return NoCapacity(host, str(p), f"no free instance of {t} on {p}: taken by a concurrent caller "
+                                            f"since it was read (available_instances now {bad.value})")
+        if op.op == "wait":
+            return DeviceError(host, str(u), f"wrote the create of {t} on {p} but {dev} did not appear "
+                                             f"within {wait_timeout} s")
+        if op.op == "exec":
+            return error_for(host, str(u), bad, what=f"mdevctl define of {u}")
+        # The UUID is validated, so EINVAL on create comes from the vendor driver refusing the type.
+        return error_for(host, str(p), bad, what=f"creating {t} ({u}) on {p}", overrides={_errno.EINVAL: NoCapacity})
+
+    return Planned(action, str(u), tuple(ops), explain,
+                   data if data is not None else {"uuid": str(u), "parent": str(p), "type": str(t)},
+                   intent=intent or f"create {t} on {p}", message="created" if create else "defined",
+                   dry_message="would create" if create else "would define")
+
+
+def remove_item(host: str, uuid: MdevUuid, *, wait_timeout: float, remove: bool = True,
+                undefine: Sequence[Sequence[str]] = (), action: str = "mdev.remove",
+                data: Mapping[str, Any] | None = None) -> Planned:
+    """The locked ops that remove one active mdev (and run each mdevctl argv in ``undefine``)."""
+    g, dev = f"remove:{uuid}", device_path(uuid)
+    ops: list[Op] = []
+    if remove:
+        ops += [Op.write(f"{dev}/remove", "1", group=g), Op.wait(dev, "absent", timeout=wait_timeout, group=g)]
+    ops += [Op.exec(argv, group=g) for argv in undefine]
+
+    def explain(bad: OpResult) -> DeviceError:
+        return error_for(host, str(uuid), bad, what=f"removing mdev {uuid}", overrides={_errno.EAGAIN: DeviceBusy})
+
+    return Planned(action, str(uuid), tuple(ops), explain, data if data is not None else {"uuid": str(uuid)},
+                   intent="remove" + (" and undefine" if undefine else ""), message="removed",
+                   dry_message="would remove")
 
 
 class MdevService:
@@ -180,12 +279,8 @@ class MdevService:
     def create(self, parent: str | PciAddress, type_id: str | MdevTypeId, uuid: str | MdevUuid | None = None, *,
                persist: Persist = "transient", dry_run: bool = False) -> Change:
         """Create one mdev; the same UUID/parent/type already active is success with changed=False."""
-        p = PciAddress.parse(parent)
-        t = MdevTypeId.parse(type_id)
-        u = MdevUuid.parse(uuid) if uuid is not None else MdevUuid.generate()
-        if persist not in PERSIST_CHOICES:
-            raise InvalidSpec("persistence", persist, "transient or persistent")
-        return self._ensure_present(p, t, u, persist, dry_run, action="mdev.create")
+        spec = MdevSpec.of(parent, type_id, uuid)
+        return self.create_many([spec], persist=persist, dry_run=dry_run)[0].unwrap()
 
     def ensure(self, uuid: str | MdevUuid, parent: str | PciAddress | None = None,
                type_id: str | MdevTypeId | None = None, *, state: State = "present",
@@ -198,86 +293,80 @@ class MdevService:
             raise InvalidSpec("state", state, "present or absent")
         if parent is None or type_id is None:
             raise InvalidSpec("mdev spec", (parent, type_id), "a parent and a type for state=present")
-        if persist not in PERSIST_CHOICES:
-            raise InvalidSpec("persistence", persist, "transient or persistent")
-        p, t = PciAddress.parse(parent), MdevTypeId.parse(type_id)
+        spec = MdevSpec.of(parent, type_id, u)
         try:
-            return self._ensure_present(p, t, u, persist, dry_run, action="mdev.ensure")
+            return self.create_many([spec], persist=persist, dry_run=dry_run, action="mdev.ensure")[0].unwrap()
         except AlreadyExists:
             # A concurrent caller may have created this very UUID between our read and our batch:
             # if it is now exactly what we want, the goal is reached.
-            _, active = self._read_for_create(p, t, u)
-            if active == (str(p), str(t)):
+            active = active_from_snapshot(self.host.read(_create_patterns([spec]))).get(u)
+            if active == (str(spec.parent), str(spec.type)):
                 return Change(self.host.name, "mdev.ensure", str(u), changed=False, dry_run=dry_run,
-                              data={"uuid": str(u), "parent": str(p), "type": str(t)},
+                              data={"uuid": str(u), "parent": str(spec.parent), "type": str(spec.type)},
                               message="already present (created concurrently)")
             raise
 
-    def _read_for_create(self, p: PciAddress, t: MdevTypeId,
-                         u: MdevUuid) -> tuple[Snapshot, tuple[str, str] | None]:
-        types = f"{MDEV_BUS}/{p}/mdev_supported_types"
-        snap = self.host.read([
-            _dev(u), f"{_dev(u)}/mdev_type", f"{MDEV_BUS}/{p}", types,
-            f"{types}/*", f"{types}/*/available_instances", f"{types}/*/description", f"{types}/*/name",
-            f"{types}/*/devices/*",
-        ])
-        active = active_from_snapshot(snap).get(u)
-        return snap, active
-
-    def _ensure_present(self, p: PciAddress, t: MdevTypeId, u: MdevUuid, persist: Persist, dry_run: bool,
-                        *, action: str) -> Change:
+    def create_many(self, specs: Sequence[MdevSpec], *, persist: Persist = "transient", dry_run: bool = False,
+                    action: str = "mdev.create") -> Results:
+        """Create several mdevs: ONE read, then ONE locked batch with a group per device that stops
+        at the first failure. Every check of a single create is made for every item first (a
+        refusal raises and nothing is written); what fails under the lock comes back per item, the
+        items after it ``skipped``. A create whose define then failed is removed again."""
+        if persist not in PERSIST_CHOICES:
+            raise InvalidSpec("persistence", persist, "transient or persistent")
+        require_unique("mdev UUIDs", (s.uuid for s in specs))
         host = self.host.name
-        defs = self.defined(required=True) if persist == "persistent" else None
-        snap, active = self._read_for_create(p, t, u)
-        data = {"uuid": str(u), "parent": str(p), "type": str(t), "persist": persist}
+        defs = (self.defined(required=True) or {}) if persist == "persistent" else {}
+        snap = self.host.read(_create_patterns(specs))
+        active = active_from_snapshot(snap)
+        taken: Counter[tuple[PciAddress, MdevTypeId]] = Counter()
+        slots = [self._plan_create(s, snap, active.get(s.uuid), defs.get(s.uuid, []), persist, taken,
+                                   action, dry_run) for s in specs]
+        items = [x for x in slots if isinstance(x, Planned)]
+        if dry_run or not items:
+            return dry_results(host, slots)
+        outcomes = apply_items(self.host, items)
+        undo = [remove_item(host, MdevUuid.parse(o.item.target), wait_timeout=self.wait_timeout)
+                for o in outcomes if o.failure is not None and o.wrote]
+        if undo:
+            # the define failed after the create: undo exactly what we did.
+            note(host, action, ", ".join(u.target for u in undo), "rolling back the create after a failed define")
+            apply_items(self.host, undo, on_error="continue")
+        done = iter(outcomes)
+        return [x if isinstance(x, ItemResult) else result_of(host, next(done)) for x in slots]
 
-        # mdevctl's three checks on an existing UUID.
+    def _plan_create(self, spec: MdevSpec, snap: Snapshot, active: tuple[str, str] | None,
+                     defs: Sequence[Definition], persist: Persist, taken: Counter[tuple[PciAddress, MdevTypeId]],
+                     action: str, dry_run: bool) -> Planned | ItemResult:
+        """mdevctl's three checks and the capacity pre-check for one item; its ops, or its Change
+        when nothing is to be done."""
+        host = self.host.name
+        p, t, u = spec.parent, spec.type, spec.uuid
+        data = {"uuid": str(u), "parent": str(p), "type": str(t), "persist": persist}
         if active is not None:
             a_parent, a_type = active
             if a_parent != str(p):
                 raise AlreadyExists(host, str(u), f"device {u} found under different parent '{a_parent}'")
             if a_type != str(t):
                 raise AlreadyExists(host, str(u), f"device {u} found with different type '{a_type}'")
-        for d in (defs or {}).get(u, []):
+        for d in defs:
             if d.parent == str(p) and d.type != str(t):
                 raise AlreadyExists(host, str(u), f"device {u} is defined on {p} with different type '{d.type}'")
-        is_defined = any(d.parent == str(p) and d.type == str(t) for d in (defs or {}).get(u, []))
+        is_defined = any(d.parent == str(p) and d.type == str(t) for d in defs)
         need_define = persist == "persistent" and not is_defined
-
-        ops: list[Op] = []
-        g = f"create:{u}"
         if active is None:
-            self._precheck_capacity(snap, p, t)
-            ops += [
-                Op.check_absent(_dev(u), group=g),
-                Op.check_int(f"{_type_dir(p, t)}/available_instances", 1, group=g),
-                Op.write(f"{_type_dir(p, t)}/create", str(u), group=g),
-                Op.wait(_dev(u), "exists", timeout=self.wait_timeout, group=g),
-            ]
-        if need_define:
-            ops.append(Op.exec(self._mdevctl_argv("define", "-u", str(u), "-p", str(p), "-t", str(t), "--auto"),
-                               group=g))
-        if not ops:
-            return Change(host, action, str(u), changed=False, dry_run=dry_run, data=data,
-                          message="already present" + (" and defined" if persist == "persistent" else ""))
-        if dry_run:
-            return Change(host, action, str(u), changed=True, dry_run=True, ops=tuple(ops), data=data,
-                          message="would create" if active is None else "would define")
-        note(host, action, str(u), f"create {t} on {p} ({persist})")
-        batch = self.host.apply(ops)
-        bad = first_failure(batch)
-        if bad is not None:
-            created = active is None and any(r.ok and r.op.op == "write" for r in batch.results)
-            if created:
-                # define failed after the create: undo exactly what we did.
-                note(host, action, str(u), "rolling back the create after a failed define")
-                self.host.apply([Op.write(f"{_dev(u)}/remove", "1"),
-                                 Op.wait(_dev(u), "absent", timeout=self.wait_timeout)])
-            raise self._create_error(bad, p, t, u)
-        return Change(host, action, str(u), changed=True, ops=tuple(ops), data=data,
-                      message="created" if active is None else "defined")
+            taken[(p, t)] += 1
+            self._precheck_capacity(snap, p, t, taken[(p, t)])
+        elif not need_define:
+            return ItemResult(str(u), change=Change(
+                host, action, str(u), changed=False, dry_run=dry_run, data=data,
+                message="already present" + (" and defined" if persist == "persistent" else "")))
+        define = (self._mdevctl_argv("define", "-u", str(u), "-p", str(p), "-t", str(t), "--auto")
+                  if need_define else None)
+        return create_item(host, spec, wait_timeout=self.wait_timeout, create=active is None, define=define,
+                           action=action, data=data, intent=f"create {t} on {p} ({persist})")
 
-    def _precheck_capacity(self, snap: Snapshot, p: PciAddress, t: MdevTypeId) -> None:
+    def _precheck_capacity(self, snap: Snapshot, p: PciAddress, t: MdevTypeId, need: int = 1) -> None:
         host = self.host.name
         types = f"{MDEV_BUS}/{p}/mdev_supported_types"
         if not snap.has(f"{MDEV_BUS}/{p}") or not snap.has(types):
@@ -291,6 +380,9 @@ class MdevService:
             raise DeviceError(host, str(p), f"cannot read available_instances of {t}")
         if avail < 1:
             raise NoCapacity(host, str(p), f"no available instances of {t} on {p}: {self._why_zero(snap, p, t)}")
+        if avail < need:
+            raise NoCapacity(host, str(p), f"no available instances of {t} on {p} for the batch: "
+                                           f"{need} asked, {avail} available")
 
     @staticmethod
     def _why_zero(snap: Snapshot, p: PciAddress, t: MdevTypeId) -> str:
@@ -303,70 +395,62 @@ class MdevService:
             existing.append((tid, fb))
         return capacity.explain_zero(str(t), desc.framebuffer_mib, desc.max_instances, existing)
 
-    def _create_error(self, bad: Any, p: PciAddress, t: MdevTypeId, u: MdevUuid) -> DeviceError:
-        host = self.host.name
-        op: Op = bad.op
-        if op.op == "check_absent":
-            return AlreadyExists(host, str(u), f"device {u} appeared concurrently (EEXIST)")
-        if op.op == "check_int":
-            return NoCapacity(host, str(p), f"no available instances of {t} on {p} "
-                                            f"(taken by a concurrent caller; now {bad.value})")
-        if op.op == "wait":
-            return DeviceError(host, str(u), f"wrote the create of {t} on {p} but {_dev(u)} did not appear "
-                                             f"within {self.wait_timeout} s")
-        if op.op == "exec":
-            return error_for(host, str(u), bad, what=f"mdevctl define of {u}")
-        # The UUID is validated, so EINVAL on create comes from the vendor driver refusing the type.
-        return error_for(host, str(p), bad, what=f"creating {t} ({u}) on {p}",
-                         overrides={_errno.EINVAL: NoCapacity})
-
     # -- remove ------------------------------------------------------------------------------
     def remove(self, uuid: str | MdevUuid, *, undefine: bool = True, dry_run: bool = False,
                domains: Iterable[tuple[str, str]] | None = None, action: str = "mdev.remove") -> Change:
         """Remove an active mdev (and its mdevctl definition unless ``undefine=False``).
         With ``domains`` ((name, xml) pairs) a device a domain references is refused (DeviceBusy)."""
         u = MdevUuid.parse(uuid)
+        return self.remove_many([u], undefine=undefine, dry_run=dry_run, domains=domains, action=action)[0].unwrap()
+
+    def remove_many(self, uuids: Iterable[str | MdevUuid], *, undefine: bool = True, dry_run: bool = False,
+                    domains: Iterable[tuple[str, str]] | None = None,
+                    action: str = "mdev.remove") -> Results:
+        """Remove (and undefine) several mdevs: ONE read, then ONE locked batch, a group per device,
+        every device attempted. One a domain uses is refused (DeviceBusy) before anything is written."""
+        us = [MdevUuid.parse(u) for u in uuids]
+        require_unique("mdev UUIDs", us)
         host = self.host.name
-        users = [name for name, xml in (domains or ()) if u in domain_device_refs(xml).mdevs]
-        snap = self.host.read([_dev(u), f"{_dev(u)}/mdev_type"])
-        active = active_from_snapshot(snap).get(u)
-        defs = self.defined(required=False) if undefine else None
-        my_defs = (defs or {}).get(u, [])
-        data: dict[str, Any] = {"uuid": str(u), "parent": active[0] if active else None,
-                                "type": active[1] if active else None, "defined": bool(my_defs)}
-        if users and (active or my_defs):
-            raise DeviceBusy(host, str(u), f"mdev {u} is used by domain(s) {', '.join(sorted(users))}: "
-                                           "detach or undefine them first")
-        ops: list[Op] = []
-        if active is not None:
-            ops += [Op.write(f"{_dev(u)}/remove", "1"), Op.wait(_dev(u), "absent", timeout=self.wait_timeout)]
-        if my_defs:
+        refs = [(name, domain_device_refs(xml).mdevs) for name, xml in (domains or ())]
+        snap = self.host.read([p for u in us for p in (device_path(u), f"{device_path(u)}/mdev_type")])
+        active = active_from_snapshot(snap)
+        defs = (self.defined(required=False) or {}) if undefine else {}
+        slots: Slots = []
+        for u in us:
+            a, my_defs = active.get(u), defs.get(u, [])
+            data: dict[str, Any] = {"uuid": str(u), "parent": a[0] if a else None, "type": a[1] if a else None,
+                                    "defined": bool(my_defs)}
+            users = sorted(name for name, mdevs in refs if u in mdevs)
+            if users and (a or my_defs):
+                raise DeviceBusy(host, str(u), f"mdev {u} is used by domain(s) {', '.join(users)}: "
+                                               "detach or undefine them first")
+            if a is None and not my_defs:
+                slots.append(ItemResult(str(u), change=Change(host, action, str(u), changed=False, dry_run=dry_run,
+                                                              data=data, message="already absent")))
+                continue
             # A UUID defined under several parents needs -p to say which; undefine them all.
-            for d in my_defs:
-                ops.append(Op.exec(self._mdevctl_argv("undefine", "-u", str(u), "-p", d.parent)))
-        if not ops:
-            return Change(host, action, str(u), changed=False, dry_run=dry_run, data=data, message="already absent")
-        if dry_run:
-            return Change(host, action, str(u), changed=True, dry_run=True, ops=tuple(ops), data=data,
-                          message="would remove")
-        note(host, action, str(u), "remove" + (" and undefine" if my_defs else ""))
-        batch = self.host.apply(ops)
-        bad = first_failure(batch)
-        if bad is not None:
-            if bad.op.op == "write" and bad.errno in (_errno.ENODEV, _errno.ENOENT):
-                # Gone between our read and the write (NVIDIA removes it when the VM stops):
-                # the removal is moot, the undefine still has to happen.
-                rest = [o for o in ops if o.op == "exec"]
-                if not rest:
-                    return Change(host, action, str(u), changed=False, data=data, message="already gone")
-                batch = self.host.apply(rest)
-                bad = first_failure(batch)
-                if bad is None:
-                    return Change(host, action, str(u), changed=True, ops=tuple(rest), data=data,
-                                  message="already gone; undefined")
-            raise error_for(host, str(u), bad, what=f"removing mdev {u}",
-                            overrides={_errno.EAGAIN: DeviceBusy})
-        return Change(host, action, str(u), changed=True, ops=tuple(ops), data=data, message="removed")
+            slots.append(remove_item(host, u, wait_timeout=self.wait_timeout, remove=a is not None,
+                                     undefine=[self._mdevctl_argv("undefine", "-u", str(u), "-p", d.parent)
+                                               for d in my_defs], action=action, data=data))
+        items = [x for x in slots if isinstance(x, Planned)]
+        if dry_run or not items:
+            return dry_results(host, slots)
+        results = {o.item.target: self._removed(o) for o in apply_items(self.host, items, on_error="continue")}
+        return [x if isinstance(x, ItemResult) else results[x.target] for x in slots]
+
+    def _removed(self, o: Outcome) -> ItemResult:
+        host, it, bad = self.host.name, o.item, o.failure
+        if bad is None or bad.op.op != "write" or bad.errno not in (_errno.ENODEV, _errno.ENOENT):
+            return result_of(host, o)
+        # Gone between our read and the write (NVIDIA removes it when the VM stops):
+        # the removal is moot, the undefine still has to happen.
+        rest = tuple(op for op in it.ops if op.op == "exec")
+        if not rest:
+            return ItemResult(it.target, change=Change(host, it.action, it.target, changed=False, data=it.data,
+                                                       message="already gone"))
+        again = apply_items(self.host, [replace(it, ops=rest, message="already gone; undefined")])[0]
+        return result_of(host, again)
+
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, *, dry_run: bool = False, only_auto: bool = False) -> Change:

@@ -7,6 +7,12 @@ same call twice reports ``changed`` only the first time.
 
 Kernel errnos are translated here, at the boundary, into the exception tree of
 :mod:`vgpuvirt.errors`; a caller never sees a raw ``OSError``.
+
+Batches of many devices: a service plans each device as a :class:`Planned` item (its ops in one
+group, and how a failed op of it reads as an error); :func:`apply_items` sends the items of one
+host in ONE ``host.apply`` and hands back an :class:`Outcome` per item. The services' ``*_many``
+methods and the provisioning layer (which mixes mdevs and VFs in one batch) share this, so the
+ops and their error mapping exist once.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import errno as _errno
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +29,11 @@ from vgpuvirt.errors import (
     DeviceBusy,
     DeviceError,
     DeviceNotFound,
+    InvalidSpec,
     NoCapacity,
     WriteFailed,
 )
-from vgpuvirt.host.base import BatchResult, Op, OpResult
+from vgpuvirt.host.base import BatchResult, Host, Op, OpResult
 
 log = logging.getLogger("vgpuvirt.audit")
 
@@ -116,3 +123,119 @@ def raise_on_failure(host: str, device: str, batch: BatchResult, *, what: str,
 
 def describe_ops(ops: Sequence[Op]) -> list[str]:
     return [op.describe() for op in ops]
+
+
+Explain = Callable[[OpResult], DeviceError]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One device's part of a batch: its ops (one group, so that with ``on_error="continue"`` a
+    failure skips only the rest of this item), the error a failed op means, and the Change it makes."""
+
+    action: str
+    target: str
+    ops: tuple[Op, ...]
+    explain: Explain = field(repr=False, compare=False)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    intent: str = ""               # the audit line before the batch
+    message: str = ""              # of the Change once applied
+    dry_message: str = ""          # of the Change in a dry run
+
+    def change(self, host: str, *, dry_run: bool = False) -> Change:
+        return Change(host, self.action, self.target, changed=True, dry_run=dry_run, ops=self.ops, data=self.data,
+                      message=self.dry_message if dry_run else self.message)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one :class:`Planned` item's ops did inside a shared batch."""
+
+    item: Planned
+    results: tuple[OpResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def skipped(self) -> bool:
+        """None of its ops ran: an earlier item's failure stopped the batch."""
+        return bool(self.results) and all(r.skipped for r in self.results)
+
+    @property
+    def failure(self) -> OpResult | None:
+        return next((r for r in self.results if not r.ok and not r.skipped), None)
+
+    @property
+    def wrote(self) -> bool:
+        """A write of this item went through: the host may hold something this item made."""
+        return any(r.ok and r.op.op == "write" for r in self.results)
+
+    @property
+    def error(self) -> DeviceError | None:
+        bad = self.failure
+        return self.item.explain(bad) if bad is not None else None
+
+
+def apply_items(host: Host, items: Sequence[Planned], *, on_error: str = "stop") -> list[Outcome]:
+    """Every item's ops in ONE locked ``host.apply``; one Outcome per item, in order."""
+    for it in items:
+        note(host.name, it.action, it.target, it.intent or it.action)
+    batch = host.apply([op for it in items for op in it.ops], on_error=on_error)
+    out: list[Outcome] = []
+    i = 0
+    for it in items:
+        out.append(Outcome(it, batch.results[i:i + len(it.ops)]))
+        i += len(it.ops)
+    return out
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One item of a service's ``*_many`` call: its Change (success, changed or not), or the error
+    it met (``skipped`` too when an earlier failure stopped the batch before this item ran)."""
+
+    target: str
+    change: Change | None = None
+    error: DeviceError | None = None
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.change is not None
+
+    def unwrap(self) -> Change:
+        """The Change, or raise the error: what the single-item methods return."""
+        if self.error is not None:
+            raise self.error
+        assert self.change is not None
+        return self.change
+
+
+def result_of(host: str, outcome: Outcome) -> ItemResult:
+    target = outcome.item.target
+    if outcome.ok:
+        return ItemResult(target, change=outcome.item.change(host))
+    if outcome.skipped:
+        return ItemResult(target, error=DeviceError(host, target, "not attempted: an earlier item of the batch "
+                                                                  "failed"), skipped=True)
+    return ItemResult(target, error=outcome.error)
+
+
+def dry_results(host: str, slots: Sequence[Planned | ItemResult]) -> list[ItemResult]:
+    """A dry run (or nothing to apply): every planned item as the Change it would make."""
+    return [x if isinstance(x, ItemResult) else ItemResult(x.target, change=x.change(host, dry_run=True))
+            for x in slots]
+
+
+def require_unique(what: str, keys: Iterable[object]) -> None:
+    """A device may appear once per batch: two groups acting on one device would undo each other."""
+    seen: set[object] = set()
+    dup: set[str] = set()
+    for k in keys:
+        if k in seen:
+            dup.add(str(k))
+        seen.add(k)
+    if dup:
+        raise InvalidSpec(what, sorted(dup), "each device once per batch")
