@@ -63,7 +63,7 @@ def test_sriov_and_gc(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     rc, out, _ = run(capsys, "--host", "sim:l40s-vgpu17", "--json", "sriov", "show", "0000:3d:00.0")
     assert rc == 0 and json.loads(out)[0]["sriov_numvfs"] == 16
     rc, _, err = run(capsys, "--host", "sim:mixed", "gc")
-    assert rc == 2 and "--libvirt-uri" in err
+    assert rc == 2 and "--connect" in err
     dom = tmp_path / "vm1.xml"
     dom.write_text(domain_xml("vm1"))
     rc, out, _ = run(capsys, "--host", "sim:mixed", "--json", "gc", "--domain-xml", str(dom))

@@ -17,7 +17,8 @@ def add_common(p: argparse.ArgumentParser, *, dry_run: bool = True, domains: boo
     if dry_run:
         p.add_argument("--dry-run", action="store_true", help="print the planned writes, change nothing")
     if domains:
-        p.add_argument("--libvirt-uri", default=None,
+        # --connect as in inventory/plan/provision; --libvirt-uri kept as an alias.
+        p.add_argument("--connect", "--libvirt-uri", dest="libvirt_uri", metavar="URI", default=None,
                        help="read domain XML from this libvirt URI (devices used by domains are respected)")
         p.add_argument("--domain-xml", action="append", default=[], metavar="FILE",
                        help="a domain XML file to respect (repeatable)")

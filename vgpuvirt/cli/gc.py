@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _gc(ctx: Context, args: argparse.Namespace) -> int:
     doms = domains(args)
     if doms is None:
-        raise InvalidSpec("domains", None, "--libvirt-uri URI or --domain-xml FILE: without them every vGPU "
+        raise InvalidSpec("domains", None, "--connect URI or --domain-xml FILE: without them every vGPU "
                                            "would look orphaned")
     emit(ctx, gc.collect(ctx.host(), doms, dry_run=not args.apply))
     return 0

@@ -4,7 +4,10 @@ when something fails.
 Per host, in this order (hosts in parallel, one thread and one libvirt connection each):
 
 1. every vGPU of the host in ONE locked ``host.apply`` batch (check capacity, create, wait), so
-   64 VMs cost one round trip, not 64;
+   64 VMs cost one round trip, not 64; the ops of each device, and what a failed op means, come
+   from the services (:func:`~vgpuvirt.services.mdev.create_item`,
+   :func:`~vgpuvirt.services.vendor_vgpu.assign_item`), run together by
+   :func:`~vgpuvirt.services.mutation.apply_items`;
 2. ``define`` each domain, then 3. ``start`` those that should run.
 
 Each completed step goes into the journal with its undo (remove the vGPU / undefine / destroy).
@@ -18,7 +21,6 @@ was made.
 
 from __future__ import annotations
 
-import errno as _errno
 import logging
 import threading
 import time
@@ -27,18 +29,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import DeviceError, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
+from vgpuvirt.model import MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.plan import DEVICE_ACTIONS, Plan, Step
-from vgpuvirt.services.mutation import error_for
+from vgpuvirt.services.mdev import MdevSpec, create_item, device_path, remove_item
+from vgpuvirt.services.mutation import Planned, apply_items
+from vgpuvirt.services.vendor_vgpu import assign_item, release_item, vf_type_path
 
 log = logging.getLogger("vgpuvirt.provision")
-
-MDEV_BUS = "/sys/class/mdev_bus"
-MDEV_DEVICES = "/sys/bus/mdev/devices"
-PCI = "/sys/bus/pci/devices"
 
 Progress = Callable[[str, Step], None]
 
@@ -48,38 +48,31 @@ class Cancelled(VgpuvirtError):
 
 
 def _mdev_dir(uuid: str) -> str:
-    return f"{MDEV_DEVICES}/{MdevUuid.parse(uuid)}"
+    return device_path(MdevUuid.parse(uuid))
 
 
 def _vf_type_path(vf: str) -> str:
-    return f"{PCI}/{PciAddress.parse(vf)}/nvidia/current_vgpu_type"
+    return vf_type_path(PciAddress.parse(vf))
 
 
-def device_ops(step: Step, wait_timeout: float) -> list[Op]:
-    """The locked ops that create one vGPU; capacity is re-checked inside the batch."""
-    g = step.target
-    if step.action == "create-mdev":
-        assert step.parent is not None and step.type is not None
-        tdir = f"{MDEV_BUS}/{PciAddress.parse(step.parent)}/mdev_supported_types/{MdevTypeId.parse(step.type)}"
-        return [Op.check_absent(_mdev_dir(step.target), group=g),
-                Op.check_int(f"{tdir}/available_instances", 1, group=g),
-                Op.write(f"{tdir}/create", str(MdevUuid.parse(step.target)), group=g),
-                Op.wait(_mdev_dir(step.target), "exists", timeout=wait_timeout, group=g)]
+def device_item(step: Step, wait_timeout: float) -> Planned:
+    """The services' locked ops for one device step; capacity is re-checked inside the batch."""
     assert step.type is not None
-    t = str(VgpuTypeId.parse(step.type))
-    path = _vf_type_path(step.target)
-    return [Op.wait(path, "equals", "0", timeout=0.0, group=g),
-            Op.write(path, t, group=g),
-            Op.wait(path, "equals", t, timeout=wait_timeout, group=g)]
+    if step.action == "create-mdev":
+        assert step.parent is not None
+        return create_item(step.host, MdevSpec.of(step.parent, step.type, step.target), wait_timeout=wait_timeout)
+    return assign_item(step.host, PciAddress.parse(step.target), VgpuTypeId.parse(step.type),
+                       wait_timeout=wait_timeout)
+
+
+def undo_item(step: Step, wait_timeout: float) -> Planned:
+    if step.action == "create-mdev":
+        return remove_item(step.host, MdevUuid.parse(step.target), wait_timeout=wait_timeout)
+    return release_item(step.host, PciAddress.parse(step.target), wait_timeout=wait_timeout)
 
 
 def undo_ops(step: Step, wait_timeout: float) -> list[Op]:
-    g = step.target
-    if step.action == "create-mdev":
-        d = _mdev_dir(step.target)
-        return [Op.write(f"{d}/remove", "1", group=g), Op.wait(d, "absent", timeout=wait_timeout, group=g)]
-    path = _vf_type_path(step.target)
-    return [Op.write(path, "0", group=g), Op.wait(path, "equals", "0", timeout=wait_timeout, group=g)]
+    return list(undo_item(step, wait_timeout).ops)
 
 
 @dataclass
@@ -161,28 +154,20 @@ class _Runner:
         journal = self.journals[name]
         devices = [s for s in steps if s.action in DEVICE_ACTIONS]
         if devices:
-            ops: list[Op] = []
-            for s in devices:
-                ops += device_ops(s, self.wait_timeout)
             try:
-                batch = host.apply(ops, on_error="stop")
+                outcomes = apply_items(host, [device_item(s, self.wait_timeout) for s in devices], on_error="stop")
             except VgpuvirtError:
                 # The batch may have run in part: remember every device as "maybe created".
                 for s in devices:
                     journal.add(s, certain=False)
                 raise
-            i = 0
-            for s in devices:
-                n = len(device_ops(s, self.wait_timeout))
-                results = batch.results[i:i + n]
-                i += n
-                wrote = any(r.ok and r.op.op == "write" for r in results)
-                if wrote:
-                    journal.add(s, certain=all(r.ok for r in results))
+            for s, o in zip(devices, outcomes, strict=True):
+                if o.wrote:
+                    journal.add(s, certain=o.ok)
                     self._tick(name, s)
-                bad = next((r for r in results if not r.ok and not r.skipped), None)
-                if bad is not None:
-                    raise _device_error(name, s, bad)
+                err = o.error
+                if err is not None:
+                    raise err
         conn = _conn_for(self.conn, name)
         for s in steps:
             if s.action not in ("define", "start"):
@@ -244,38 +229,17 @@ class _Runner:
                         out.append(f"{name}: {s.describe()} had not happened; nothing to undo")
             if not todo:
                 return out
-            ops: list[Op] = []
-            for s in todo:
-                ops += undo_ops(s, self.wait_timeout)
-            batch = host.apply(ops, on_error="continue")
+            outcomes = apply_items(host, [undo_item(s, self.wait_timeout) for s in todo], on_error="continue")
         except VgpuvirtError as exc:
             return [*out, *(f"{name}: FAILED to undo '{s.describe()}': {exc}" for s in todo + unsure)]
-        i = 0
-        for s in todo:
-            n = len(undo_ops(s, self.wait_timeout))
-            res = batch.results[i:i + n]
-            i += n
+        for s, o in zip(todo, outcomes, strict=True):
             what = "removed vGPU" if s.action == "create-mdev" else "reset VF"
-            if all(r.ok for r in res):
+            if o.ok:
                 out.append(f"{name}: {what} {s.target}")
             else:
-                bad = next(r for r in res if not r.ok)
+                bad = next(r for r in o.results if not r.ok)
                 out.append(f"{name}: FAILED to undo '{s.describe()}': {bad.error or bad.errno}")
         return out
-
-
-def _device_error(host: str, step: Step, bad: Any) -> DeviceError:
-    from vgpuvirt.errors import AlreadyExists, NoCapacity
-
-    if bad.op.op == "check_absent":
-        return AlreadyExists(host, step.target, f"vGPU {step.target} appeared concurrently")
-    if bad.op.op == "check_int":
-        return NoCapacity(host, step.parent or step.target,
-                          f"no free instance of {step.type} on {step.parent} (taken since the plan was made)")
-    if bad.op.op == "wait" and step.action == "set-vf-type" and bad.op.timeout == 0.0:
-        return AlreadyExists(host, step.target, f"VF {step.target} already has a vGPU type (taken since the plan)")
-    return error_for(host, step.parent or step.target, bad, what=step.describe(),
-                     overrides={_errno.EINVAL: NoCapacity})
 
 
 def apply(plan: Plan, hosts: Host | Sequence[Host] | Mapping[str, Host],

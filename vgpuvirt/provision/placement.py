@@ -116,24 +116,29 @@ def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
         if not any(s.kind in ("mdev", "vendor-vf") for s in g.slots):
             return "offers no vGPU types"
         return "no type fits (" + "; ".join(misfit) + ("; ..." if misfit else "") + ")"
-    last = ""
+    # Why each fitting type was refused, smallest first: the smallest is what the user asked for, so its
+    # reason leads the message; the larger ones are counted, not listed.
+    refused: list[str] = []
     for prof in sorted(types.values(), key=smallest_key):
         if prof.id in g.mig_budget:
             # MIG-backed: each vGPU lives in its own GPU instance; the equal-size rule does not apply.
             if g.mig_budget[prof.id] <= 0:
-                last = f"{prof.id}: MIG-backed: no free GPU instance of this profile"
+                refused.append(f"{prof.id}: MIG-backed: no free GPU instance of this profile")
                 continue
         else:
             ok, why = may_place(prof.framebuffer_mib, prof.max_instances, g.residents,
                                 heterogeneous=g.heterogeneous, total_fb_mib=g.total_fb_mib)
             if not ok:
-                last = f"{prof.id}: {why}"
+                refused.append(f"{prof.id}: {why}")
                 continue
         for s in g.slots:
             if s.blocked is None and s.available.get(prof.id, 0) > 0:
                 return _Option(g, s, prof, numa_penalty, f"{prof.id} free on {s.address}")
-        last = f"{prof.id}: no free instance"
-    return last or "no free instance"
+        refused.append(f"{prof.id}: no free instance")
+    if not refused:
+        return "no free instance"
+    more = f" (and {len(refused) - 1} larger fitting type(s) refused)" if len(refused) > 1 else ""
+    return refused[0] + more
 
 
 def _policy_key(o: _Option, host: HostState, policy: Policy) -> tuple[int, ...]:

@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import errno as _errno
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceNotFound, InvalidSpec, NoCapacity
-from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec, NoCapacity
+from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
-from vgpuvirt.services.mutation import Change, error_for, first_failure, note
+from vgpuvirt.services.mutation import (
+    Change,
+    ItemResult,
+    Outcome,
+    Planned,
+    apply_items,
+    dry_results,
+    error_for,
+    require_unique,
+    result_of,
+)
 from vgpuvirt.services.parsers import domain_device_refs, parse_creatable_vgpu_types
 
 PCI = "/sys/bus/pci/devices"
@@ -72,6 +82,61 @@ def vfs_from_snapshot(snap: Snapshot) -> list[VendorVf]:
     return sorted(out, key=lambda v: v.address)
 
 
+def vf_type_path(vf: PciAddress) -> str:
+    """The file that holds a VF's vGPU type (0: none)."""
+    return f"{PCI}/{vf}/nvidia/current_vgpu_type"
+
+
+@dataclass(frozen=True)
+class AssignSpec:
+    """One vGPU to give a VF: its type, and the VF to use, or a PF (or neither) to pick a free VF from."""
+
+    type: VgpuTypeId
+    vf: PciAddress | None = None
+    pf: PciAddress | None = None
+
+    @classmethod
+    def of(cls, type_id: int | str | VgpuTypeId, *, vf: str | PciAddress | None = None,
+           pf: str | PciAddress | None = None) -> AssignSpec:
+        return cls(VgpuTypeId.parse(type_id), PciAddress.parse(vf) if vf is not None else None,
+                   PciAddress.parse(pf) if pf is not None else None)
+
+
+def assign_item(host: str, vf: PciAddress, type_id: VgpuTypeId, *, wait_timeout: float,
+                data: Mapping[str, Any] | None = None) -> Planned:
+    """The locked ops that give one VF a vGPU type. The VF is re-checked to still read 0 under the
+    lock (``wait equals 0`` with no wait), so two callers never both take it."""
+    t, path, g = type_id, vf_type_path(vf), f"assign:{vf}"
+    ops = (Op.wait(path, "equals", "0", timeout=0, group=g),
+           Op.write(path, str(t.value), group=g),
+           Op.wait(path, "equals", str(t.value), timeout=wait_timeout, group=g))
+
+    def explain(bad: OpResult) -> DeviceError:
+        if bad.op == ops[0]:
+            return AlreadyExists(host, str(vf), "the VF was configured concurrently")
+        return error_for(host, str(vf), bad, what=f"setting vGPU type {t}",
+                         overrides={_errno.EIO: NoCapacity, _errno.EINVAL: NoCapacity, _errno.EPERM: AlreadyExists})
+
+    return Planned("vgpu.assign", str(vf), ops, explain,
+                   data if data is not None else {"vf": str(vf), "type": t.value},
+                   intent=f"set current_vgpu_type {t}", message=f"type {t} set", dry_message=f"would set type {t}")
+
+
+def release_item(host: str, vf: PciAddress, *, wait_timeout: float, data: Mapping[str, Any] | None = None,
+                 intent: str = "release") -> Planned:
+    """The locked ops that take a VF's vGPU away: write 0, then wait until it reads back 0 (the
+    driver is not always ready at once)."""
+    path, g = vf_type_path(vf), f"release:{vf}"
+    ops = (Op.write(path, "0", group=g), Op.wait(path, "equals", "0", timeout=wait_timeout, group=g))
+
+    def explain(bad: OpResult) -> DeviceError:
+        return error_for(host, str(vf), bad, what="releasing the vGPU (writing 0)",
+                         overrides={_errno.EBUSY: DeviceBusy})
+
+    return Planned("vgpu.release", str(vf), ops, explain, data if data is not None else {"vf": str(vf)},
+                   intent=intent, message="released", dry_message="would release")
+
+
 class VendorVgpuService:
     def __init__(self, host: Host, *, wait_timeout: float = 10.0, max_attempts: int = 8) -> None:
         self.host = host
@@ -89,44 +154,61 @@ class VendorVgpuService:
                pf: str | PciAddress | None = None, dry_run: bool = False) -> Change:
         """Give one VF the vGPU type: the named ``vf``, or the first free VF (of ``pf``) that
         lists the type. The VF already carrying this type is success, unchanged."""
-        t = VgpuTypeId.parse(type_id)
-        want_vf = PciAddress.parse(vf) if vf is not None else None
-        want_pf = PciAddress.parse(pf) if pf is not None else None
+        return self.assign_many([AssignSpec.of(type_id, vf=vf, pf=pf)], dry_run=dry_run)[0].unwrap()
+
+    def assign_many(self, specs: Sequence[AssignSpec], *, dry_run: bool = False) -> list[ItemResult]:
+        """Give several VFs a vGPU type: per round ONE read and ONE locked batch (a group per VF,
+        every VF attempted). A refusal in the first round raises before anything is written; an
+        item that lost the race for an auto-picked VF takes the next free one in another round."""
+        require_unique("VFs", (s.vf for s in specs if s.vf is not None))
         host = self.host.name
+        named = {s.vf for s in specs if s.vf is not None}
         tried: set[PciAddress] = set()
-        for _ in range(self.max_attempts):
-            snap = self.host.read(read_patterns([want_vf]) if want_vf else read_patterns())
+        results: dict[int, ItemResult] = {}
+        for attempt in range(self.max_attempts):
+            pending = [i for i in range(len(specs)) if i not in results]
+            if not pending:
+                break
+            wanted = [specs[i].vf for i in pending]
+            snap = self.host.read(read_patterns([v for v in wanted if v is not None])
+                                  if None not in wanted else read_patterns())
             vfs = vfs_from_snapshot(snap)
-            target = self._choose(snap, vfs, t, want_vf, want_pf, tried)
-            data = {"vf": str(target.address), "physfn": str(target.physfn) if target.physfn else None,
-                    "type": t.value}
-            if target.current_type == t.value:
-                return Change(host, "vgpu.assign", str(target.address), changed=False, dry_run=dry_run, data=data,
-                              message=f"already type {t}")
-            path = f"{PCI}/{target.address}/nvidia/current_vgpu_type"
-            g = f"assign:{target.address}"
-            ops = [Op.wait(path, "equals", "0", timeout=0, group=g),      # still free, under the lock
-                   Op.write(path, str(t.value), group=g),
-                   Op.wait(path, "equals", str(t.value), timeout=self.wait_timeout, group=g)]
-            if dry_run:
-                return Change(host, "vgpu.assign", str(target.address), changed=True, dry_run=True, ops=tuple(ops),
-                              data=data, message=f"would set type {t}")
-            note(host, "vgpu.assign", str(target.address), f"set current_vgpu_type {t}")
-            batch = self.host.apply(ops)
-            bad = first_failure(batch)
-            if bad is None:
-                return Change(host, "vgpu.assign", str(target.address), changed=True, ops=tuple(ops), data=data,
-                              message=f"type {t} set")
-            if bad.op is ops[0] and want_vf is None:
-                tried.add(target.address)      # lost the race for this VF: pick another
+            busy = tried | named      # never auto-pick a VF another item names or a race took
+            planned: dict[int, Planned] = {}
+            for i in pending:
+                s = specs[i]
+                try:
+                    target = self._choose(snap, vfs, s.type, s.vf, s.pf, busy)
+                except DeviceError as exc:
+                    if attempt == 0:
+                        raise
+                    results[i] = ItemResult(str(s.vf or s.pf or "host"), error=exc)
+                    continue
+                busy.add(target.address)
+                data = {"vf": str(target.address), "physfn": str(target.physfn) if target.physfn else None,
+                        "type": s.type.value}
+                if target.current_type == s.type.value:
+                    results[i] = ItemResult(str(target.address), change=Change(
+                        host, "vgpu.assign", str(target.address), changed=False, dry_run=dry_run, data=data,
+                        message=f"already type {s.type}"))
+                else:
+                    planned[i] = assign_item(host, target.address, s.type, wait_timeout=self.wait_timeout, data=data)
+            if dry_run or not planned:
+                results.update(zip(planned, dry_results(host, list(planned.values())), strict=True))
                 continue
-            if bad.op is ops[0]:
-                raise AlreadyExists(host, str(target.address), "the VF was configured concurrently")
-            raise error_for(host, str(target.address), bad, what=f"setting vGPU type {t}",
-                            overrides={_errno.EIO: NoCapacity, _errno.EINVAL: NoCapacity,
-                                       _errno.EPERM: AlreadyExists})
-        raise NoCapacity(host, str(want_pf or "host"), f"gave up after {self.max_attempts} concurrent races for a "
-                                                       f"free VF offering vGPU type {t}")
+            outcomes = apply_items(self.host, list(planned.values()), on_error="continue")
+            for (i, item), o in zip(planned.items(), outcomes, strict=True):
+                bad = o.failure
+                if bad is not None and bad.op == item.ops[0] and specs[i].vf is None:
+                    tried.add(PciAddress.parse(item.target))     # lost the race for this VF: pick another
+                else:
+                    results[i] = result_of(host, o)
+        for i, s in enumerate(specs):
+            if i not in results:
+                results[i] = ItemResult(str(s.pf or "host"), error=NoCapacity(
+                    host, str(s.pf or "host"), f"gave up after {self.max_attempts} concurrent races for a free VF "
+                                               f"offering vGPU type {s.type}"))
+        return [results[i] for i in range(len(specs))]
 
     def _choose(self, snap: Snapshot, vfs: list[VendorVf], t: VgpuTypeId, want_vf: PciAddress | None,
                 want_pf: PciAddress | None, tried: set[PciAddress]) -> VendorVf:
@@ -163,32 +245,43 @@ class VendorVgpuService:
     def release(self, vf: str | PciAddress, *, dry_run: bool = False,
                 domains: Iterable[tuple[str, str]] | None = None) -> Change:
         """Write 0 and wait until it reads back 0. A VF already at 0 is unchanged."""
-        a = PciAddress.parse(vf)
+        return self.release_many([vf], dry_run=dry_run, domains=domains)[0].unwrap()
+
+    def release_many(self, vfs: Iterable[str | PciAddress], *, dry_run: bool = False,
+                     domains: Iterable[tuple[str, str]] | None = None) -> list[ItemResult]:
+        """Release several VFs: ONE read, ONE locked batch (a group per VF, every VF attempted).
+        A VF a domain uses is refused (DeviceBusy) before anything is written."""
+        addrs = [PciAddress.parse(v) for v in vfs]
+        require_unique("VFs", addrs)
         host = self.host.name
-        users = [name for name, xml in (domains or ()) if a in domain_device_refs(xml).pci]
-        snap = self.host.read(read_patterns([a]))
-        vfs = vfs_from_snapshot(snap)
-        if not vfs:
-            raise DeviceNotFound(host, str(a), "not a VF in NVIDIA vendor-specific vGPU mode")
-        v = vfs[0]
-        data = {"vf": str(a), "physfn": str(v.physfn) if v.physfn else None, "type": v.current_type}
-        if v.current_type == 0:
-            return Change(host, "vgpu.release", str(a), changed=False, dry_run=dry_run, data=data,
-                          message="no vGPU type set")
-        if users:
-            raise DeviceBusy(host, str(a), f"VF is used by domain(s) {', '.join(sorted(users))}")
-        path = f"{PCI}/{a}/nvidia/current_vgpu_type"
-        ops = [Op.write(path, "0"), Op.wait(path, "equals", "0", timeout=self.wait_timeout)]
-        if dry_run:
-            return Change(host, "vgpu.release", str(a), changed=True, dry_run=True, ops=tuple(ops), data=data,
-                          message="would release")
-        note(host, "vgpu.release", str(a), f"release type {v.current_type}")
-        batch = self.host.apply(ops)
-        bad = first_failure(batch)
-        if bad is not None:
-            if bad.op is ops[0] and bad.errno == _errno.EPERM:
-                # "No vGPU exists on current device": released concurrently; the goal is reached.
-                return Change(host, "vgpu.release", str(a), changed=False, data=data, message="already released")
-            raise error_for(host, str(a), bad, what="releasing the vGPU (writing 0)",
-                            overrides={_errno.EBUSY: DeviceBusy})
-        return Change(host, "vgpu.release", str(a), changed=True, ops=tuple(ops), data=data, message="released")
+        refs = [(name, domain_device_refs(xml).pci) for name, xml in (domains or ())]
+        found = {v.address: v for v in vfs_from_snapshot(self.host.read(read_patterns(addrs)))}
+        slots: list[Planned | ItemResult] = []
+        for a in addrs:
+            v = found.get(a)
+            if v is None:
+                raise DeviceNotFound(host, str(a), "not a VF in NVIDIA vendor-specific vGPU mode")
+            data = {"vf": str(a), "physfn": str(v.physfn) if v.physfn else None, "type": v.current_type}
+            if v.current_type == 0:
+                slots.append(ItemResult(str(a), change=Change(host, "vgpu.release", str(a), changed=False,
+                                                              dry_run=dry_run, data=data, message="no vGPU type set")))
+                continue
+            users = sorted(name for name, pci in refs if a in pci)
+            if users:
+                raise DeviceBusy(host, str(a), f"VF is used by domain(s) {', '.join(users)}")
+            slots.append(release_item(host, a, wait_timeout=self.wait_timeout, data=data,
+                                      intent=f"release type {v.current_type}"))
+        items = [x for x in slots if isinstance(x, Planned)]
+        if dry_run or not items:
+            return dry_results(host, slots)
+        done = {o.item.target: self._released(o) for o in apply_items(self.host, items, on_error="continue")}
+        return [x if isinstance(x, ItemResult) else done[x.target] for x in slots]
+
+    def _released(self, o: Outcome) -> ItemResult:
+        bad = o.failure
+        if bad is not None and bad.op == o.item.ops[0] and bad.errno == _errno.EPERM:
+            # "No vGPU exists on current device": released concurrently; the goal is reached.
+            return ItemResult(o.item.target, change=Change(self.host.name, "vgpu.release", o.item.target,
+                                                           changed=False, data=o.item.data,
+                                                           message="already released"))
+        return result_of(self.host.name, o)

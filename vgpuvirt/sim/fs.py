@@ -72,6 +72,26 @@ def _bitmap(cpus: frozenset[int], nbits: int) -> str:
     return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
 
+class _Fail(Exception):
+    """A failed resolution: the errno and how many links were followed before it (for ELOOP accounting)."""
+
+    def __init__(self, code: int, links: int, cacheable: bool = True) -> None:
+        self.code = code
+        self.links = links
+        self.cacheable = cacheable
+
+
+# A resolution: the node, its canonical path, and the number of symlinks followed to reach it.
+_Res = tuple["Node", str, int]
+
+
+def _norm(path: str) -> str:
+    """Drop empty components ('//', a trailing '/'): the walk ignores them, so keys need not tell them apart."""
+    if "//" in path or (path.endswith("/") and path != "/"):
+        return "/" + "/".join(p for p in path.split("/") if p)
+    return path
+
+
 class SimFs:
     """The agent-compatible filesystem of one simulated host."""
 
@@ -80,6 +100,10 @@ class SimFs:
         self._version = -1
         self._dircache: dict[str, dict[str, Node]] = {}
         self._children: dict[str, list[Dev]] = {}
+        # Path resolutions of the current model version, keyed by (normalized path, follow final link):
+        # a full inventory read resolves ~60,000 paths, nearly all sharing their parent with the last one.
+        self._ok: dict[tuple[str, bool], _Res] = {}
+        self._bad: dict[tuple[str, bool], tuple[int, int]] = {}
         self._root = Dir(lambda: {"sys": Dir(self._sys)})
 
     # ------------------------------------------------------------------ path walking
@@ -87,6 +111,8 @@ class SimFs:
     def _fresh(self) -> None:
         if self._version != self.model.version:
             self._dircache.clear()
+            self._ok.clear()
+            self._bad.clear()
             kids: dict[str, list[Dev]] = {}
             for d in self.model.devices.values():
                 kids.setdefault(d.sysfs_dir.rsplit("/", 1)[0], []).append(d)
@@ -101,40 +127,77 @@ class SimFs:
         return e
 
     def _walk(self, path: str, follow: bool) -> tuple[Node, str]:
-        """Resolve ``path``; return the node and its canonical path. ``follow``: follow a final symlink."""
+        """Resolve ``path``; return the node and its canonical path. ``follow``: follow a final symlink.
+
+        Like the kernel: every component but the last is followed if it is a link, ``..`` goes up from
+        the canonical directory reached so far, and more than MAX_LINKS links in one walk is ELOOP.
+        """
         if not isinstance(path, str) or not path.startswith("/"):
             raise oserror(errno.ENOENT)
         with self.model.lock:
             self._fresh()
-            todo = [p for p in path.split("/") if p]
-            stack: list[tuple[str, Node]] = [("", self._root)]
-            links = 0
-            while todo:
-                name = todo.pop(0)
-                if name == ".":
-                    continue
-                if name == "..":
-                    if len(stack) > 1:
-                        stack.pop()
-                    continue
-                cur_path = "/".join(n for n, _ in stack) or "/"
-                node = stack[-1][1]
-                if not isinstance(node, Dir):
-                    raise oserror(errno.ENOTDIR)
-                child = self._entries(cur_path, node).get(name)
-                if child is None:
-                    raise oserror(errno.ENOENT)
-                if isinstance(child, Link) and (todo or follow):
-                    links += 1
-                    if links > MAX_LINKS:
-                        raise oserror(errno.ELOOP)
-                    target = child.target
-                    if target.startswith("/"):
-                        stack = stack[:1]
-                    todo = [p for p in target.split("/") if p] + todo
-                    continue
-                stack.append((name, child))
-            return stack[-1][1], "/".join(n for n, _ in stack) or "/"
+            try:
+                node, canon, _ = self._resolve(_norm(path), follow, 0)
+            except _Fail as f:
+                raise oserror(f.code) from None
+            return node, canon
+
+    def _resolve(self, path: str, follow: bool, depth: int) -> _Res:
+        key = (path, follow)
+        hit = self._ok.get(key)
+        if hit is not None:
+            return hit
+        bad = self._bad.get(key)
+        if bad is not None:
+            raise _Fail(*bad)
+        try:
+            res = self._resolve_uncached(path, follow, depth)
+        except _Fail as f:
+            if f.cacheable:
+                self._bad[key] = (f.code, f.links)
+            raise
+        self._ok[key] = res
+        return res
+
+    def _resolve_uncached(self, path: str, follow: bool, depth: int) -> _Res:
+        # ``path`` is normalized: "/" or "/a/b" without empty components. The parent is resolved (and
+        # memoized) first, with links followed, as the walk follows every non-final component.
+        if path == "/":
+            return self._root, "/", 0
+        cut = path.rfind("/")
+        name = path[cut + 1:]
+        pnode, pcanon, plinks = self._resolve(path[:cut] or "/", True, depth)
+        if name == ".":
+            return pnode, pcanon, plinks
+        if name == "..":
+            if pcanon == "/":
+                return pnode, pcanon, plinks
+            # A canonical path holds no links, so its parent is found without following any.
+            up, ucanon, _ = self._resolve(pcanon[:pcanon.rfind("/")] or "/", True, depth)
+            return up, ucanon, plinks
+        if not isinstance(pnode, Dir):
+            raise _Fail(errno.ENOTDIR, plinks)
+        child = self._entries(pcanon, pnode).get(name)
+        if child is None:
+            raise _Fail(errno.ENOENT, plinks)
+        if isinstance(child, Link) and follow:
+            links = plinks + 1
+            if links > MAX_LINKS:
+                raise _Fail(errno.ELOOP, links)
+            if depth >= MAX_LINKS:      # a cycle of links: ELOOP, but not a fact about the keys on the way
+                raise _Fail(errno.ELOOP, MAX_LINKS + 1, cacheable=False)
+            target = child.target
+            tpath = _norm(target if target.startswith("/") else (pcanon if pcanon != "/" else "") + "/" + target)
+            try:
+                node, canon, tlinks = self._resolve(tpath, True, depth + 1)
+            except _Fail as f:
+                total = links + f.links
+                raise _Fail(errno.ELOOP if total > MAX_LINKS else f.code, total, f.cacheable) from None
+            total = links + tlinks
+            if total > MAX_LINKS:
+                raise _Fail(errno.ELOOP, total)
+            return node, canon, total
+        return child, (pcanon if pcanon != "/" else "") + "/" + name, plinks
 
     # ------------------------------------------------------------------ the OsFs interface
 
