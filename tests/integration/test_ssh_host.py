@@ -42,9 +42,19 @@ def client_port(host: SSHHost) -> int:
 
 
 def server_execs(tb: Testbed, port: int) -> int:
-    """Execs sshd started for the client connected from ``port`` (from sshd's own log)."""
-    pat = re.compile(rf"Starting session: command for \S+ from 127\.0\.0\.1 port {port} ")
-    return sum(1 for line in Path(tb.sshd_log).read_text(errors="replace").splitlines() if pat.search(line))
+    """Execs sshd started for the LATEST connection from client ``port`` (from sshd's own log).
+
+    Ephemeral ports are reused over a long test run, so counting restarts at that port's last
+    "Accepted publickey" line: earlier connections that happened to use the same port do not count."""
+    session = re.compile(rf"Starting session: command for \S+ from 127\.0\.0\.1 port {port} ")
+    accepted = re.compile(rf"Accepted \S+ for \S+ from 127\.0\.0\.1 port {port} ")
+    count = 0
+    for line in Path(tb.sshd_log).read_text(errors="replace").splitlines():
+        if accepted.search(line):
+            count = 0
+        elif session.search(line):
+            count += 1
+    return count
 
 
 def server_pids(port: int) -> list[int]:

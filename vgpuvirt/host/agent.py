@@ -83,6 +83,9 @@ class OsFs:
                 try:
                     return ["l", os.readlink(real), None]
                 except OSError as exc2:
+                    # Gone since the open (or a stale cached name on a FUSE mount): absent, as above.
+                    if exc2.errno in (_errno.ENOENT, _errno.ENOTDIR):
+                        return None
                     return ["e", None, exc2.errno]
             if exc.errno in (_errno.ENOENT, _errno.ENOTDIR):
                 return None

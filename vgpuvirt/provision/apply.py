@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import ProvisioningError, VgpuvirtError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.plan import DEVICE_ACTIONS, Plan, Step
@@ -73,6 +73,18 @@ def undo_item(step: Step, wait_timeout: float) -> Planned:
 
 def undo_ops(step: Step, wait_timeout: float) -> list[Op]:
     return list(undo_item(step, wait_timeout).ops)
+
+
+def state_path(step: Step) -> str:
+    """The host path whose state says whether a device step has happened."""
+    return _mdev_dir(step.target) if step.action == "create-mdev" else _vf_type_path(step.target)
+
+
+def happened(snap: Snapshot, step: Step) -> bool:
+    """Whether the host, as read, holds what a device step makes."""
+    if step.action == "create-mdev":
+        return snap.has(state_path(step))
+    return snap.text(state_path(step)) == str(step.type)
 
 
 @dataclass
@@ -216,14 +228,11 @@ class _Runner:
             if unsure:
                 # Which of the cut batch's devices exist now? Only those absent at plan time are ours.
                 ours = self.plan.absent_before.get(name, frozenset())
-                snap = host.read([_mdev_dir(s.target) if s.action == "create-mdev" else _vf_type_path(s.target)
-                                  for s in unsure])
+                snap = host.read([state_path(s) for s in unsure])
                 for s in unsure:
                     if s.target not in ours:
                         continue
-                    present = (snap.has(_mdev_dir(s.target)) if s.action == "create-mdev"
-                               else snap.text(_vf_type_path(s.target)) == str(s.type))
-                    if present:
+                    if happened(snap, s):
                         todo.append(s)
                     else:
                         out.append(f"{name}: {s.describe()} had not happened; nothing to undo")

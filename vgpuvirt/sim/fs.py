@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import posixpath
 from collections.abc import Callable
+from typing import Any
 
 from vgpuvirt.model import format_cpulist
 from vgpuvirt.sim.kstrto import kstrtobool, kstrtoint, kstrtoul, oserror
@@ -82,7 +83,7 @@ class _Fail(Exception):
 
 
 # A resolution: the node, its canonical path, and the number of symlinks followed to reach it.
-_Res = tuple["Node", str, int]
+_Res = tuple[Node, str, int]
 
 
 def _norm(path: str) -> str:
@@ -136,6 +137,9 @@ class SimFs:
             raise oserror(errno.ENOENT)
         with self.model.lock:
             self._fresh()
+            hit = self._ok.get((path, follow))     # most calls: an already normalized, resolved path
+            if hit is not None:
+                return hit[0], hit[1]
             try:
                 node, canon, _ = self._resolve(_norm(path), follow, 0)
             except _Fail as f:
@@ -221,6 +225,24 @@ class SimFs:
         except OSError:
             return False
         return True
+
+    def read_entry(self, path: str) -> list[Any] | None:
+        """The agent's per-path read in one resolution; the same answers as its kind()+readlink()/read()."""
+        try:
+            node, _ = self._walk(path, False)
+        except OSError:
+            return None
+        if isinstance(node, Link):
+            return ["l", node.target, None]
+        if isinstance(node, Dir):
+            return ["d", None, None]
+        if node.show is None or not node.mode & 0o444:
+            return ["e", None, errno.EACCES]
+        try:
+            with self.model.lock:
+                return ["f", node.show(), None]
+        except OSError as exc:
+            return ["e", None, exc.errno]
 
     def readlink(self, path: str) -> str:
         node, _ = self._walk(path, False)
