@@ -98,7 +98,7 @@ def test_rebound_driver_link_follows_at_once(mount: str, tmp_path: Any) -> None:
     assert os.readlink(mount + drv).endswith("/drivers/nvidia")
     assert os.path.isdir(mount + f"{drv}/")
     res = host.apply([Op.write(f"/sys/bus/pci/devices/{GPU0}/driver_override", "vfio-pci"),
-                      Op.write(f"/sys/bus/pci/drivers/nvidia/unbind", GPU0)])
+                      Op.write("/sys/bus/pci/drivers/nvidia/unbind", GPU0)])
     assert res.ok
     assert _errno_of(os.readlink, mount + drv) == errno.ENOENT
     assert _errno_of(os.stat, mount + f"{drv}/unbind") == errno.ENOENT

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import ProvisioningError, VgpuvirtError
-from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.host.base import Host, Snapshot
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.plan import DEVICE_ACTIONS, Plan, Step
@@ -69,10 +69,6 @@ def undo_item(step: Step, wait_timeout: float) -> Planned:
     if step.action == "create-mdev":
         return remove_item(step.host, MdevUuid.parse(step.target), wait_timeout=wait_timeout)
     return release_item(step.host, PciAddress.parse(step.target), wait_timeout=wait_timeout)
-
-
-def undo_ops(step: Step, wait_timeout: float) -> list[Op]:
-    return list(undo_item(step, wait_timeout).ops)
 
 
 def state_path(step: Step) -> str:

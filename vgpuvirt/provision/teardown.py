@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import VgpuvirtError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.provision.apply import _conn_for, _hosts_by_name, _mdev_dir, _vf_type_path, undo_ops
+from vgpuvirt.provision.apply import _conn_for, _hosts_by_name, happened, state_path, undo_item
 from vgpuvirt.provision.plan import Step, domain_meta
+from vgpuvirt.services.mutation import apply_items
 
 
 @dataclass
@@ -94,32 +95,21 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
                     devices.append(Step("set-vf-type", hname, d.name, g["vf"], g["vf"], g.get("type")))
         if devices:
             try:
-                snap = host.read([_mdev_dir(s.target) if s.action == "create-mdev" else _vf_type_path(s.target)
-                                  for s in devices])
-                present = [s for s in devices
-                           if (snap.has(_mdev_dir(s.target)) if s.action == "create-mdev"
-                               else snap.text(_vf_type_path(s.target)) == str(s.type))]
+                snap = host.read([state_path(s) for s in devices])
+                present = [s for s in devices if happened(snap, s)]
                 for s in devices:
                     if s not in present:
                         r.skipped.append(f"{hname}: vGPU {s.target} already gone")
                 if present and dry_run:
                     r.removed += [f"{hname}: would remove vGPU {s.target}" for s in present]
                 elif present:
-                    ops: list[Op] = []
-                    for s in present:
-                        ops += undo_ops(s, wait_timeout)
-                    batch = host.apply(ops, on_error="continue")
-                    i = 0
-                    for s in present:
-                        n = len(undo_ops(s, wait_timeout))
-                        res = batch.results[i:i + n]
-                        i += n
-                        if all(x.ok for x in res):
+                    outcomes = apply_items(host, [undo_item(s, wait_timeout) for s in present], on_error="continue")
+                    for s, out in zip(present, outcomes, strict=True):
+                        if out.ok:
                             r.removed.append(f"{hname}: removed vGPU {s.target}" if s.action == "create-mdev"
                                              else f"{hname}: reset VF {s.target}")
                         else:
-                            bad = next(x for x in res if not x.ok)
-                            r.failed.append(f"{hname}: vGPU {s.target}: {bad.error or bad.errno}")
+                            r.failed.append(f"{hname}: vGPU {s.target}: {out.error}")
             except VgpuvirtError as exc:
                 r.failed.append(f"{hname}: removing vGPUs: {exc}")
         return r
