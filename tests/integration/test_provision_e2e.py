@@ -88,6 +88,12 @@ def mounted(bed: Bed, profile: str) -> Iterator[str]:
         os.rmdir(mnt)
 
 
+# Every domain this test process makes carries RUN in its name: cleanup and state comparisons look at
+# those only, so another process running the suite against the same libvirtd is neither seen nor touched.
+RUN = uuid.uuid4().hex[:4]
+MINE = ("e2e" + RUN, "foreign-e2e" + RUN)
+
+
 @pytest.fixture
 def conn(bed: Bed) -> Iterator[LibvirtConnection]:
     c = LibvirtConnection(bed.libvirt_uri)
@@ -98,27 +104,27 @@ def conn(bed: Bed) -> Iterator[LibvirtConnection]:
     made_before = {d.name for d in c.domains()}
     yield c
     for d in c.domains():
-        if d.name not in made_before and d.name.startswith(("e2e", "foreign-e2e")):
+        if d.name not in made_before and d.name.startswith(MINE):
             c.destroy(d.name)
             c.undefine(d.name)
     c.close()
 
 
 def _names(n: int) -> list[VmRequest]:
-    return VmRequest.pool("e2e" + uuid.uuid4().hex[:6], n, gpu=Q2, start=False, memory_mib=256, vcpus=1)
+    return VmRequest.pool("e2e" + RUN + uuid.uuid4().hex[:4], n, gpu=Q2, start=False, memory_mib=256, vcpus=1)
 
 
 def _state(host: SSHHost, conn: LibvirtConnection) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     inv = inventory(host)
     return (frozenset(str(m.uuid) for m in inv.mdevs),
             frozenset(str(v.address) for v in inv.vendor_vgpu if v.current_type),
-            frozenset(d.name for d in conn.domains()))
+            frozenset(d.name for d in conn.domains() if d.name.startswith(MINE)))
 
 
 def _foreign(host: SSHHost, conn: LibvirtConnection, parent: str = "0000:3b:00.0") -> str:
     assert host.apply([Op.write(f"/sys/class/mdev_bus/{parent}/mdev_supported_types/nvidia-231/create",
                                 FOREIGN_UUID)]).ok
-    name = "foreign-e2e" + uuid.uuid4().hex[:6]
+    name = "foreign-e2e" + RUN + uuid.uuid4().hex[:4]
     conn.define(f"<domain type='kvm'><name>{name}</name><memory unit='MiB'>64</memory>"
                 "<os><type arch='x86_64'>hvm</type></os></domain>")
     return name
@@ -155,7 +161,7 @@ def test_define_rerun_teardown_over_ssh_and_libvirtd(bed: Bed, conn: LibvirtConn
 
 def test_passthrough_gaming_vm_defined_on_libvirtd(bed: Bed, conn: LibvirtConnection) -> None:
     with mounted(bed, "desktop") as mnt, bed.ssh(mnt) as host:
-        vm = VmRequest("e2e" + uuid.uuid4().hex[:6], gpus=(VgpuRequest(mode="passthrough"),), template="gaming",
+        vm = VmRequest("e2e" + RUN + uuid.uuid4().hex[:4], gpus=(VgpuRequest(mode="passthrough"),), template="gaming",
                        memory_mib=256, vcpus=2, start=False,
                        options={"disable_arch_capabilities": True})
         r = provision(host, conn, [vm])
@@ -295,7 +301,7 @@ def test_ssh_connection_cut_mid_batch(bed: Bed, conn: LibvirtConnection) -> None
 
 def test_libvirt_connection_hotplug_config_and_errors_on_libvirtd(conn: LibvirtConnection) -> None:
     """attach/detach (persistent config of an inactive domain) and error translation on the qemu driver."""
-    name = "e2e" + uuid.uuid4().hex[:6]
+    name = "e2e" + RUN + uuid.uuid4().hex[:4]
     conn.define(f"<domain type='kvm'><name>{name}</name><memory unit='MiB'>64</memory>"
                 "<os><type arch='x86_64' machine='q35'>hvm</type></os></domain>")
     assert conn.supports_hotplug and conn.driver == "qemu"
