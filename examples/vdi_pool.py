@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torn down: {sum('undefined' in x for x in td.removed)} domains, "
               f"{sum('removed vGPU' in x for x in td.removed)} vGPUs")
         if not td.ok:
+            for line in td.failed:
+                print(f"teardown failed: {line}", file=sys.stderr)
             return 1
     for c in conns.values():
         c.close()

@@ -132,3 +132,23 @@ def testbed() -> Iterator[Testbed]:
         yield tb
     finally:
         tb.close_all()
+
+
+# Under CI every part is installed, so any skip (a module-level importorskip, a missing binary, a
+# fixture that could not start) hides something that did not run: report it as a failure.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which counts as a failure: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if in_ci() and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = f"module skipped under CI=true, which counts as a failure: {report.longrepr}"

@@ -8,27 +8,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from typing import Any
 
-import pytest
-
-try:
-    from conftest import require_part  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - the testbed helper's conftest is not there yet
-    def require_part(name: str, available: bool, why: str) -> None:
-        if not available:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{name} missing: {why}")
-            pytest.skip(f"{name} missing: {why}")
-
-
-def shared_testbed(request: pytest.FixtureRequest) -> Any:
-    """The shared ``testbed`` fixture (tests/conftest.py); a missing one is a missing part, not an error."""
-    try:
-        return request.getfixturevalue("testbed")
-    except pytest.FixtureLookupError:
-        require_part("testbed", False, "tests/conftest.py provides no 'testbed' fixture yet")
-        raise
+from conftest import require_part  # type: ignore[import-not-found]
 
 
 def require_fuse() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import require_part  # type: ignore[import-not-found]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "ansible"
@@ -38,22 +39,6 @@ PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
 VDI_COUNT = 2
 
 pytestmark = pytest.mark.integration
-
-
-def require_part(name: str, available: bool, why: str) -> None:
-    """tests/conftest.py's require_part when it is there (skip locally, fail under CI)."""
-    try:
-        from conftest import require_part as shared  # type: ignore[import-not-found]
-    except ImportError:
-        shared = None
-    if shared is not None:
-        shared(name, available, why)
-        return
-    if available:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{name} is required under CI: {why}")
-    pytest.skip(f"{name} not available: {why}")
 
 
 def ansible_bin(name: str) -> str | None:

@@ -12,45 +12,11 @@ from typing import Any
 
 import pytest
 
+from vgpuvirt import sim
 from vgpuvirt.cli import main as cli_main
 from vgpuvirt.services.inventory import inventory
 
 pytestmark = pytest.mark.integration
-
-try:
-    from conftest import require_part  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - the testbed helper's conftest is not there yet
-    def require_part(name: str, available: bool, why: str) -> None:
-        if not available:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{name} missing: {why}")
-            pytest.skip(f"{name} missing: {why}")
-
-
-def _sim() -> Any:
-    try:
-        import vgpuvirt.sim as sim
-        import vgpuvirt.sim.materialize  # noqa: F401  (the static-tree writer)
-    except ImportError as exc:
-        require_part("vgpuvirt.sim.materialize", False, str(exc))
-    return sim
-
-
-def _profiles() -> list[str]:
-    try:
-        from vgpuvirt.sim import list_profiles
-        return list_profiles()
-    except ImportError:
-        return ["t4x2"]
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Any:
-    try:
-        return request.getfixturevalue("testbed")
-    except pytest.FixtureLookupError as exc:
-        require_part("testbed fixture", False, str(exc))
-
 
 def _cli_json(*argv: str) -> dict[str, Any]:
     out = io.StringIO()
@@ -61,15 +27,14 @@ def _cli_json(*argv: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("profile", _profiles())
-def test_three_ways_same_json(bed: Any, profile: str) -> None:
-    sim = _sim()
+@pytest.mark.parametrize("profile", sim.list_profiles())
+def test_three_ways_same_json(testbed: Any, profile: str) -> None:
     via_sim = inventory(sim.SimHost.from_profile(profile), nvidia_smi=False).to_dict()
-    base = bed.mnt_dir if os.path.isdir(bed.mnt_dir) else None
+    base = testbed.mnt_dir if os.path.isdir(testbed.mnt_dir) else None
     with tempfile.TemporaryDirectory(prefix=f"inv-{profile}-", dir=base) as tree:
         sim.materialize(profile, tree)
         via_tree = _cli_json("--sysfs-root", tree, "inventory", "--json")
-        host = bed.ssh(sysfs_root=tree)
+        host = testbed.ssh(sysfs_root=tree)
         try:
             before = host.round_trips
             via_ssh = inventory(host).to_dict()
@@ -83,8 +48,8 @@ def test_three_ways_same_json(bed: Any, profile: str) -> None:
     assert via_ssh == via_sim
 
 
-def test_nvidia_smi_rides_in_the_same_exec_over_ssh(bed: Any) -> None:
-    host = bed.ssh()
+def test_nvidia_smi_rides_in_the_same_exec_over_ssh(testbed: Any) -> None:
+    host = testbed.ssh()
     try:
         before = host.round_trips
         inv = inventory(host, nvidia_smi=True)

@@ -9,20 +9,19 @@ as argv, never spliced into it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _sim_mount import sim_mount  # type: ignore[import-not-found]
+from conftest import Testbed, require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.host.ssh import SSHHost
@@ -33,74 +32,12 @@ from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 
 pytestmark = pytest.mark.integration
 
-try:
-    from conftest import require_part  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - the testbed helper's conftest is not there yet
-    def require_part(name: str, available: bool, why: str) -> None:
-        if not available:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{name} missing: {why}")
-            pytest.skip(f"{name} missing: {why}")
-
 NS_SCRIPT = 'mount --bind "$1/sys" /sys && mount --bind "$2" /etc/mdevctl.d && shift 2 && exec mdevctl "$@"'
 
 
 def mdevctl_in_namespace(mount: str, etc_dir: str) -> list[str]:
     """argv prefix: the real mdevctl seeing ``mount``/sys as /sys and ``etc_dir`` as /etc/mdevctl.d."""
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", NS_SCRIPT, "mdevctl-ns", mount, etc_dir]
-
-
-class _Bed:
-    """The parts of the testbed these tests use (from the shared fixture, or its testbed.json)."""
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.ssh_host: str = d["ssh_host"]
-        self.ssh_port: int = int(d["ssh_port"])
-        self.identity: str = d["identity"]
-        self.known_hosts: str = d["known_hosts"]
-        self.mnt_dir: str = d["mnt_dir"]
-
-    def ssh(self, sysfs_root: str) -> SSHHost:
-        return SSHHost(self.ssh_host, port=self.ssh_port, username="root", key_filename=self.identity,
-                       known_hosts=self.known_hosts, sysfs_root=sysfs_root)
-
-    def params(self) -> dict[str, Any]:
-        return {"ssh_host": self.ssh_host, "ssh_port": self.ssh_port, "identity": self.identity,
-                "known_hosts": self.known_hosts}
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> _Bed:
-    try:
-        tb = request.getfixturevalue("testbed")
-        return _Bed({k: getattr(tb, k) for k in ("ssh_host", "ssh_port", "identity", "known_hosts", "mnt_dir")})
-    except pytest.FixtureLookupError:
-        # the shared fixture is not there: use a testbed that `scripts/testbed.sh start` brought up
-        env = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed")) / "testbed.json"
-        require_part("testbed", env.is_file(), f"{env} missing: run scripts/testbed.sh start")
-        b = _Bed(json.loads(env.read_text()))
-        try:
-            socket.create_connection((b.ssh_host, b.ssh_port), timeout=5).close()
-        except OSError as exc:
-            require_part("testbed sshd", False, f"{b.ssh_host}:{b.ssh_port}: {exc}")
-        return b
-
-
-@contextlib.contextmanager
-def mounted(bed: _Bed, profile: str) -> Iterator[str]:
-    try:
-        from vgpuvirt.sim import fuse
-    except ImportError as exc:
-        require_part("vgpuvirt.sim.fuse", False, str(exc))
-    require_part("/dev/fuse", os.path.exists("/dev/fuse"), "no FUSE device")
-    mnt = tempfile.mkdtemp(prefix=f"lc-{profile}-", dir=bed.mnt_dir)
-    pid_file = mnt + ".pid"
-    fuse.start(profile, mnt, pid_file=pid_file)
-    try:
-        yield mnt
-    finally:
-        fuse.stop(mnt, pid_file=pid_file)
-        os.rmdir(mnt)
 
 
 @pytest.fixture
@@ -118,8 +55,8 @@ def _avail(host: SSHHost, parent: str, type_id: str) -> int:
     return snap.int(next(iter(snap))) or 0
 
 
-def test_mdev_create_remove_idempotent_over_ssh(bed: _Bed) -> None:
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+def test_mdev_create_remove_idempotent_over_ssh(testbed: Testbed) -> None:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         svc = MdevService(host, mdevctl=None)
         u = str(uuid.uuid4())
         before = _avail(host, "0000:d8:00.0", "nvidia-231")
@@ -133,9 +70,9 @@ def test_mdev_create_remove_idempotent_over_ssh(bed: _Bed) -> None:
         assert _avail(host, "0000:d8:00.0", "nvidia-231") == before
 
 
-def test_persistence_with_the_real_mdevctl_survives_a_simulated_reboot(bed: _Bed, etc_dir: str) -> None:
+def test_persistence_with_the_real_mdevctl_survives_a_simulated_reboot(testbed: Testbed, etc_dir: str) -> None:
     u = str(uuid.uuid4())
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         svc = MdevService(host, mdevctl=mdevctl_in_namespace(mnt, etc_dir))
         ch = svc.create("0000:d8:00.0", "nvidia-231", u, persist="persistent")
         assert ch.changed and ch.ops[-1].argv is not None and "define" in ch.ops[-1].argv
@@ -145,7 +82,7 @@ def test_persistence_with_the_real_mdevctl_survives_a_simulated_reboot(bed: _Bed
         rec = {str(r.uuid): r for r in svc.list(defined=True)}[u]
         assert rec.active and rec.defined and rec.start == "auto"
     # "reboot": a fresh simulated host (nothing active), the same /etc/mdevctl.d
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         svc = MdevService(host, mdevctl=mdevctl_in_namespace(mnt, etc_dir))
         assert not os.path.exists(f"{mnt}/sys/bus/mdev/devices/{u}")
         restored = svc.restore()
@@ -158,17 +95,17 @@ def test_persistence_with_the_real_mdevctl_survives_a_simulated_reboot(bed: _Bed
         assert not svc.remove(u).changed and svc.list(defined=True) == []
 
 
-def test_persistent_without_mdevctl_on_the_host_is_a_clear_error(bed: _Bed) -> None:
+def test_persistent_without_mdevctl_on_the_host_is_a_clear_error(testbed: Testbed) -> None:
     from vgpuvirt.errors import RemoteRequirementMissing
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         svc = MdevService(host, mdevctl=["/nonexistent/mdevctl"])
         with pytest.raises(RemoteRequirementMissing, match="mdevctl"):
             svc.create("0000:d8:00.0", "nvidia-231", persist="persistent")
         assert os.listdir(f"{mnt}/sys/bus/mdev/devices") == []
 
 
-def test_vendor_vgpu_sriov_iommu_and_gc_mutations_over_ssh(bed: _Bed) -> None:
-    with mounted(bed, "l40s-vgpu17") as mnt, bed.ssh(mnt) as host:
+def test_vendor_vgpu_sriov_iommu_and_gc_mutations_over_ssh(testbed: Testbed) -> None:
+    with sim_mount(testbed.mnt_dir, "l40s-vgpu17") as mnt, testbed.ssh(mnt) as host:
         vendor = VendorVgpuService(host)
         ch = vendor.assign(1155, pf="0000:3d:00.0")
         vf = ch.data["vf"]
@@ -178,7 +115,7 @@ def test_vendor_vgpu_sriov_iommu_and_gc_mutations_over_ssh(bed: _Bed) -> None:
         assert gc.collect(host, [], dry_run=False).changed and not gc.collect(host, [], dry_run=False).changed
         assert Path(f"{mnt}/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type").read_text().strip() == "0"
         assert not vendor.release(vf).changed
-    with mounted(bed, "desktop") as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, "desktop") as mnt, testbed.ssh(mnt) as host:
         sriov = SriovService(host)
         assert [sriov.enable("0000:05:00.0", 4).changed, sriov.enable("0000:05:00.0", 4).changed] == [True, False]
         assert sorted(os.listdir(f"{mnt}/sys/bus/pci/devices/0000:05:00.0")).count("virtfn3") == 1
@@ -210,18 +147,20 @@ except NoCapacity as exc:
 """
 
 
-def test_eight_processes_race_for_the_last_four_instances(bed: _Bed) -> None:
+def test_eight_processes_race_for_the_last_four_instances(testbed: Testbed) -> None:
     gpu, type_id = "0000:d8:00.0", "nvidia-231"          # T4-2Q: 8 per GPU
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         svc = MdevService(host, mdevctl=None)
         first = [str(uuid.uuid4()) for _ in range(4)]
         for u in first:
             svc.create(gpu, type_id, u)
         assert _avail(host, gpu, type_id) == 4
         racers = [str(uuid.uuid4()) for _ in range(8)]
+        endpoint = {"ssh_host": testbed.ssh_host, "ssh_port": testbed.ssh_port, "identity": testbed.identity,
+                    "known_hosts": testbed.known_hosts}
         procs = []
         for u in racers:
-            args = json.dumps({**bed.params(), "mnt": mnt, "gpu": gpu, "type": type_id, "uuid": u})
+            args = json.dumps({**endpoint, "mnt": mnt, "gpu": gpu, "type": type_id, "uuid": u})
             procs.append(subprocess.Popen([sys.executable, "-c", RACER, args], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         for p in procs:

@@ -12,11 +12,8 @@ converges without duplicates.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -25,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _sim_mount import sim_mount  # type: ignore[import-not-found]
+from conftest import Testbed, require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.errors import AlreadyExists, LibvirtError, ProvisioningError, TransportError
 from vgpuvirt.host.base import Op
@@ -37,55 +36,9 @@ from vgpuvirt.services.inventory import inventory
 
 pytestmark = pytest.mark.integration
 
-try:
-    from conftest import require_part  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - the testbed helper's conftest is not there yet
-    def require_part(name: str, available: bool, why: str) -> None:
-        if not available:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{name} missing: {why}")
-            pytest.skip(f"{name} missing: {why}")
-
 libvirt = pytest.importorskip("libvirt")
 Q2 = VgpuRequest(type="nvidia-231")
 FOREIGN_UUID = "0badc0de-0000-4000-8000-0000000000e2"
-
-
-class Bed:
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.ssh_host, self.ssh_port = d["ssh_host"], int(d["ssh_port"])
-        self.identity, self.known_hosts = d["identity"], d["known_hosts"]
-        self.mnt_dir, self.libvirt_uri = d["mnt_dir"], d.get("libvirt_uri", "qemu:///system")
-
-    def ssh(self, root: str, cls: type[SSHHost] = SSHHost) -> SSHHost:
-        return cls(self.ssh_host, port=self.ssh_port, username="root", key_filename=self.identity,
-                   known_hosts=self.known_hosts, sysfs_root=root)
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Bed:
-    try:
-        tb = request.getfixturevalue("testbed")
-        return Bed({k: getattr(tb, k) for k in ("ssh_host", "ssh_port", "identity", "known_hosts", "mnt_dir",
-                                                "libvirt_uri")})
-    except pytest.FixtureLookupError:
-        env = Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed")) / "testbed.json"
-        require_part("testbed", env.is_file(), f"{env} missing: run scripts/testbed.sh start")
-        return Bed(json.loads(env.read_text()))
-
-
-@contextlib.contextmanager
-def mounted(bed: Bed, profile: str) -> Iterator[str]:
-    from vgpuvirt.sim import fuse
-
-    require_part("/dev/fuse", os.path.exists("/dev/fuse"), "no FUSE device")
-    mnt = tempfile.mkdtemp(prefix=f"prov-{profile}-", dir=bed.mnt_dir)
-    fuse.start(profile, mnt, pid_file=mnt + ".pid")
-    try:
-        yield mnt
-    finally:
-        fuse.stop(mnt, pid_file=mnt + ".pid")
-        os.rmdir(mnt)
 
 
 # Every domain this test process makes carries RUN in its name: cleanup and state comparisons look at
@@ -95,8 +48,8 @@ MINE = ("e2e" + RUN, "foreign-e2e" + RUN)
 
 
 @pytest.fixture
-def conn(bed: Bed) -> Iterator[LibvirtConnection]:
-    c = LibvirtConnection(bed.libvirt_uri)
+def conn(testbed: Testbed) -> Iterator[LibvirtConnection]:
+    c = LibvirtConnection(testbed.libvirt_uri)
     try:
         c.domains()
     except LibvirtError as exc:
@@ -137,9 +90,9 @@ def _foreign(host: SSHHost, conn: LibvirtConnection, parent: str = "0000:3b:00.0
     ("gvtg", VgpuRequest(vendor="intel")),
     ("mixed", VgpuRequest(vendor="nvidia")),
 ])
-def test_define_rerun_teardown_over_ssh_and_libvirtd(bed: Bed, conn: LibvirtConnection, profile: str,
+def test_define_rerun_teardown_over_ssh_and_libvirtd(testbed: Testbed, conn: LibvirtConnection, profile: str,
                                                      gpu: VgpuRequest) -> None:
-    with mounted(bed, profile) as mnt, bed.ssh(mnt) as host:
+    with sim_mount(testbed.mnt_dir, profile) as mnt, testbed.ssh(mnt) as host:
         vms = [v.__class__(**{**v.__dict__, "gpus": (gpu,)}) for v in _names(3)]
         before = _state(host, conn)
         rt = host.round_trips
@@ -159,8 +112,8 @@ def test_define_rerun_teardown_over_ssh_and_libvirtd(bed: Bed, conn: LibvirtConn
         assert _state(host, conn) == before
 
 
-def test_passthrough_gaming_vm_defined_on_libvirtd(bed: Bed, conn: LibvirtConnection) -> None:
-    with mounted(bed, "desktop") as mnt, bed.ssh(mnt) as host:
+def test_passthrough_gaming_vm_defined_on_libvirtd(testbed: Testbed, conn: LibvirtConnection) -> None:
+    with sim_mount(testbed.mnt_dir, "desktop") as mnt, testbed.ssh(mnt) as host:
         vm = VmRequest("e2e" + RUN + uuid.uuid4().hex[:4], gpus=(VgpuRequest(mode="passthrough"),), template="gaming",
                        memory_mib=256, vcpus=2, start=False,
                        options={"disable_arch_capabilities": True})
@@ -172,8 +125,9 @@ def test_passthrough_gaming_vm_defined_on_libvirtd(bed: Bed, conn: LibvirtConnec
         assert teardown(host, conn, [vm.name]).ok and not conn.exists(vm.name)
 
 
-def test_start_fails_for_real_without_vfio_and_everything_is_rolled_back(bed: Bed, conn: LibvirtConnection) -> None:
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+def test_start_fails_for_real_without_vfio_and_everything_is_rolled_back(testbed: Testbed,
+                                                                         conn: LibvirtConnection) -> None:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         foreign = _foreign(host, conn)
         vms = [VmRequest(v.name, gpus=(Q2,), memory_mib=256, vcpus=1, start=True) for v in _names(3)]
         before = _state(host, conn)
@@ -193,8 +147,8 @@ def test_start_fails_for_real_without_vfio_and_everything_is_rolled_back(bed: Be
         assert _state(host, conn) == before
 
 
-def test_vgpu_creation_fails_when_capacity_is_taken_after_the_plan(bed: Bed, conn: LibvirtConnection) -> None:
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host, bed.ssh(mnt) as other:
+def test_vgpu_creation_fails_when_capacity_is_taken_after_the_plan(testbed: Testbed, conn: LibvirtConnection) -> None:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host, testbed.ssh(mnt) as other:
         foreign = _foreign(host, conn)
         vms = _names(5)
         invs, doms = gather({host.name: host}, {host.name: conn})
@@ -213,8 +167,8 @@ def test_vgpu_creation_fails_when_capacity_is_taken_after_the_plan(bed: Bed, con
         assert teardown(host, conn, [v.name for v in vms]).ok
 
 
-def test_define_fails_when_a_foreign_domain_takes_the_name(bed: Bed, conn: LibvirtConnection) -> None:
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as host:
+def test_define_fails_when_a_foreign_domain_takes_the_name(testbed: Testbed, conn: LibvirtConnection) -> None:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:
         vms = _names(3)
         invs, doms = gather({host.name: host}, {host.name: conn})
         p = plan(invs, vms, domains=doms)
@@ -263,20 +217,20 @@ class CuttingSSHHost(SSHHost):
         return super()._exchange(request, idempotent=idempotent)
 
 
-def test_ssh_connection_cut_mid_batch(bed: Bed, conn: LibvirtConnection) -> None:
-    with mounted(bed, "t4x2") as mnt, bed.ssh(mnt) as observer:
+def test_ssh_connection_cut_mid_batch(testbed: Testbed, conn: LibvirtConnection) -> None:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as observer:
         foreign = _foreign(observer, conn)
         vms = _names(4)
         from vgpuvirt.testing.delayproxy import DelayProxy
 
-        proxy = DelayProxy((bed.ssh_host, bed.ssh_port), rtt_ms=400).start()
+        proxy = DelayProxy((testbed.ssh_host, testbed.ssh_port), rtt_ms=400).start()
         port = proxy.address[1]
-        real = f"[{bed.ssh_host}]:{bed.ssh_port}"
+        real = f"[{testbed.ssh_host}]:{testbed.ssh_port}"
         known = Path(mnt + ".known_hosts")
-        known.write_text("".join(f"[{bed.ssh_host}]:{port} {line.split(' ', 1)[1]}\n"
-                                 for line in Path(bed.known_hosts).read_text().splitlines()
+        known.write_text("".join(f"[{testbed.ssh_host}]:{port} {line.split(' ', 1)[1]}\n"
+                                 for line in Path(testbed.known_hosts).read_text().splitlines()
                                  if line.split(" ", 1)[0].split(",").count(real)))
-        host = CuttingSSHHost(bed.ssh_host, port=port, username="root", key_filename=bed.identity,
+        host = CuttingSSHHost(testbed.ssh_host, port=port, username="root", key_filename=testbed.identity,
                               known_hosts=str(known), sysfs_root=mnt)
         host.watch = f"{mnt}/sys/bus/mdev/devices/{mdev_uuid_for(vms[-1].name, 0)}"
         before = _state(observer, conn)

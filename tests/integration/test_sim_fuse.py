@@ -7,17 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _sim_mount import shared_testbed, sim_mount  # type: ignore[import-not-found]
+from _sim_mount import sim_mount  # type: ignore[import-not-found]
 
 from vgpuvirt.host.base import Op
 from vgpuvirt.host.local import LocalHost
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-def testbed_(request: pytest.FixtureRequest) -> Any:
-    return shared_testbed(request)
 
 GPU0 = "0000:3b:00.0"
 TYPES = f"/sys/class/mdev_bus/{GPU0}/mdev_supported_types"
@@ -28,13 +24,13 @@ ECHO_TO = 'echo "$1" > "$2"'
 
 
 @pytest.fixture
-def mount(testbed_: Any) -> Iterator[str]:
-    with sim_mount(testbed_.mnt_dir, "t4x2") as d:
+def mount(testbed: Any) -> Iterator[str]:
+    with sim_mount(testbed.mnt_dir, "t4x2") as d:
         yield d
 
 
-def test_echo_uuid_to_create_over_ssh(testbed_: Any, mount: str) -> None:
-    host = testbed_.ssh(sysfs_root=mount)
+def test_echo_uuid_to_create_over_ssh(testbed: Any, mount: str) -> None:
+    host = testbed.ssh(sysfs_root=mount)
     try:
         cat = host.run(["cat", f"{mount}{TYPES}/nvidia-231/available_instances"])
         assert cat.exit_code == 0 and cat.stdout == "8\n"
@@ -60,8 +56,8 @@ def test_echo_uuid_to_create_over_ssh(testbed_: Any, mount: str) -> None:
         host.close()
 
 
-def test_batched_apply_over_ssh_reports_kernel_errnos(testbed_: Any, mount: str) -> None:
-    host = testbed_.ssh(sysfs_root=mount)
+def test_batched_apply_over_ssh_reports_kernel_errnos(testbed: Any, mount: str) -> None:
+    host = testbed.ssh(sysfs_root=mount)
     try:
         res = host.apply([Op.check_int(f"{TYPES}/nvidia-231/available_instances", 1),
                           Op.write(f"{TYPES}/nvidia-231/create", UUID),
@@ -79,10 +75,10 @@ def test_batched_apply_over_ssh_reports_kernel_errnos(testbed_: Any, mount: str)
         host.close()
 
 
-def test_one_state_for_every_process_using_the_mount(testbed_: Any, mount: str, tmp_path: Any) -> None:
+def test_one_state_for_every_process_using_the_mount(testbed: Any, mount: str, tmp_path: Any) -> None:
     local = LocalHost(mount, lock_path=str(tmp_path / "lock"))
     assert local.apply([Op.write(f"{TYPES}/nvidia-233/create", UUID)]).ok
-    host = testbed_.ssh(sysfs_root=mount)
+    host = testbed.ssh(sysfs_root=mount)
     try:
         snap = host.read([f"{TYPES}/*/available_instances", "/sys/bus/mdev/devices/*"])
         assert snap.int(f"{TYPES}/nvidia-233/available_instances") == 1

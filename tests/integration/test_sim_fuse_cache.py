@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _sim_mount import shared_testbed, sim_mount  # type: ignore[import-not-found]
+from _sim_mount import sim_mount  # type: ignore[import-not-found]
 
 from vgpuvirt.host.base import Op
 from vgpuvirt.host.local import LocalHost
@@ -31,13 +31,8 @@ PATHS = [LINK, MDEV_DIR, f"{MDEV_DIR}/uevent", f"{MDEV_DIR}/mdev_type", f"{LINK}
 
 
 @pytest.fixture
-def testbed_(request: pytest.FixtureRequest) -> Any:
-    return shared_testbed(request)
-
-
-@pytest.fixture
-def mount(testbed_: Any) -> Iterator[str]:
-    with sim_mount(testbed_.mnt_dir, "t4x2") as d:
+def mount(testbed: Any) -> Iterator[str]:
+    with sim_mount(testbed.mnt_dir, "t4x2") as d:
         yield d
 
 
@@ -110,8 +105,8 @@ def test_rebound_driver_link_follows_at_once(mount: str, tmp_path: Any) -> None:
     assert str(host.read([drv])[drv].target).endswith("/drivers/vfio-pci")
 
 
-def test_create_and_remove_seen_at_once_through_sshd(testbed_: Any, mount: str) -> None:
-    host = testbed_.ssh(sysfs_root=mount)
+def test_create_and_remove_seen_at_once_through_sshd(testbed: Any, mount: str) -> None:
+    host = testbed.ssh(sysfs_root=mount)
     try:
         assert host.apply([Op.write(f"{TYPES}/nvidia-231/create", UUID)]).ok
         assert host.run(["cat", f"{mount}{LINK}/uevent"]).stdout.endswith("MDEV_TYPE=nvidia-231\n")

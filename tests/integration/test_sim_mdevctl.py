@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _sim_mount import require_part, shared_testbed, sim_mount  # type: ignore[import-not-found]
+from _sim_mount import sim_mount  # type: ignore[import-not-found]
+from conftest import require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.host.base import Op
 from vgpuvirt.host.local import LocalHost
@@ -21,10 +22,6 @@ from vgpuvirt.sim import SimHost
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-def testbed_(request: pytest.FixtureRequest) -> Any:
-    return shared_testbed(request)
 
 # Fixed script: binds the tree and the config dir, then runs mdevctl with the remaining argv.
 NS_SCRIPT = 'mount --bind "$1/sys" /sys && mount --bind "$2" /etc/mdevctl.d && shift 2 && exec mdevctl "$@"'
@@ -77,8 +74,8 @@ def mdevctl_types(mount: str, etc: str) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("profile", ["t4x2", "gvtg", "a100-sriov"])
-def test_mdevctl_types_lists_the_profile(testbed_: Any, etc_dir: str, profile: str) -> None:
-    with sim_mount(testbed_.mnt_dir, profile) as mount:
+def test_mdevctl_types_lists_the_profile(testbed: Any, etc_dir: str, profile: str) -> None:
+    with sim_mount(testbed.mnt_dir, profile) as mount:
         got = mdevctl_types(mount, etc_dir)
     want = expected_types(SimHost.from_profile(profile))
     assert sorted(got) == sorted(want)
@@ -86,14 +83,14 @@ def test_mdevctl_types_lists_the_profile(testbed_: Any, etc_dir: str, profile: s
     assert sum(len(t) for t in got.values()) > 0
 
 
-def test_mdevctl_start_stop_change_the_simulator_like_a_create_write(testbed_: Any, etc_dir: str,
+def test_mdevctl_start_stop_change_the_simulator_like_a_create_write(testbed: Any, etc_dir: str,
                                                                     tmp_path: Any) -> None:
     uuid = "a1b2c3d4-0000-4000-8000-0000000000aa"
     gpu = "0000:3b:00.0"
     twin = SimHost.from_profile("t4x2")       # the same create, done in-process: the expected counts
     assert twin.apply([Op.write(f"/sys/class/mdev_bus/{gpu}/mdev_supported_types/nvidia-231/create", uuid)]).ok
     fresh = SimHost.from_profile("t4x2").read([AVAIL])
-    with sim_mount(testbed_.mnt_dir, "t4x2") as mount:
+    with sim_mount(testbed.mnt_dir, "t4x2") as mount:
         local = LocalHost(mount, lock_path=str(tmp_path / "lock"))
         r = mdevctl(mount, etc_dir, "start", "-u", uuid, "-p", gpu, "-t", "nvidia-231")
         assert r.returncode == 0, r.stderr

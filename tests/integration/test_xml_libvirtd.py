@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from xmlcheck import cases, check_create, require_part
+from conftest import require_part  # type: ignore[import-not-found]
+from xmlcheck import cases, check_create
 
 from vgpuvirt.xml import Domain, DomainOptions, VirtioNic, build_domain
 
@@ -24,18 +25,17 @@ PREFIX = "vgpuvirt-it-xml-"
 
 
 @pytest.fixture(scope="module")
-def conn(request: pytest.FixtureRequest) -> Iterator[Any]:
+def conn(testbed: Any) -> Iterator[Any]:
     try:
         import libvirt
     except ImportError:
         require_part("libvirt-python", False, "pip install 'vgpuvirt[libvirt]'")
         raise
-    tb = request.getfixturevalue("testbed")
     libvirt.registerErrorHandler(lambda *_a: None, None)
     try:
-        c = libvirt.open(tb.libvirt_uri)
+        c = libvirt.open(testbed.libvirt_uri)
     except libvirt.libvirtError as exc:
-        require_part("libvirtd", False, f"cannot connect to {tb.libvirt_uri}: {exc}")
+        require_part("libvirtd", False, f"cannot connect to {testbed.libvirt_uri}: {exc}")
         raise
     _cleanup(c)
     yield c

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-sim = pytest.importorskip("vgpuvirt.sim")
-
-from vgpuvirt.services.inventory import inventory  # noqa: E402
+from vgpuvirt import sim
+from vgpuvirt.services.inventory import inventory
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "inventory"
 REGEN = os.environ.get("VGPUVIRT_REGEN_GOLDEN") == "1"

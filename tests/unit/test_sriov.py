@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 from lifecycle_doubles import Wrapped, domain_xml
 
 from vgpuvirt.errors import DeviceBusy, InvalidSpec
+from vgpuvirt.host.base import BatchResult, Op, OpResult
 from vgpuvirt.services.sriov import SRIOV_MANAGE, SriovService
 from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 from vgpuvirt.sim import SimHost, list_profiles
@@ -85,19 +90,39 @@ def test_more_vfs_than_the_pf_supports_is_invalid() -> None:
     assert "apply" not in host.kinds()
 
 
-def test_nvidia_pf_uses_sriov_manage_and_falls_back_to_sysfs_when_it_is_missing() -> None:
+def test_nvidia_pf_uses_sriov_manage() -> None:
     host = sim("a10-sriov")
     svc = SriovService(host)
     plan = svc.enable("0000:41:00.0", dry_run=True)
     assert plan.ops[0].argv == (SRIOV_MANAGE, "-e", "0000:41:00.0") and plan.data["via"] == "sriov-manage"
     ch = svc.enable("0000:41:00.0")
-    assert ch.changed and svc.report("0000:41:00.0")[0].num_vfs == 32
-    exec_results = [c for c in host.calls if c[0] == "apply"]
-    assert exec_results[0][1][0].op == "exec"
-    if ch.data["via"] == "sysfs":       # the simulator answered 127: the tool is not installed
-        assert len(exec_results) == 2 and exec_results[1][1][0].path.endswith("/sriov_numvfs")
+    assert ch.changed and ch.data["via"] == "sriov-manage"
+    assert svc.report("0000:41:00.0")[0].num_vfs == 32
+    applies = [c[1] for c in host.calls if c[0] == "apply"]
+    assert len(applies) == 1 and applies[0][0].op == "exec" and applies[0][0].argv[0] == SRIOV_MANAGE
     # a partial count cannot use the tool (it always enables all VFs)
     assert svc.enable("0000:41:00.0", 4, dry_run=True).ops[0].op == "write"
+
+
+class NoVendorTool(Wrapped):
+    """A host without /usr/lib/nvidia/sriov-manage: running it exits 127, as the shell says."""
+
+    def apply(self, ops: Sequence[Op], **kw: Any) -> BatchResult:
+        if ops and ops[0].op == "exec" and ops[0].argv and ops[0].argv[0] == SRIOV_MANAGE:
+            self.calls.append(("apply", list(ops)))
+            missing = OpResult(ops[0], False, errno=errno.ENOENT, error="not found", rc=127)
+            return BatchResult((missing, *(OpResult(o, False, skipped=True) for o in ops[1:])))
+        return super().apply(ops, **kw)
+
+
+def test_nvidia_pf_falls_back_to_sysfs_when_sriov_manage_is_missing() -> None:
+    host = NoVendorTool(SimHost.from_profile("a10-sriov"))
+    svc = SriovService(host)
+    ch = svc.enable("0000:41:00.0")
+    assert ch.changed and ch.data["via"] == "sysfs"
+    applies = [c[1] for c in host.calls if c[0] == "apply"]
+    assert len(applies) == 2 and applies[1][0].path.endswith("/sriov_numvfs")
+    assert svc.report("0000:41:00.0")[0].num_vfs == 32
 
 
 def test_the_vendor_tool_is_not_used_on_a_tree_below_another_root() -> None:

@@ -6,11 +6,10 @@ Every XML a builder or template produces in the tests goes through :func:`check_
 from __future__ import annotations
 
 import dataclasses
-import os
 from functools import cache
 from typing import Any
 
-import pytest
+from conftest import require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.model import MacAddress, MdevUuid, PciAddress
 from vgpuvirt.xml import (
@@ -27,16 +26,6 @@ from vgpuvirt.xml import (
     build_domain,
     validate,
 )
-
-try:  # the shared helper (tests/conftest.py); a local fallback keeps these tests usable before it lands
-    from conftest import require_part  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover
-    def require_part(name: str, available: bool, why: str) -> None:
-        if available:
-            return
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{name} missing under CI: {why}")
-        pytest.skip(f"{name} missing: {why}")
 
 U1 = MdevUuid.parse("e55bf865-6983-4d53-967f-51e8a3bb0f57")
 U2 = MdevUuid.parse("3131f5fd-7c04-4a61-92c1-0c37f9547b6b")

@@ -226,14 +226,15 @@ diff:
   type: dict
 """
 
-import platform
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
-    from vgpuvirt.errors import InvalidSpec, MissingDependency, ProvisioningError, VgpuvirtError
-    from vgpuvirt.host.local import LocalHost
+    # open_host and open_libvirt stay names of this module: unit tests replace them
+    from vgpuvirt.ansible_support import open_libvirt, run_module
+    from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.errors import InvalidSpec, ProvisioningError
     from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, teardown
     from vgpuvirt.provision.plan import domain_meta, mdev_uuid_for
     from vgpuvirt.services.inventory import inventory
@@ -274,17 +275,6 @@ ARGUMENT_SPEC = dict(
     host_name=dict(type="str"),
 )
 MODULE_KWARGS = dict(supports_check_mode=True)
-
-
-def open_host(module):
-    """The target itself. Unit tests replace this with a simulated host."""
-    return LocalHost(module.params["sysfs_root"], name=module.params["host_name"] or platform.node() or "local")
-
-
-def open_libvirt(module):
-    from vgpuvirt.libvirt_conn import LibvirtConnection
-
-    return LibvirtConnection(module.params["uri"])
 
 
 def own_domains(conn, host_name):
@@ -378,21 +368,8 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
     if not HAS_VGPUVIRT:
         module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    try:
-        host = open_host(module)
-        conn = open_libvirt(module)
-        try:
-            result = run(module, host, conn)
-        finally:
-            conn.close()
-            host.close()
-    except MissingDependency as exc:
-        module.fail_json(msg=missing_required_lib(exc.module, reason=str(exc)), exception=traceback.format_exc())
-    except ProvisioningError as exc:
-        module.fail_json(msg=str(exc), error=type(exc).__name__, completed=exc.completed, rollback=exc.rollback)
-    except VgpuvirtError as exc:
-        module.fail_json(msg=str(exc), error=type(exc).__name__)
-    module.exit_json(**result)
+    # A failed apply returns what it had done and what its rollback undid.
+    run_module(module, missing_required_lib, open_host, run, open_libvirt=open_libvirt, carried=(ProvisioningError,))
 
 
 if __name__ == "__main__":

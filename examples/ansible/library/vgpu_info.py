@@ -149,8 +149,9 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
-    from vgpuvirt.errors import MissingDependency, VgpuvirtError
-    from vgpuvirt.host.local import LocalHost
+    # open_host and domain_pairs stay names of this module: unit tests replace them
+    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.services.inventory import inventory
 except ImportError:
     HAS_VGPUVIRT = False
@@ -166,19 +167,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def open_host(module):
-    """The target itself. Unit tests replace this with a simulated host."""
-    return LocalHost(module.params["sysfs_root"])
-
-
-def domain_pairs(uri):
-    """(name, xml) of every libvirt domain, for telling used mdevs from orphans."""
-    from vgpuvirt.libvirt_conn import LibvirtConnection
-
-    with LibvirtConnection(uri, readonly=True) as conn:
-        return list(conn.domain_xml_pairs())
-
-
 def run(module, host):
     domains = domain_pairs(module.params["uri"]) if module.params["uri"] else None
     inv = inventory(host, domains=domains, use_nvml=module.params["use_nvml"])
@@ -189,17 +177,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if not HAS_VGPUVIRT:
         module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    try:
-        host = open_host(module)
-        try:
-            result = run(module, host)
-        finally:
-            host.close()
-    except MissingDependency as exc:
-        module.fail_json(msg=missing_required_lib(exc.module, reason=str(exc)), exception=traceback.format_exc())
-    except VgpuvirtError as exc:
-        module.fail_json(msg=str(exc), error=type(exc).__name__)
-    module.exit_json(**result)
+    run_module(module, missing_required_lib, open_host, run)
 
 
 if __name__ == "__main__":

@@ -210,14 +210,15 @@ diff:
   type: dict
 """
 
-import platform
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
-    from vgpuvirt.errors import InvalidSpec, MissingDependency, VgpuvirtError
-    from vgpuvirt.host.local import LocalHost
+    # open_host and domain_pairs stay names of this module: unit tests replace them
+    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.model import MdevUuid, PciAddress
     from vgpuvirt.provision.placement import place
     from vgpuvirt.provision.plan import mdev_uuid_for
@@ -261,18 +262,6 @@ MODULE_KWARGS = dict(
     required_one_of=[("uuid", "name", "vf")],
     supports_check_mode=True,
 )
-
-
-def open_host(module):
-    """The target itself. Unit tests replace this with a simulated host."""
-    return LocalHost(module.params["sysfs_root"], name=module.params["host_name"] or platform.node() or "local")
-
-
-def domain_pairs(uri):
-    from vgpuvirt.libvirt_conn import LibvirtConnection
-
-    with LibvirtConnection(uri, readonly=True) as conn:
-        return list(conn.domain_xml_pairs())
 
 
 def the_request(params):
@@ -398,17 +387,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
     if not HAS_VGPUVIRT:
         module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    try:
-        host = open_host(module)
-        try:
-            result = run(module, host)
-        finally:
-            host.close()
-    except MissingDependency as exc:
-        module.fail_json(msg=missing_required_lib(exc.module, reason=str(exc)), exception=traceback.format_exc())
-    except VgpuvirtError as exc:
-        module.fail_json(msg=str(exc), error=type(exc).__name__)
-    module.exit_json(**result)
+    run_module(module, missing_required_lib, open_host, run)
 
 
 if __name__ == "__main__":

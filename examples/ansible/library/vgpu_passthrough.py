@@ -151,14 +151,15 @@ diff:
   type: dict
 """
 
-import platform
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
-    from vgpuvirt.errors import MissingDependency, NotAssignable, VgpuvirtError
-    from vgpuvirt.host.local import LocalHost
+    # open_host and domain_pairs stay names of this module: unit tests replace them
+    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.errors import NotAssignable
     from vgpuvirt.model import PciAddress
     from vgpuvirt.services import iommu
 except ImportError:
@@ -179,18 +180,6 @@ ARGUMENT_SPEC = dict(
     host_name=dict(type="str"),
 )
 MODULE_KWARGS = dict(supports_check_mode=True)
-
-
-def open_host(module):
-    """The target itself. Unit tests replace this with a simulated host."""
-    return LocalHost(module.params["sysfs_root"], name=module.params["host_name"] or platform.node() or "local")
-
-
-def domain_pairs(uri):
-    from vgpuvirt.libvirt_conn import LibvirtConnection
-
-    with LibvirtConnection(uri, readonly=True) as conn:
-        return list(conn.domain_xml_pairs())
 
 
 def drivers(host, addresses):
@@ -236,20 +225,8 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
     if not HAS_VGPUVIRT:
         module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    try:
-        host = open_host(module)
-        try:
-            result = run(module, host)
-        finally:
-            host.close()
-    except MissingDependency as exc:
-        module.fail_json(msg=missing_required_lib(exc.module, reason=str(exc)), exception=traceback.format_exc())
-    except NotAssignable as exc:
-        report = exc.report.to_dict() if hasattr(exc.report, "to_dict") else None
-        module.fail_json(msg=str(exc), error=type(exc).__name__, assignable=False, report=report)
-    except VgpuvirtError as exc:
-        module.fail_json(msg=str(exc), error=type(exc).__name__)
-    module.exit_json(**result)
+    # A refused pre-flight returns its whole report with the failure.
+    run_module(module, missing_required_lib, open_host, run, carried=(NotAssignable,))
 
 
 if __name__ == "__main__":
