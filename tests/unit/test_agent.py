@@ -113,3 +113,113 @@ def test_agent_source_stays_python36_compatible() -> None:
            if isinstance(n, ast.BinOp) or (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
                                            and n.value.id in ("dict", "list", "set", "tuple", "type"))]
     assert bad == []
+
+
+@pytest.fixture
+def sriov_tree(tmp_path: Path) -> Path:
+    """A PF with 40 VFs (more than SPLIT_MIN), each VF an mdev parent with two types."""
+    pci = tmp_path / "sys/bus/pci/devices"
+    pf = pci / "0000:3b:00.0"
+    pf.mkdir(parents=True)
+    (pf / "vendor").write_text("0x10de\n")
+    for n in range(40):
+        vf = pci / f"0000:3b:{1 + n // 8:02x}.{n % 8}"
+        for t in ("nvidia-1", "nvidia-2"):
+            (vf / "mdev_supported_types" / t).mkdir(parents=True)
+            (vf / "mdev_supported_types" / t / "name").write_text(f"{t} on VF {n}\n")
+            (vf / "mdev_supported_types" / t / "available_instances").write_text("1\n")
+        (vf / "vendor").write_text("0x10de\n")
+        (vf / "physfn").symlink_to("../0000:3b:00.0")
+        (pf / f"virtfn{n}").symlink_to(f"../{vf.name}")
+    return tmp_path
+
+
+def test_guard_skips_and_keeps_matches_by_what_exists_below_them(sriov_tree: Path) -> None:
+    no_vfs = handle(sriov_tree, reads=["/sys/bus/pci/devices/*{!physfn}/vendor"])["entries"]
+    assert list(no_vfs) == ["/sys/bus/pci/devices/0000:3b:00.0/vendor"]  # type: ignore[call-overload]
+    only_vfs = handle(sriov_tree, reads=["/sys/bus/pci/devices/*{?physfn}/vendor"])["entries"]
+    assert len(only_vfs) == 40  # type: ignore[arg-type]
+    assert "/sys/bus/pci/devices/0000:3b:00.0/vendor" not in only_vfs  # type: ignore[operator]
+
+
+SAMPLE = "/sys/bus/pci/devices/*/virtfn*{1?mdev_supported_types}/mdev_supported_types/*/name"
+
+
+def test_first_match_guard_samples_one_vf_per_pf(sriov_tree: Path) -> None:
+    out = handle(sriov_tree, reads=[SAMPLE])
+    # name order: virtfn0 < virtfn1 < virtfn10 ...; only the first VF that has types is read
+    assert sorted(out["entries"]) == [  # type: ignore[call-overload]
+        "/sys/bus/pci/devices/0000:3b:00.0/virtfn0/mdev_supported_types/nvidia-1/name",
+        "/sys/bus/pci/devices/0000:3b:00.0/virtfn0/mdev_supported_types/nvidia-2/name",
+    ]
+    # a VF without types is passed over for the next one that has them
+    import shutil
+    shutil.rmtree(sriov_tree / "sys/bus/pci/devices/0000:3b:01.0/mdev_supported_types")
+    out = handle(sriov_tree, reads=[SAMPLE])
+    assert {p.split("/")[6] for p in out["entries"]} == {"virtfn1"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", ["/sys/*{/x", "/sys/*{x}/y", "/sys/{!x}/y", "/sys/*{!../etc}/y", "/sys/*{!a/*}/y",
+                                 "/sys/*{?}/y", "/sys/*{!x}y/z"])
+def test_malformed_guards_are_refused_whole(tree: Path, bad: str) -> None:
+    out = handle(tree, reads=["/sys/bus/pci/devices/*/vendor", bad])
+    assert out["fatal"] == "refused"
+    assert "entries" not in out
+
+
+def test_plain_names_next_to_a_wildcard_are_opened_only_if_listed(tree: Path) -> None:
+    # with a wildcard sibling the directory is listed anyway; absent plain names then cost no open
+    out = handle(tree, reads=["/sys/bus/pci/devices/*/vendor", "/sys/bus/pci/devices/*/absent",
+                              "/sys/bus/pci/devices/*/su*"])
+    assert sorted(out["entries"]) == [  # type: ignore[call-overload]
+        "/sys/bus/pci/devices/0000:3b:00.0/sub", "/sys/bus/pci/devices/0000:3b:00.0/vendor",
+        "/sys/bus/pci/devices/0000:3c:00.0/vendor"]
+
+
+READS = ["/sys/bus/pci/devices/*", "/sys/bus/pci/devices/*/vendor", "/sys/bus/pci/devices/*/physfn",
+         "/sys/bus/pci/devices/*/mdev_supported_types/*/available_instances",
+         SAMPLE]
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_a_parallel_read_gives_exactly_the_serial_snapshot(sriov_tree: Path, workers: int) -> None:
+    fs = agent.OsFs(str(sriov_tree))
+    serial = agent.read_entries(fs, READS, {})
+    assert len(serial) > 40 * 3
+    assert agent.read_entries(fs, READS, {}, workers) == serial
+
+
+def test_a_parallel_read_survives_readers_that_cannot_start_or_answer(
+        sriov_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = agent.OsFs(str(sriov_tree))
+    serial = agent.read_entries(fs, READS, {})
+
+    def no_fork() -> int:
+        raise OSError(errno.EAGAIN, "fork refused")
+    with monkeypatch.context() as m:
+        m.setattr(agent.os, "fork", no_fork)
+        assert agent.read_entries(fs, READS, {}, 3) == serial
+
+    def broken_pipe(fd: int, data: object) -> int:   # only the forked readers write
+        raise OSError(errno.EPIPE, "broken pipe")
+    with monkeypatch.context() as m:
+        m.setattr(agent.os, "write", broken_pipe)
+        assert agent.read_entries(fs, READS, {}, 3) == serial
+
+
+def test_the_standalone_agent_reads_in_parallel_and_reports_its_time(sriov_tree: Path) -> None:
+    req = json.dumps({"root": str(sriov_tree), "reads": READS, "workers": 3}).encode()
+    proc = subprocess.run([sys.executable, "-I", "-S", agent.__file__], input=req, capture_output=True, check=True)
+    out = json.loads(proc.stdout)
+    assert out["entries"] == agent.read_entries(agent.OsFs(str(sriov_tree)), READS, {})
+    assert isinstance(out["agent_s"], float) and out["agent_s"] >= 0
+    assert proc.stderr == b""
+
+
+def test_agent_start_imports_neither_typing_nor_subprocess() -> None:
+    # each remote exec pays the agent's imports: typing and subprocess are left to the type checker and
+    # to exec ops
+    probe = (f"import sys; exec(compile(open({agent.__file__!r}).read(), 'agent', 'exec'), {{'__name__': 'agent'}}); "
+             "print(sorted(m for m in ('typing', 'subprocess') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, check=True, text=True)
+    assert proc.stdout.strip() == "[]"

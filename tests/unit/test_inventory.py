@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.host import agent
 from vgpuvirt.host.base import Op, OpResult, Snapshot
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.model import PciAddress
@@ -245,7 +246,8 @@ def _err(code: int):  # type: ignore[no-untyped-def]
 
 
 def test_inventory_globs_are_valid_host_paths_and_pci_attrs_are_separate_patterns() -> None:
-    assert all(p.startswith("/") and ".." not in p and "{" not in p for p in INVENTORY_GLOBS)
+    assert all(p.startswith("/") and ".." not in p for p in INVENTORY_GLOBS)
+    agent._build_trie(list(INVENTORY_GLOBS))   # every guard parses
     assert "/sys/bus/pci/devices/*/iommu_group" in INVENTORY_GLOBS
     assert "/sys/bus/pci/devices/*/virtfn*" in INVENTORY_GLOBS
 
@@ -282,3 +284,50 @@ def test_empty_tree_gives_an_empty_inventory_with_iommu_warning(tmp_path: Path) 
     inv = inventory(LocalHost(str(tmp_path)))
     assert inv.gpus == [] and inv.pci_devices == [] and not inv.iommu_enabled
     assert any(w.startswith("IOMMU off") for w in inv.warnings)
+
+
+def test_vf_types_take_static_attributes_from_their_pfs_sampled_vf() -> None:
+    from vgpuvirt.host.base import Entry
+    pci, bus = "/sys/bus/pci/devices", "/sys/class/mdev_bus"
+    desc = "num_heads=4, frl_config=60, framebuffer=4096M, max_resolution=7680x4320, max_instance=6"
+    entries = {
+        f"{pci}/0000:41:00.0": Entry("link", target="../../../devices/pci0000:40/0000:40:03.1/0000:41:00.0"),
+        f"{pci}/0000:41:00.0/class": Entry("file", text="0x030200\n"),
+        f"{pci}/0000:41:00.0/vendor": Entry("file", text="0x10de\n"),
+        f"{pci}/0000:41:00.0/virtfn0": Entry("link", target="../0000:41:00.4"),
+        f"{pci}/0000:41:00.0/virtfn1": Entry("link", target="../0000:41:00.5"),
+        # what the {1?mdev_supported_types} guard read: the types' static files, on virtfn0 only
+        f"{pci}/0000:41:00.0/virtfn0/mdev_supported_types/nvidia-593/name": Entry("file", text="NVIDIA A10-4Q\n"),
+        f"{pci}/0000:41:00.0/virtfn0/mdev_supported_types/nvidia-593/description": Entry("file", text=desc + "\n"),
+        f"{pci}/0000:41:00.0/virtfn0/mdev_supported_types/nvidia-593/device_api": Entry("file", text="vfio-pci\n"),
+    }
+    for vf, avail in (("0000:41:00.4", "1"), ("0000:41:00.5", "0")):
+        entries[f"{pci}/{vf}"] = Entry("link", target=f"../../../devices/pci0000:40/0000:40:03.1/{vf}")
+        entries[f"{pci}/{vf}/physfn"] = Entry("link", target="../0000:41:00.0")
+        entries[f"{bus}/{vf}"] = Entry("link", target=f"../../devices/pci0000:40/0000:40:03.1/{vf}")
+        entries[f"{bus}/{vf}/mdev_supported_types/nvidia-593/available_instances"] = Entry("file", text=avail + "\n")
+    # a VF that shows its own name keeps it (the sample only fills what a VF lacks)
+    entries[f"{bus}/0000:41:00.5/mdev_supported_types/nvidia-593/name"] = Entry("file", text="Own name\n")
+    inv = build_inventory(Snapshot(entries))
+    got = {p.address: p.types[0] for p in inv.mdev_parents}
+    a, b = got["0000:41:00.4"], got["0000:41:00.5"]
+    assert (a.name, a.framebuffer_mib, a.max_instances, a.device_api, a.available_instances, a.series) == (
+        "NVIDIA A10-4Q", 4096, 6, "vfio-pci", 1, "Q")
+    assert (b.name, b.framebuffer_mib, b.available_instances) == ("Own name", 4096, 0)
+    assert inv.gpus[0].backend == "mdev-sriov"
+
+
+def test_the_read_samples_type_names_once_per_pf_not_on_every_vf() -> None:
+    from vgpuvirt.sim import SimHost
+    host = SimHost.from_profile("a100-sriov")
+    snap = host.read(INVENTORY_GLOBS)
+    vf_parents = [p for p in snap if p.startswith("/sys/class/mdev_bus/") and p.count("/") == 4
+                  and snap.has(f"/sys/bus/pci/devices/{p.rsplit('/', 1)[1]}/physfn")]
+    assert len(vf_parents) > 1
+    own_names = [p for p in snap if p.startswith("/sys/class/mdev_bus/") and p.endswith("/name")
+                 and p.split("/")[4] in {v.rsplit("/", 1)[1] for v in vf_parents}]
+    assert own_names == []                                   # no VF's own name file was opened
+    assert any("/virtfn" in p and p.endswith("/name") for p in snap)
+    inv = build_inventory(snap)
+    vf_types = [t for p in inv.mdev_parents if p.physfn is not None for t in p.types]
+    assert vf_types and all(t.name and t.description and t.framebuffer_mib for t in vf_types)

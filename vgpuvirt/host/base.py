@@ -19,9 +19,9 @@ import fnmatch
 import logging
 import posixpath
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from vgpuvirt.errors import HostError, InvalidSpec, LockTimeout
 from vgpuvirt.model import SysPath
@@ -50,8 +50,9 @@ EntryKind = Literal["file", "link", "dir", "error"]
 _KINDS: dict[str, EntryKind] = {"f": "file", "l": "link", "d": "dir", "e": "error"}
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """One path of a snapshot. A tuple, not a dataclass: a large inventory makes ~10k of them per read."""
+
     kind: EntryKind
     text: str | None = None      # file content (raw, with its newline)
     target: str | None = None    # symlink target as readlink(2) gives it
@@ -68,8 +69,9 @@ class Snapshot(Mapping[str, Entry]):
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Sequence[Any]], host: str = "") -> Snapshot:
-        return cls({p: Entry(_KINDS[k], text=v if k == "f" else None, target=v if k == "l" else None,
-                             errno=e) for p, (k, v, e) in raw.items()}, host)
+        kinds, new = _KINDS, Entry._make
+        return cls({p: new((kinds[k], v if k == "f" else None, v if k == "l" else None, e))
+                    for p, (k, v, e) in raw.items()}, host)
 
     def __getitem__(self, path: str) -> Entry:
         return self._entries[path]
@@ -79,6 +81,22 @@ class Snapshot(Mapping[str, Entry]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    # The dict's own views: Mapping's generic ones look every key up again.
+    def items(self) -> ItemsView[str, Entry]:
+        return self._entries.items()
+
+    def keys(self) -> KeysView[str]:
+        return self._entries.keys()
+
+    def values(self) -> ValuesView[Entry]:
+        return self._entries.values()
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._entries
+
+    def get(self, path: str, default: Any = None) -> Any:
+        return self._entries.get(path, default)
 
     def text(self, path: str) -> str | None:
         """File content stripped of surrounding whitespace, or None when absent/unreadable."""

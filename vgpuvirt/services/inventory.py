@@ -32,21 +32,26 @@ IOMMU_CLASS = "/sys/class/iommu"
 _PCI_ATTRS = ("vendor", "device", "subsystem_vendor", "subsystem_device", "class", "driver", "driver_override",
               "numa_node", "iommu_group", "reset_method", "local_cpulist", "boot_vga", "sriov_totalvfs",
               "sriov_numvfs", "sriov_offset", "sriov_stride", "physfn", "virtfn*", "nvidia/*")
-_TYPE_ATTRS = ("name", "description", "device_api", "available_instances")
+#: What a vGPU type says about itself: fixed by the GPU and the driver, the same on every VF of one GPU.
+_TYPE_STATIC = ("name", "description", "device_api")
 
 #: Every pattern the inventory reads, in ONE host.read() (the agent expands them host-side).
+#: A type's static attributes are read on each parent that is not a VF, and on ONE VF per PF (the
+#: agent's ``{1?...}`` guard): on an 8 x 32-VF host that is 552 files instead of 17,664; the VFs' own
+#: ``available_instances`` are all read, since they differ.
 INVENTORY_GLOBS: tuple[str, ...] = (
     f"{PCI}/*",
     *(f"{PCI}/*/{a}" for a in _PCI_ATTRS),
+    *(f"{PCI}/*/virtfn*{{1?mdev_supported_types}}/mdev_supported_types/*/{a}" for a in _TYPE_STATIC),
     f"{MDEV_BUS}/*",
-    *(f"{MDEV_BUS}/*/mdev_supported_types/*/{a}" for a in _TYPE_ATTRS),
+    *(f"{MDEV_BUS}/*{{!physfn}}/mdev_supported_types/*/{a}" for a in _TYPE_STATIC),
+    f"{MDEV_BUS}/*/mdev_supported_types/*/available_instances",
     f"{MDEVS}/*",
     f"{MDEVS}/*/mdev_type",
     f"{MDEVS}/*/driver",
     f"{MDEVS}/*/iommu_group",
     f"{MDEVS}/*/nvidia/vgpu_params",
     f"{GROUPS}/*/devices/*",
-    f"{GROUPS}/*/type",
     f"{IOMMU_CLASS}/*",
     "/sys/module/nvidia/version",
     "/proc/cmdline",
@@ -358,34 +363,46 @@ class _Index:
 
     def __init__(self, snap: Snapshot) -> None:
         self.pci: dict[str, dict[str, Entry]] = {}
+        # PF address -> type id -> static attribute -> entry, as read on one of the PF's VFs
+        self.vf_types: dict[str, dict[str, dict[str, Entry]]] = {}
         self.mdev_bus: dict[str, Entry | None] = {}
         self.types: dict[str, dict[str, dict[str, Entry]]] = {}
         self.mdevs: dict[str, dict[str, Entry]] = {}
         self.groups: dict[str, list[str]] = {}
-        self.group_types: dict[str, str] = {}
         self.iommu_units: list[str] = []
         self.nvidia_version: str | None = snap.text("/sys/module/nvidia/version")
         self.cmdline: str | None = snap.text("/proc/cmdline")
+        pci, mdev_bus, mdevs, groups = PCI + "/", MDEV_BUS + "/", MDEVS + "/", GROUPS + "/"
+        types_dir = "mdev_supported_types/"
         for path, entry in snap.items():
-            parts = path.split("/")
-            if path.startswith(PCI + "/") and len(parts) >= 6:
-                self.pci.setdefault(parts[5], {})["/".join(parts[6:])] = entry
-            elif path.startswith(MDEV_BUS + "/") and len(parts) >= 5:
-                rest = parts[5:]
+            if path.startswith(pci):
+                dev, _, attr = path[len(pci):].partition("/")
+                if attr.startswith("virtfn") and types_dir in attr:
+                    _vf, _, rest = attr.partition("/")
+                    t, _, name = rest[len(types_dir):].partition("/")
+                    if rest.startswith(types_dir) and t and name and "/" not in name:
+                        self.vf_types.setdefault(dev, {}).setdefault(t, {})[name] = entry
+                    continue
+                self.pci.setdefault(dev, {})[attr] = entry
+            elif path.startswith(mdev_bus):
+                parent, _, rest = path[len(mdev_bus):].partition("/")
                 if not rest:
-                    self.mdev_bus[parts[4]] = entry
-                elif rest[0] == "mdev_supported_types" and len(rest) == 3:
-                    self.mdev_bus.setdefault(parts[4], None)
-                    self.types.setdefault(parts[4], {}).setdefault(rest[1], {})[rest[2]] = entry
-            elif path.startswith(MDEVS + "/") and len(parts) >= 6:
-                self.mdevs.setdefault(parts[5], {})["/".join(parts[6:])] = entry
-            elif path.startswith(GROUPS + "/") and len(parts) >= 6:
-                if parts[5] == "devices" and len(parts) == 7:
-                    self.groups.setdefault(parts[4], []).append(parts[6])
-                elif parts[5] == "type" and entry.text is not None:
-                    self.group_types[parts[4]] = entry.text.strip()
-            elif path.startswith(IOMMU_CLASS + "/") and len(parts) == 5:
-                self.iommu_units.append(parts[4])
+                    self.mdev_bus[parent] = entry
+                elif rest.startswith(types_dir):
+                    t, _, name = rest[len(types_dir):].partition("/")
+                    if t and name and "/" not in name:
+                        self.mdev_bus.setdefault(parent, None)
+                        self.types.setdefault(parent, {}).setdefault(t, {})[name] = entry
+            elif path.startswith(mdevs):
+                uuid, _, attr = path[len(mdevs):].partition("/")
+                self.mdevs.setdefault(uuid, {})[attr] = entry
+            elif path.startswith(groups):
+                gid, _, rest = path[len(groups):].partition("/")
+                kind, _, member = rest.partition("/")
+                if kind == "devices" and member and "/" not in member:
+                    self.groups.setdefault(gid, []).append(member)
+            elif path.startswith(IOMMU_CLASS + "/") and path.count("/") == 4:
+                self.iommu_units.append(path.rsplit("/", 1)[1])
 
 
 def _text(e: Entry | None) -> str | None:
@@ -398,7 +415,10 @@ def _link_name(e: Entry | None) -> str | None:
 
 def _int(e: Entry | None) -> int | None:
     t = _text(e)
-    return int(t) if t is not None and re.fullmatch(r"-?\d{1,12}", t) else None
+    if t is None:
+        return None
+    digits = t[1:] if t[:1] == "-" else t
+    return int(t) if 0 < len(digits) <= 12 and digits.isascii() and digits.isdigit() else None
 
 
 def _errno_text(e: Entry | None) -> str | None:
@@ -459,20 +479,43 @@ def _int_name(name: str | None) -> int | None:
     return int(name) if name is not None and name.isdigit() else None
 
 
-def _mdev_type(type_id: str, attrs: dict[str, Entry], instances: int) -> MdevType:
-    name = _text(attrs.get("name"))
-    desc = _text(attrs.get("description")) or None
+_TypeKey = tuple[str, Entry | None, Entry | None, Entry | None, Entry | None, int]
+
+
+def _mdev_type(type_id: str, attrs: dict[str, Entry], shared: dict[str, Entry] | None, instances: int,
+               seen: dict[_TypeKey, MdevType]) -> MdevType:
+    """A type from its own attributes; the static ones it lacks come from ``shared`` (its PF's sampled VF).
+
+    Entries are tuples, so equal reads share one frozen MdevType through ``seen`` (one build's memo):
+    the 32 VFs of a GPU mostly agree.
+    """
+    get = attrs.get
+    name, desc, api = get("name"), get("description"), get("device_api")
+    if shared is not None:
+        name = name or shared.get("name")
+        desc = desc or shared.get("description")
+        api = api or shared.get("device_api")
+    key = (type_id, name, desc, api, get("available_instances"), instances)
+    t = seen.get(key)
+    if t is None:
+        fields = _type_static(type_id, _text(name), _text(desc) or None, _text(api))
+        t = seen[key] = MdevType(**fields, available_instances=_int(key[4]), instances=instances)
+    return t
+
+
+@lru_cache(maxsize=4096)
+def _type_static(type_id: str, name: str | None, desc: str | None, device_api: str | None) -> dict[str, Any]:
+    # One GPU's 32 VFs show the same 20 types: each distinct description is parsed once.
     nv = P.parse_nvidia_description(desc)
     gv = P.parse_gvtg_description(desc) if desc and "low_gm_size" in desc else P.GvtgDescription()
     cls = P.classify_vgpu_name(name) if type_id.startswith("nvidia-") else P.VgpuClass()
-    return MdevType(
-        id=type_id, name=name, description=desc, device_api=_text(attrs.get("device_api")),
-        available_instances=_int(attrs.get("available_instances")),
-        framebuffer_mib=nv.framebuffer_mib, max_instances=nv.max_instances, num_heads=nv.num_heads,
-        max_resolution=nv.max_resolution or gv.resolution, frl=nv.frl, series=cls.series,
-        mig_backed=cls.mig_backed, gi_profile=cls.gi_profile, board=cls.board,
-        gvtg=gv if gv.recognised else None, instances=instances,
-    )
+    return {
+        "id": type_id, "name": name, "description": desc, "device_api": device_api,
+        "framebuffer_mib": nv.framebuffer_mib, "max_instances": nv.max_instances, "num_heads": nv.num_heads,
+        "max_resolution": nv.max_resolution or gv.resolution, "frl": nv.frl, "series": cls.series,
+        "mig_backed": cls.mig_backed, "gi_profile": cls.gi_profile, "board": cls.board,
+        "gvtg": gv if gv.recognised else None,
+    }
 
 
 _CLASS_NAMES = (("0x0200", "network controller (NIC)"), ("0x02", "network controller (NIC)"),
@@ -563,8 +606,9 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
         for vf in dev.virtfns:
             if vf in devices and devices[vf].physfn is None:
                 devices[vf] = _replace(devices[vf], physfn=dev.address)
+    listed_vfs = {(dev.address, vf) for dev in devices.values() for vf in dev.virtfns}
     for dev in list(devices.values()):
-        if dev.physfn is not None and dev.physfn in devices and dev.address not in devices[dev.physfn].virtfns:
+        if dev.physfn is not None and dev.physfn in devices and (dev.physfn, dev.address) not in listed_vfs:
             pf = devices[dev.physfn]
             devices[pf.address] = _replace(pf, virtfns=sorted([*pf.virtfns, dev.address]))
 
@@ -607,12 +651,15 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     for m in mdevs:
         counts[(m.parent, m.type)] = counts.get((m.parent, m.type), 0) + 1
     parents: list[MdevParent] = []
+    seen_types: dict[_TypeKey, MdevType] = {}
     for name in sorted(idx.mdev_bus, key=_parent_sort_key):
         addr = P.pci_or_none(name)
         key = str(addr) if addr else name
-        types = [_mdev_type(t, attrs, counts.get((key, t), 0))
-                 for t, attrs in sorted(idx.types.get(name, {}).items(), key=lambda kv: _type_sort_key(kv[0]))]
         physfn = devices[addr].physfn if addr is not None and addr in devices else None
+        # A VF's static type attributes were read on one VF of its PF (see INVENTORY_GLOBS); its own win.
+        shared = idx.vf_types.get(_pci_key(idx, physfn), {}) if physfn is not None else {}
+        types = [_mdev_type(t, attrs, shared.get(t), counts.get((key, t), 0), seen_types)
+                 for t, attrs in sorted(idx.types.get(name, {}).items(), key=lambda kv: _type_sort_key(kv[0]))]
         parents.append(MdevParent(address=key, types=types, physfn=physfn))
     parent_by_addr = {p.address: p for p in parents}
 

@@ -231,6 +231,7 @@ def parse_driver_override(text: str | None) -> str | None:
     return None if t in ("", "(null)") else t
 
 
+@lru_cache(maxsize=8192)  # a large inventory meets each address in several links; PciAddress is frozen
 def pci_or_none(name: str | None) -> PciAddress | None:
     if not name:
         return None
