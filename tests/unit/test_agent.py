@@ -12,6 +12,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vgpuvirt.host import agent
 
@@ -216,10 +218,52 @@ def test_the_standalone_agent_reads_in_parallel_and_reports_its_time(sriov_tree:
     assert proc.stderr == b""
 
 
-def test_agent_start_imports_neither_typing_nor_subprocess() -> None:
-    # each remote exec pays the agent's imports: typing and subprocess are left to the type checker and
-    # to exec ops
-    probe = (f"import sys; exec(compile(open({agent.__file__!r}).read(), 'agent', 'exec'), {{'__name__': 'agent'}}); "
-             "print(sorted(m for m in ('typing', 'subprocess') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, check=True, text=True)
-    assert proc.stdout.strip() == "[]"
+def test_an_inventory_sized_request_runs_without_importing_typing_subprocess_json_or_re(sriov_tree: Path) -> None:
+    # each remote exec pays the agent's imports: typing is the type checker's, subprocess the exec op's, and
+    # json/re/base64 are replaced by the C codec and binascii (re alone was a third of the start)
+    from vgpuvirt.host.ssh import agent_command
+    req = json.dumps({"root": str(sriov_tree), "reads": READS, "compress": True}).encode()
+    blob = base64.b64encode(zlib.compress(req)).decode()
+    boot = agent_command(sys.executable)[-1]
+    probe = (f"import sys, atexit; atexit.register(lambda: sys.stderr.write(repr(sorted(m for m in "
+             f"('typing', 'subprocess', 'json', 're', 'base64', 'fnmatch') if m in sys.modules)))); {boot}")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe, blob], capture_output=True, check=True)
+    assert proc.stderr.decode() == "[]"
+    out = json.loads(zlib.decompress(proc.stdout))
+    assert out["entries"] == agent.read_entries(agent.OsFs(str(sriov_tree)), READS, {})
+
+
+@settings(max_examples=300, deadline=None)
+@given(glob=st.text(alphabet="ab.*", min_size=1, max_size=6), name=st.text(alphabet="ab.", max_size=7))
+def test_the_star_matcher_agrees_with_fnmatch(glob: str, name: str) -> None:
+    import fnmatch
+    match = agent._matcher(glob)
+    hidden = name.startswith(".") and not glob.startswith(".")
+    expected = fnmatch.fnmatchcase(name, glob) and not hidden
+    assert (match(name) if match is not None else not name.startswith(".")) == expected
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=json_values)
+def test_the_agents_json_codec_is_the_json_modules(value: object) -> None:
+    loads, dumps = agent._json_codec()
+    text = json.dumps(value, separators=(",", ":"))
+    assert dumps(value) == text
+    assert loads(text) == value
+    assert loads(" \n" + text + "\n") == value
+
+
+@pytest.mark.parametrize("bad", ["{", '{"a":1} x', "[1,]", '"\x01"', ""])
+def test_the_agents_json_codec_refuses_what_json_refuses(bad: str) -> None:
+    loads, _ = agent._json_codec()
+    with pytest.raises(ValueError):
+        json.loads(bad)
+    with pytest.raises(ValueError):
+        loads(bad)
+    with pytest.raises(ValueError):   # stricter than json: no NaN/Infinity in a request
+        loads('{"a":NaN}')

@@ -37,14 +37,13 @@ Each op may carry ``"group"``: with on_error=continue a failure skips the rest o
 """
 
 import errno as _errno
-import json
 import os
 import sys
 import time
 
 MYPY = False
 if MYPY:  # the type checker's view: importing typing (and subprocess, fnmatch) is left out of each exec's start
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Callable, Dict, List, Optional
 
 PROTOCOL = 1
 MAX_READ = 1 << 20
@@ -259,15 +258,42 @@ def _build_trie(patterns: "List[str]") -> "Dict[str, Any]":
 
 
 def _matcher(glob: str) -> "Any":
+    """A predicate for one name, as fnmatchcase; None for ``*`` (every name without a leading dot)."""
     if glob == "*":
         return None
-    import fnmatch
+    if "*" not in glob and "?" not in glob and "[" not in glob:   # a plain name with a guard
+        return lambda name: name == glob
+    full = _star_matcher(glob) if "?" not in glob and "[" not in glob else _re_matcher(glob)
+    if glob.startswith("."):
+        return full
+    # as the shell's glob: a wildcard does not match a leading dot
+    return lambda name: name[:1] != "." and full(name)
+
+
+def _re_matcher(glob: str) -> "Callable[[str], bool]":
+    import fnmatch  # imports re: only for the globs that need it
     import re
     match = re.compile(fnmatch.translate(glob)).match
-    if glob.startswith("."):
-        return match
-    # as the shell's glob: a wildcard does not match a leading dot
-    return lambda name: name[:1] != "." and match(name) is not None
+    return lambda name: match(name) is not None
+
+
+def _star_matcher(glob: str) -> "Callable[[str], bool]":
+    """``virtfn*``, ``*.bin``, ``a*b*c`` without importing re (a third of the agent's start)."""
+    parts = glob.split("*")
+    head, tail, middle = parts[0], parts[-1], [m for m in parts[1:-1] if m]
+    least = len(head) + len(tail) + sum(len(m) for m in middle)
+
+    def match(name: str) -> bool:
+        if len(name) < least or not name.startswith(head) or not name.endswith(tail):
+            return False
+        pos, end = len(head), len(name) - len(tail)
+        for m in middle:
+            i = name.find(m, pos, end)
+            if i < 0:
+                return False
+            pos = i + len(m)
+        return True
+    return match
 
 
 def _slow_read_entry(fs: "Any", path: str) -> "Optional[List[Any]]":
@@ -571,18 +597,73 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
     return response
 
 
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+
+
+def _no_default(obj: "Any") -> "Any":
+    raise TypeError("%r is not JSON serializable" % (obj,))
+
+
+def _json_codec() -> "Any":
+    """(loads, dumps): the C scanner and encoder that the json module itself uses, or json.
+
+    ``import json`` brings ``re`` and with it enum, functools and collections: about a third of
+    the agent's start, paid on every exec. The C parts need none of it. Output is what
+    ``json.dumps(obj, separators=(",", ":"))`` gives.
+    """
+    try:
+        import _json
+
+        class Context(object):
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            memo = {}  # type: Dict[str, Any]
+
+            @staticmethod
+            def parse_constant(name: str) -> "Any":
+                raise ValueError("%s is not valid here" % name)
+
+        scan = _json.make_scanner(Context())  # type: ignore[arg-type]  # duck-typed, as json.decoder does
+        encode = _json.make_encoder(None, _no_default, _json.encode_basestring_ascii, None, ":", ",",
+                                    False, False, True)
+
+        def loads(text: str) -> "Any":
+            text = text.strip(" \t\r\n")
+            try:
+                obj, end = scan(text, 0)
+            except StopIteration as exc:
+                raise ValueError("not JSON (at character %s)" % exc.value) from None
+            if end != len(text):
+                raise ValueError("extra data after the JSON value (at character %d)" % end)
+            return obj
+
+        def dumps(obj: "Any") -> str:
+            return "".join(encode(obj, 0))
+        return loads, dumps
+    except (ImportError, AttributeError, TypeError):   # another Python, or other internals
+        import json
+        return json.loads, lambda obj: json.dumps(obj, separators=(",", ":"))
+
+
 def main() -> None:
     started = time.monotonic()
+    loads, dumps = _json_codec()
     request = {}  # type: Dict[str, Any]
     try:
         if len(sys.argv) > 1:
             # a small request comes as argv[1] (base64 of zlib'd JSON): saves SSHHost a round trip
-            import base64
+            import binascii  # not base64: that module imports re
             import zlib
-            raw = zlib.decompress(base64.b64decode(sys.argv[1].encode("ascii"), validate=True))
+            blob = sys.argv[1]
+            if blob.strip(_B64):
+                raise ValueError("argv[1] is not base64")
+            raw = zlib.decompress(binascii.a2b_base64(blob.encode("ascii")))
         else:
             raw = sys.stdin.buffer.read()
-        request = json.loads(raw.decode("utf-8"))
+        request = loads(raw.decode("utf-8"))
         if not isinstance(request, dict):
             raise ValueError("the request must be a JSON object")
     except Exception as exc:  # bad JSON, base64 (binascii.Error) or zlib data (zlib.error): one clear answer
@@ -595,7 +676,7 @@ def main() -> None:
         workers = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 1 else auto
         out = handle(request, workers=workers)
     out["agent_s"] = round(time.monotonic() - started, 4)   # the host's share of a slow call, for the log
-    data = json.dumps(out, separators=(",", ":")).encode("utf-8")
+    data = dumps(out).encode("utf-8")
     if request.get("compress"):
         import zlib
         data = zlib.compress(data, 1)   # level 1: 4x faster than 6 on a large inventory, 15% bigger

@@ -373,26 +373,32 @@ class _Index:
         self.nvidia_version: str | None = snap.text("/sys/module/nvidia/version")
         self.cmdline: str | None = snap.text("/proc/cmdline")
         pci, mdev_bus, mdevs, groups = PCI + "/", MDEV_BUS + "/", MDEVS + "/", GROUPS + "/"
-        types_dir = "mdev_supported_types/"
+        types_dir, n_types_dir = "mdev_supported_types/", len("mdev_supported_types/")
+        last_parent, parent_types = "", {}    # paths come grouped by parent: skip re-finding its dict
         for path, entry in snap.items():
-            if path.startswith(pci):
-                dev, _, attr = path[len(pci):].partition("/")
-                if attr.startswith("virtfn") and types_dir in attr:
-                    _vf, _, rest = attr.partition("/")
-                    t, _, name = rest[len(types_dir):].partition("/")
-                    if rest.startswith(types_dir) and t and name and "/" not in name:
-                        self.vf_types.setdefault(dev, {}).setdefault(t, {})[name] = entry
-                    continue
-                self.pci.setdefault(dev, {})[attr] = entry
-            elif path.startswith(mdev_bus):
+            if path.startswith(mdev_bus):      # the most paths: every type's available_instances
                 parent, _, rest = path[len(mdev_bus):].partition("/")
                 if not rest:
                     self.mdev_bus[parent] = entry
                 elif rest.startswith(types_dir):
-                    t, _, name = rest[len(types_dir):].partition("/")
+                    t, _, name = rest[n_types_dir:].partition("/")
                     if t and name and "/" not in name:
-                        self.mdev_bus.setdefault(parent, None)
-                        self.types.setdefault(parent, {}).setdefault(t, {})[name] = entry
+                        if parent != last_parent:
+                            self.mdev_bus.setdefault(parent, None)
+                            last_parent, parent_types = parent, self.types.setdefault(parent, {})
+                        attrs = parent_types.get(t)
+                        if attrs is None:
+                            attrs = parent_types[t] = {}
+                        attrs[name] = entry
+            elif path.startswith(pci):
+                dev, _, attr = path[len(pci):].partition("/")
+                if attr.startswith("virtfn") and types_dir in attr:
+                    _vf, _, rest = attr.partition("/")
+                    t, _, name = rest[n_types_dir:].partition("/")
+                    if rest.startswith(types_dir) and t and name and "/" not in name:
+                        self.vf_types.setdefault(dev, {}).setdefault(t, {})[name] = entry
+                    continue
+                self.pci.setdefault(dev, {})[attr] = entry
             elif path.startswith(mdevs):
                 uuid, _, attr = path[len(mdevs):].partition("/")
                 self.mdevs.setdefault(uuid, {})[attr] = entry
@@ -442,16 +448,11 @@ def _upstream(link: Entry | None, own: PciAddress) -> PciAddress | None:
 def _pci_device(addr: PciAddress, attrs: dict[str, Entry]) -> PciDevice:
     virtfns: list[tuple[int, PciAddress]] = []
     for key, e in attrs.items():
-        m = re.fullmatch(r"virtfn(\d+)", key)
-        if m:
+        if key.startswith("virtfn") and key[6:].isascii() and key[6:].isdigit():
             vf = P.pci_or_none(_link_name(e))
             if vf is not None:
-                virtfns.append((int(m[1]), vf))
-    cpus = _text(attrs.get("local_cpulist"))
-    try:
-        cpulist = format_cpulist(parse_cpulist(cpus)) if cpus else None
-    except InvalidSpec:
-        cpulist = cpus
+                virtfns.append((int(key[6:]), vf))
+    cpulist = _normal_cpulist(_text(attrs.get("local_cpulist")))
     boot_vga = _text(attrs.get("boot_vga"))
     return PciDevice(
         address=addr,
@@ -473,6 +474,14 @@ def _pci_device(addr: PciAddress, attrs: dict[str, Entry]) -> PciDevice:
         boot_vga=None if boot_vga is None else boot_vga == "1",
         upstream=_upstream(attrs.get(""), addr),
     )
+
+
+@lru_cache(maxsize=1024)   # every VF of a GPU has its GPU's local_cpulist
+def _normal_cpulist(cpus: str | None) -> str | None:
+    try:
+        return format_cpulist(parse_cpulist(cpus)) if cpus else None
+    except InvalidSpec:
+        return cpus
 
 
 def _int_name(name: str | None) -> int | None:
