@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import importlib.resources
 import json
+import logging
 import select
 import shlex
 import socket
@@ -36,6 +37,8 @@ from vgpuvirt.errors import (
     TransportError,
 )
 from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+
+log = logging.getLogger(__name__)
 
 RetryFactory = Callable[[], tenacity.Retrying]
 
@@ -126,6 +129,8 @@ class SSHHost(BaseHost):
         self.keepalive = keepalive
         self.retry = retry
         self.python = python
+        #: seconds the agent itself spent on the host in the last batched call (the rest is network and ssh)
+        self.last_agent_s: float | None = None
         self.lock_path = lock_path
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
@@ -316,6 +321,7 @@ class SSHHost(BaseHost):
         blob = base64.b64encode(zlib.compress(payload, 6)).decode("ascii")
         if len(blob) <= ARGV_REQUEST_MAX:
             argv, payload = [*argv, blob], b""
+        started = time.monotonic()
         rc, out, err = self._call(lambda: self._exec_once(argv, payload, self.command_timeout), idempotent)
         if rc == 127 or (rc != 0 and b"not found" in err and self.python.encode() in err):
             raise RemoteRequirementMissing(self.name, f"{self.python} (>= 3.6) is required on the host but was not "
@@ -330,4 +336,8 @@ class SSHHost(BaseHost):
             response: dict[str, Any] = json.loads(zlib.decompress(out) if out[:1] != b"{" else out)
         except (zlib.error, ValueError) as exc:
             raise HostError(self.name, f"remote agent sent an unreadable answer ({len(out)} bytes)") from exc
+        agent_s = response.get("agent_s")
+        self.last_agent_s = float(agent_s) if isinstance(agent_s, (int, float)) else None
+        log.debug("%s: agent call %.3f s, of which %s s on the host, %d bytes back", self.name,
+                  time.monotonic() - started, agent_s, len(out))
         return response
