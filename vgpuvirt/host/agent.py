@@ -14,8 +14,8 @@ Request (JSON)::
 
 Paths are host paths (``/sys/...``) below ``root``; they never contain ``.`` or ``..``
 components. Read patterns may use ``*``, ``?`` and ``[...]`` inside a component, and a component
-may end in a guard that filters its matches by what exists below each one (REL is a relative
-path of plain names)::
+may end in a guard that filters its matches by what exists below each one (REL is one plain
+name: no wildcard, no ``/``)::
 
     *{!REL}     skip a match that has REL      (/sys/class/mdev_bus/*{!physfn}/...: not the VFs)
     *{?REL}     keep only matches that have REL
@@ -195,7 +195,7 @@ class FlockLocker:
 
 
 _TERMINAL = ""        # trie keys that no component can be (components are non-empty and have no "/")
-_MAGIC_KEY = "/m"     # [(glob, guard, child)]: listed, matched, filtered
+_MAGIC_KEY = "/m"     # [(matcher, guard, child)]: listed, matched, filtered
 _LITERAL_KEY = "/l"   # [(name, child)]: opened by name
 
 
@@ -212,9 +212,9 @@ class _Guard:
             self.present, rel = False, text[1:]
         else:
             raise PathRefused("a guard starts with !, ? or 1?: {%s}" % text)
-        parts = rel.split("/")
-        if not rel or any(p in ("", ".", "..") or _MAGIC & set(p) or "{" in p or "}" in p for p in parts):
-            raise PathRefused("a guard names a relative path of plain names: {%s}" % text)
+        # (a "/" cannot reach here: patterns are split into components first)
+        if rel in ("", ".", "..") or _MAGIC & set(rel) or "{" in rel or "}" in rel:
+            raise PathRefused("a guard names one plain name: {%s}" % text)
         self.rel = rel
 
     def admits(self, fs: "Any", path: str) -> bool:
