@@ -257,8 +257,11 @@ class LibvirtConnection:
         try:
             self._call(name, "undefine", lambda: dom.undefineFlags(flags))
         except LibvirtError as exc:
-            # Drivers without NVRAM support reject the flag; fall back to a plain undefine.
-            if exc.code not in (VIR_ERR_NO_SUPPORT, VIR_ERR_INVALID_ARG, VIR_ERR_OPERATION_UNSUPPORTED,
+            # Drivers without NVRAM or snapshot support reject the flags (the test driver: "unsupported
+            # flags"); fall back to a plain undefine. The test driver has also failed that call with no
+            # error set at all (code None, ~1 run in 6 of examples/vdi_pool.py, hosts torn down in
+            # parallel threads): the plain undefine then says what is really wrong, if anything is.
+            if exc.code not in (None, VIR_ERR_NO_SUPPORT, VIR_ERR_INVALID_ARG, VIR_ERR_OPERATION_UNSUPPORTED,
                                 VIR_ERR_OPERATION_INVALID):
                 raise
             self._call(name, "undefine", lambda: dom.undefine())

@@ -169,3 +169,40 @@ def test_missing_libvirt_python_names_the_extra(monkeypatch):
     with pytest.raises(MissingDependency) as ei:
         c.domains()
     assert "vgpuvirt[libvirt]" in str(ei.value)
+
+
+class _CodelessFailure:
+    """A domain whose flagged undefine fails with no libvirt error set (seen on the test driver)."""
+
+    def __init__(self, real, plain_fails: bool) -> None:
+        self.real, self.plain_fails, self.calls = real, plain_fails, []
+
+    def undefineFlags(self, flags: int) -> int:
+        self.calls.append("undefineFlags")
+        exc = libvirt.libvirtError("virDomainUndefineFlags() failed")
+        exc.err = None   # what libvirt-python holds when virGetLastError() had nothing
+        raise exc
+
+    def undefine(self) -> int:
+        self.calls.append("undefine")
+        if self.plain_fails:
+            raise libvirt.libvirtError("Requested operation is not valid: cannot undefine")
+        return int(self.real.undefine())
+
+
+@pytest.mark.parametrize("plain_fails", [False, True])
+def test_an_undefine_failing_without_an_error_code_falls_back_to_the_plain_call(conn, monkeypatch, plain_fails):
+    name = _name()
+    conn.made.append(name)
+    conn.define(_xml(name))
+    dom = _CodelessFailure(conn.raw.lookupByName(name), plain_fails)
+    real_lookup = conn._lookup
+    monkeypatch.setattr(conn, "_lookup", lambda n: dom if n == name else real_lookup(n))
+    if plain_fails:
+        with pytest.raises(LibvirtError, match="cannot undefine"):
+            conn.undefine(name)
+        assert name in conn.raw.listDefinedDomains()
+    else:
+        assert conn.undefine(name) == []
+        assert name not in conn.raw.listDefinedDomains()
+    assert dom.calls == ["undefineFlags", "undefine"]
