@@ -4,6 +4,7 @@
                                                    [--connect test:///default]
                                                    [--hosts-scaling | --no-hosts-scaling]
                                                    [--scaling-hosts 4] [--scaling-vms 8] [--scaling-repeat 3]
+                                                   [--scaling-proxy process|thread] [--only-hosts-scaling]
 
 Needs the testbed (scripts/testbed.sh start; started here if needed). Prints, in one run:
 * batched: ``provision()`` of --vms VMs (inventory, placement, every vGPU in one locked batch, XML,
@@ -15,14 +16,19 @@ Needs the testbed (scripts/testbed.sh start; started here if needed). Prints, in
   LibvirtConnection per host) provisioned on 1 host, on --scaling-hosts hosts in one ``provision()`` call
   (hosts in parallel), and on the same hosts one ``provision()`` after another (the sequential baseline);
   median of --scaling-repeat runs each; the parallel/1-host ratio (target ~1x), the sequential/parallel
-  ratio (what the parallelism saves), SSH round trips per host, and the machine's busy CPU (this one
-  machine plays every host, so its cores bound how far N hosts can overlap).
+  ratio (what the parallelism saves), SSH round trips per host, and the CPU-seconds each part of the
+  run took (/proc/PID/stat): this process (client), the remote agents (python3 children of the sshd
+  sessions), the sshd sessions, the FUSE simulator servers and the delay proxies. This one machine plays
+  every host, so their sum over its cores is the least wall time N hosts can take here; and as every host
+  reads, then applies, at the same moment, about 1-host wall + (N-host - 1-host CPU) / cores is what to expect.
+  --only-hosts-scaling runs this section alone.
 Everything is torn down after each run (not timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -60,9 +66,13 @@ def main() -> int:
     ap.add_argument("--scaling-repeat", type=int, default=3)
     ap.add_argument("--scaling-proxy", choices=["process", "thread"], default="process",
                     help="delay proxies in their own processes (default) or as threads of this process")
+    ap.add_argument("--only-hosts-scaling", action="store_true", help="run the hosts-scaling section alone")
     a = ap.parse_args()
 
     env = testbed_env()
+    if a.only_hosts_scaling:
+        hosts_scaling(env, a)
+        return 0
     gpu = VgpuRequest.parse(a.gpu)
     proxy = DelayProxy(("127.0.0.1", int(str(env["ssh_port"]))), rtt_ms=a.rtt_ms).start()
     port = proxy.address[1]
@@ -126,13 +136,23 @@ def main() -> int:
     return 0
 
 
+#: The parts of a run whose CPU is counted, in the order printed.
+PARTS = ("client", "agents", "sshd", "fuse", "proxies")
+PART_NAMES = {"client": "client (this process)", "agents": "remote agents (python3 via sshd)",
+              "sshd": "sshd sessions", "fuse": "FUSE sim servers", "proxies": "delay proxies"}
+
+
 @dataclass
 class _Run:
     wall: float
     round_trips: dict[str, int]
     calls: list[float]            # seconds of each provision() call
-    client_cpu: float             # CPU seconds of this process (all threads)
-    machine_cpu: float            # CPU seconds of the whole machine (client, proxies, sshd, agents, FUSE)
+    cpu: dict[str, float]         # CPU seconds per part (PARTS)
+    machine_cpu: float            # busy CPU seconds of the whole machine (anything else running included)
+
+    @property
+    def cpu_total(self) -> float:
+        return sum(self.cpu.values())
 
 
 def _machine_cpu() -> float:
@@ -142,13 +162,55 @@ def _machine_cpu() -> float:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _proc_cpu(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of a process; (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return 0.0, 0.0
+    fields = text[text.rindex(")") + 2:].split()     # after "(comm)": state ppid ... utime stime cutime cstime
+    tck = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tck, (int(fields[13]) + int(fields[14])) / tck
+
+
+def _children(ppid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if int(text[text.rindex(")") + 2:].split()[1]) == ppid:
+                out.append(int(name))
+    return out
+
+
+@dataclass
+class _Parts:
+    """The processes of the scenario, counted per part. An exec's remote ``python3`` is a child of its
+    connection's sshd session process, which reaps it before it sends the exit status: by the time an exec
+    returns, the agent's CPU is in that session's children's time."""
+
+    sessions: list[int]           # sshd processes of this run's connections (children of the listener)
+    fuse: list[int]
+    proxies: list[int]            # empty when the proxies are threads of this process (counted as client)
+
+    def sample(self) -> dict[str, float]:
+        sess = [_proc_cpu(p) for p in self.sessions]
+        return {"client": time.process_time(), "agents": sum(c for _, c in sess), "sshd": sum(o for o, _ in sess),
+                "fuse": sum(_proc_cpu(p)[0] for p in self.fuse), "proxies": sum(_proc_cpu(p)[0] for p in self.proxies)}
+
+
 def _timed(hosts: list[SSHHost], conns: dict[str, LibvirtConnection], per_host: dict[str, list[VmRequest]],
-           one_call: bool) -> _Run:
+           one_call: bool, parts: _Parts) -> _Run:
     """Provision ``per_host`` (one call for all hosts, or one call per host in turn), then tear down
     (not timed)."""
     rt0 = {h.name: h.round_trips for h in hosts}
     calls: list[float] = []
-    m0, c0, t0 = _machine_cpu(), time.process_time(), time.monotonic()
+    p0, m0, t0 = parts.sample(), _machine_cpu(), time.monotonic()
     groups = [hosts] if one_call else [[h] for h in hosts]
     for group in groups:
         t = time.monotonic()
@@ -158,8 +220,10 @@ def _timed(hosts: list[SSHHost], conns: dict[str, LibvirtConnection], per_host: 
         for h in group:
             got = sum(1 for x in res.plan.assignments if x.host == h.name)
             assert got == len(per_host[h.name]), (h.name, got)
-    run = _Run(time.monotonic() - t0, {h.name: h.round_trips - rt0[h.name] for h in hosts}, calls,
-               time.process_time() - c0, _machine_cpu() - m0)
+    wall = time.monotonic() - t0
+    p1, m1 = parts.sample(), _machine_cpu()
+    run = _Run(wall, {h.name: h.round_trips - rt0[h.name] for h in hosts}, calls,
+               {k: p1[k] - p0[k] for k in PARTS}, m1 - m0)
     td = teardown(hosts, conns, [vm.name for h in hosts for vm in per_host[h.name]])
     assert td.ok, td.failed
     return run
@@ -214,10 +278,13 @@ def hosts_scaling(env: dict[str, object], a: argparse.Namespace) -> None:
                                            host=h.name) for i, h in enumerate(hosts)}
         # Warm-up (not timed): SSH connect, libvirt open, the FUSE servers' first walk.
         provision(hosts, conns, [vm for h in hosts for vm in per_host[h.name]], dry_run=True)
+        proxy_pids = [p.proc.pid for p in proxies if isinstance(p, _ProxyProcess)]
+        parts = _Parts(sessions=_sessions_of(_sshd_pid(env), proxy_pids or [os.getpid()]),
+                       fuse=[_pid_of(m + ".pid") for m in mnts], proxies=proxy_pids)
         for _ in range(a.scaling_repeat):
-            one.append(_timed(hosts[:1], conns, per_host, one_call=True))
-            par.append(_timed(hosts, conns, per_host, one_call=True))
-            seq.append(_timed(hosts, conns, per_host, one_call=False))
+            one.append(_timed(hosts[:1], conns, per_host, one_call=True, parts=parts))
+            par.append(_timed(hosts, conns, per_host, one_call=True, parts=parts))
+            seq.append(_timed(hosts, conns, per_host, one_call=False, parts=parts))
     finally:
         for h in hosts:
             h.close()
@@ -235,6 +302,9 @@ def hosts_scaling(env: dict[str, object], a: argparse.Namespace) -> None:
     def walls(runs: list[_Run]) -> str:
         return ", ".join(f"{r.wall:.2f}" for r in runs)
 
+    def cpu_mean(runs: list[_Run]) -> dict[str, float]:
+        return {k: sum(r.cpu[k] for r in runs) / len(runs) for k in PARTS}
+
     r1, rn, rs = med(one), med(par), med(seq)
     cores = os.cpu_count() or 1
     print(f"hosts scaling: {a.scaling_vms} VMs per host ({gpu.describe()}), profile {a.scaling_profile}; per host "
@@ -247,11 +317,79 @@ def hosts_scaling(env: dict[str, object], a: argparse.Namespace) -> None:
           f"per host: {', '.join(f'{x:.2f}' for x in rs.calls)})")
     print(f"ratio       : {n} hosts parallel / 1 host = {rn.wall / r1.wall:.2f}x (target ~1x); "
           f"sequential / parallel = {rs.wall / rn.wall:.2f}x saved by the parallelism (ideal {n}x)")
-    floor = rn.machine_cpu / cores
-    print(f"cpu         : this machine has {cores} cores and plays all {n} hosts (sshd, remote agent, FUSE server) "
-          f"as well as the client; busy CPU-s (machine / client): 1 host {r1.machine_cpu:.2f} / "
-          f"{r1.client_cpu:.2f}, {n} hosts par {rn.machine_cpu:.2f} / {rn.client_cpu:.2f} -> {n} hosts cannot take "
-          f"less than {floor:.2f} s wall here ({floor / r1.wall:.2f}x the 1-host time)")
+    c1, cn = cpu_mean(one), cpu_mean(par)
+    t1, tn = sum(c1.values()), sum(cn.values())
+    floor1, floorn = t1 / cores, tn / cores
+    print(f"cpu by part : CPU-s per run (mean of {a.scaling_repeat}), /proc/PID/stat; 1 host | {n} hosts par "
+          f"(per host)")
+    for k in PARTS:
+        print(f"  {PART_NAMES[k]:33s} {c1[k]:6.3f} | {cn[k]:6.3f} ({cn[k] / n:.3f})"
+              + ("   (proxy threads: in the client)" if k == "proxies" and a.scaling_proxy == "thread" else ""))
+    print(f"  {'total':33s} {t1:6.3f} | {tn:6.3f} ({tn / n:.3f});  machine busy {r1.machine_cpu:.2f} | "
+          f"{rn.machine_cpu:.2f} (includes whatever else runs here)")
+    print(f"floor       : this machine has {cores} cores and plays all {n} hosts (sshd, remote agent, FUSE server, "
+          f"proxy) as well as the client: {n} hosts cannot take less than {tn:.2f} CPU-s / {cores} = {floorn:.2f} s "
+          f"wall here ({floorn / r1.wall:.2f}x the 1-host time; measured {rn.wall / r1.wall:.2f}x); 1 host: "
+          f"{floor1:.2f} s, wall {r1.wall:.2f} s (mostly waiting on the {a.rtt_ms:.0f} ms link)")
+    # Every host reads, then every host applies, at the same moment: their CPU bursts coincide instead of
+    # filling each other's network waits, so the other hosts' CPU adds to the 1-host critical path.
+    lined_up = r1.wall + (tn - t1) / cores
+    print(f"lined up    : the hosts' bursts coincide (all read, then all apply, together): expect about 1-host wall + "
+          f"extra CPU / cores = {r1.wall:.2f} + {tn - t1:.2f} / {cores} = {lined_up:.2f} s (measured {rn.wall:.2f} s). "
+          f"On real hosts each host's agent, sshd and sysfs run on that host: only the client's part "
+          f"({cn['client']:.2f} CPU-s here) stays on the machine that runs vgpuvirt")
+
+
+def _tcp_ports() -> dict[int, tuple[int, int]]:
+    """Socket inode -> (local port, remote port) of every TCP socket (/proc/net/tcp, tcp6)."""
+    out: dict[int, tuple[int, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            col = row.split()
+            out[int(col[9])] = (int(col[1].rsplit(":", 1)[1], 16), int(col[2].rsplit(":", 1)[1], 16))
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _sessions_of(sshd: int | None, proxy_pids: list[int]) -> list[int]:
+    """The sshd session processes (children of the listener) whose peer is one of our proxies' upstream
+    sockets: other users of the same sshd (a test run beside this one) are not counted."""
+    if sshd is None:
+        return []
+    ports = _tcp_ports()
+    ours = {ports[i][0] for pid in proxy_pids for i in _socket_inodes(pid) if i in ports}
+    return [p for p in _children(sshd) if any(ports[i][1] in ours for i in _socket_inodes(p) if i in ports)]
+
+
+def _sshd_pid(env: dict[str, object]) -> int | None:
+    """The testbed's sshd listener (its connections' session processes are its children)."""
+    try:
+        return _pid_of(os.path.join(str(env["sbx"]), "run", "sshd-main.pid"))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _pid_of(pid_file: str) -> int:
+    with open(pid_file, encoding="ascii") as f:
+        return int(f.read().strip())
 
 
 if __name__ == "__main__":

@@ -345,3 +345,20 @@ def test_printable_names_are_quoted_for_the_remote_shell(testbed: Testbed) -> No
     h = testbed.ssh()
     every = string.printable.replace("\x0b", "").replace("\x0c", "")
     assert h.run(["printf", "%s", every]).stdout == every
+
+
+def test_waiting_for_the_exit_status_after_eof_does_not_spin(testbed: Testbed, host: SSHHost,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command closes its output at once and exits 0.3 s later: between EOF and the exit status the
+    # client must wait, not poll a channel that stays readable (that was ~1,000 select() calls per exec).
+    import vgpuvirt.host.ssh as ssh_mod
+    calls = []
+    real_select = ssh_mod.select.select
+
+    def counting_select(*args: object) -> object:
+        calls.append(1)
+        return real_select(*args)  # type: ignore[arg-type]
+    monkeypatch.setattr(ssh_mod.select, "select", counting_select)
+    res = host.run(["sh", "-c", "exec >&- 2>&-; sleep 0.3"])
+    assert res.exit_code == 0
+    assert len(calls) < 20

@@ -256,7 +256,13 @@ class SSHHost(BaseHost):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError
-                    select.select([chan], [], [], min(left, 1.0))
+                    if chan.eof_received:
+                        # After EOF (no more data on either stream) paramiko keeps the channel's pipe readable
+                        # for good, so select() would return at once until the exit status arrives: a busy loop
+                        # of 250-1,700 turns per exec. Wait on the exit-status event (also set on close).
+                        chan.status_event.wait(min(left, 1.0))
+                    else:
+                        select.select([chan], [], [], min(left, 1.0))
                 # drain anything that raced with the exit status
                 while chan.recv_ready():
                     out.append(chan.recv(1 << 16))

@@ -11,17 +11,148 @@ In-process::
         host = SSHHost(*proxy.address, ...)
 
 Standalone: ``python -m vgpuvirt.testing.delayproxy --target 127.0.0.1:2222 --rtt-ms 25``.
+
+The proxy runs on one asyncio event loop with plain protocols and one timer per direction (no
+streams, queues or tasks per chunk): benchmarks run it beside the hosts they time, on the same
+cores, so what it costs is taken from what it measures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import socket
 import threading
-import time
+from collections.abc import Callable
 from types import TracebackType
+
+
+class _Link:
+    """One direction of a proxied connection: chunks leave for ``dest`` ``delay`` seconds after they came."""
+
+    __slots__ = ("delay", "dest", "ended", "loop", "on_end", "pending", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, delay: float, on_end: Callable[[], None]) -> None:
+        self.loop = loop
+        self.delay = delay
+        self.dest: asyncio.Transport | None = None     # set once that side is connected
+        self.pending: collections.deque[tuple[float, bytes]] = collections.deque()  # (due, data); b"" = EOF
+        self.timer: asyncio.TimerHandle | None = None
+        self.ended = False                              # EOF delivered (or the destination is gone)
+        self.on_end = on_end
+
+    def push(self, data: bytes) -> None:
+        if self.ended:
+            return
+        self.pending.append((self.loop.time() + self.delay, data))
+        self._arm()
+
+    def attach(self, dest: asyncio.Transport) -> None:
+        self.dest = dest
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.timer is None and self.pending and self.dest is not None:
+            self.timer = self.loop.call_at(self.pending[0][0], self._flush)
+
+    def _flush(self) -> None:
+        self.timer = None
+        dest = self.dest
+        now = self.loop.time()
+        while self.pending and self.pending[0][0] <= now and dest is not None:
+            _, data = self.pending.popleft()
+            if data:
+                dest.write(data)
+                continue
+            with contextlib.suppress(OSError, RuntimeError, NotImplementedError):
+                if not dest.is_closing() and dest.can_write_eof():
+                    dest.write_eof()
+            self.end()
+            return
+        self._arm()
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.pending.clear()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.on_end()
+
+
+class _Side(asyncio.Protocol):
+    """One socket of a proxied pair: what it receives goes out through ``out`` (toward the peer)."""
+
+    def __init__(self, conn: _Conn, out: _Link, into: _Link) -> None:
+        self.conn = conn
+        self.out = out          # data received here, delayed, to the peer
+        self.into = into        # data for this side (its dest is this side's transport)
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Side | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn.proxy._transports.add(transport)
+        self.into.attach(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.out.push(data)
+
+    def eof_received(self) -> bool:
+        self.out.push(b"")
+        return True             # keep the other direction open (half-close), as TCP does
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.conn.proxy._transports.discard(self.transport)
+        self.out.push(b"")      # a reset or a close reads as EOF on this side, as a read error did
+        self.into.end()         # nothing more can be written here
+
+    # The peer's kernel buffer is full: stop reading this side until it drains (bounded memory).
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
+            self.peer.transport.resume_reading()
+
+
+class _Conn:
+    """A client connection and its upstream: closed once both directions have ended."""
+
+    def __init__(self, proxy: DelayProxy) -> None:
+        loop = asyncio.get_running_loop()
+        self.proxy = proxy
+        up = _Link(loop, proxy._one_way, self._ended)     # client -> target
+        down = _Link(loop, proxy._one_way, self._ended)   # target -> client
+        self.client = _Side(self, out=up, into=down)
+        self.server = _Side(self, out=down, into=up)
+        self.client.peer, self.server.peer = self.server, self.client
+        self.links = (up, down)
+
+    def _ended(self) -> None:
+        if all(link.ended for link in self.links):
+            for side in (self.client, self.server):
+                if side.transport is not None:
+                    side.transport.close()
+
+    async def connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_connection(lambda: self.server, *self.proxy.target)
+        except OSError:
+            if self.client.transport is not None:
+                self.client.transport.abort()
+            for link in self.links:
+                link.end()
 
 
 class DelayProxy:
@@ -38,7 +169,8 @@ class DelayProxy:
         self._address: tuple[str, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._transports: set[asyncio.Transport] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -81,8 +213,8 @@ class DelayProxy:
             done = threading.Event()
 
             def abort() -> None:
-                for w in list(self._writers):
-                    w.transport.abort()
+                for t in list(self._transports):
+                    t.abort()
                 done.set()
 
             loop.call_soon_threadsafe(abort)
@@ -106,73 +238,29 @@ class DelayProxy:
             ready.set()
             loop.close()
 
+    def _accept(self) -> asyncio.Protocol:
+        self.connections += 1
+        conn = _Conn(self)
+        task = asyncio.get_running_loop().create_task(conn.connect_upstream())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return conn.client
+
     async def _main(self, ready: threading.Event) -> None:
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._handle, self.listen[0], self.listen[1])
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(self._accept, self.listen[0], self.listen[1])
         host, port = server.sockets[0].getsockname()[:2]
         self._address = (str(host), int(port))
         ready.set()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), self.lifetime)
         server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        # aborted connections end their handlers by themselves (EOF); cancel only what is left
-        pending = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
-        if pending:
-            _, left = await asyncio.wait(pending, timeout=2)
-            for t in left:
-                t.cancel()
-
-    # -- one proxied connection -------------------------------------------------------------
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            server_r, server_w = await asyncio.open_connection(*self.target)
-        except OSError:
-            client_w.transport.abort()
-            return
-        pair = (client_w, server_w)
-        for w in pair:
-            self._writers.add(w)
-            sock = w.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.gather(self._pump(client_r, server_w), self._pump(server_r, client_w),
-                                 return_exceptions=True)
-        finally:
-            for w in pair:
-                self._writers.discard(w)
-                w.close()
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def receive() -> None:
-            while True:
-                try:
-                    data = await reader.read(1 << 16)
-                except OSError:
-                    data = b""
-                await queue.put((time.monotonic() + self._one_way, data))
-                if not data:
-                    return
-
-        async def send() -> None:
-            while True:
-                due, data = await queue.get()
-                delay = due - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if not data:
-                    with contextlib.suppress(OSError, RuntimeError):
-                        writer.write_eof()
-                    return
-                writer.write(data)
-                await writer.drain()
-
-        await asyncio.gather(receive(), send())
+        for t in list(self._transports):
+            t.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.sleep(0)      # let the aborts' connection_lost callbacks run
 
 
 def _hostport(text: str) -> tuple[str, int]:
