@@ -15,6 +15,7 @@ import socket
 import string
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,24 @@ def server_pids(port: int) -> list[int]:
     out = subprocess.run(["ss", "-tnpH", "state", "established", "(", "dport", "=", f":{port}", ")"],
                          capture_output=True, text=True, check=True).stdout
     return sorted({int(p) for p in re.findall(r"pid=(\d+)", out)} - {os.getpid()})
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """Every process below ``pids`` (from /proc's parent links)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], list(pids)
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
 
 
 # ---------------------------------------------------------------- fixtures
@@ -124,8 +143,46 @@ def test_one_connection_reused_across_calls_and_threads(testbed: Testbed, host: 
     for t in threads:
         t.join()
     assert errors == []
-    assert client_port(host) == port
-    assert server_execs(testbed, port) - before == 18  # all 18 reads rode the one connection
+    assert client_port(host) == port                  # all 18 reads rode the one connection
+    # one thread at a time talks to the resident agent; the others ran execs of their own
+    assert 1 <= server_execs(testbed, port) - before < 18
+    assert host.round_trips == 19
+
+
+def test_reads_after_the_first_go_to_the_resident_agent_without_an_exec(testbed: Testbed, host: SSHHost) -> None:
+    assert host.read(["/sys/devices/dev000/attr01"]).text("/sys/devices/dev000/attr01") == "value 1"
+    port = client_port(host)
+    execs = server_execs(testbed, port)
+    assert execs == 1
+    for i in range(2, 12):
+        assert host.read([f"/sys/devices/dev000/attr{i:02d}"]).text(f"/sys/devices/dev000/attr{i:02d}") == \
+            f"value {i}"
+    assert server_execs(testbed, port) == execs       # ten more requests, no new process on the host
+    assert host.round_trips == 11
+
+
+def test_a_dead_resident_agent_is_restarted_before_a_write_is_sent(testbed: Testbed, wtree: Path) -> None:
+    h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"))
+    assert h.read(["/sys/class/x/a"]).text("/sys/class/x/a") == "old"
+    port = client_port(h)
+    # kill the host's resident agent (the python3 serving this connection), as an OOM killer would
+    agents = [p for p in descendants(server_pids(port)) if b"--serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(agents) == 1
+    os.kill(agents[0], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while h._resident is not None and not h._resident.exit_status_ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    res = h.apply([Op.write("/sys/class/x/a", "new")])   # not idempotent: must run exactly once
+    assert res.ok
+    assert (wtree / "sys/class/x/a").read_text() == "new"
+    assert server_execs(testbed, port) == 2               # the first agent, and its replacement
+
+
+def test_resident_false_runs_one_exec_per_request(testbed: Testbed, tree: Path) -> None:
+    h = testbed.ssh(sysfs_root=str(tree), resident=False)
+    for i in range(3):
+        h.read([f"/sys/devices/dev001/attr{i:02d}"])
+    assert server_execs(testbed, client_port(h)) == 3
 
 
 # ---------------------------------------------------------------- batching

@@ -267,3 +267,43 @@ def test_the_agents_json_codec_refuses_what_json_refuses(bad: str) -> None:
         loads(bad)
     with pytest.raises(ValueError):   # stricter than json: no NaN/Infinity in a request
         loads('{"a":NaN}')
+
+
+def _frame(data: bytes) -> bytes:
+    import struct
+    return struct.pack(">I", len(data)) + data
+
+
+def _frames(data: bytes) -> list[bytes]:
+    import struct
+    out = []
+    while data:
+        (n,) = struct.unpack(">I", data[:4])
+        out.append(data[4:4 + n])
+        data = data[4 + n:]
+    return out
+
+
+def test_the_resident_agent_answers_an_argv_request_then_framed_requests_until_eof(tree: Path) -> None:
+    def req(pattern: str, compress: bool) -> bytes:
+        return json.dumps({"root": str(tree), "reads": [pattern], "compress": compress}).encode()
+    first = base64.b64encode(zlib.compress(req("/sys/bus/pci/devices/0000:3b:00.0/vendor", True))).decode()
+    stdin = (_frame(zlib.compress(req("/sys/bus/pci/devices/0000:3c:00.0/vendor", False)))
+             + _frame(req("/sys/bus/pci/devices/*/numvfs", True)) + _frame(b"{not json"))
+    proc = subprocess.run([sys.executable, "-I", "-S", agent.__file__, "--serve", first], input=stdin,
+                          capture_output=True, check=True, timeout=60)
+    answers = _frames(proc.stdout)
+    assert len(answers) == 4                     # one per request, then it left on EOF
+    a1, a2, a3, a4 = (json.loads(zlib.decompress(a) if a[:1] != b"{" else a) for a in answers)
+    assert list(a1["entries"]) == ["/sys/bus/pci/devices/0000:3b:00.0/vendor"]
+    assert a2["entries"] == {"/sys/bus/pci/devices/0000:3c:00.0/vendor": ["f", "0x10de\n", None]}
+    assert answers[1][:1] == b"{"               # answered uncompressed, as asked
+    assert len(a3["entries"]) == 2
+    assert a4["fatal"] == "request"              # a bad request gets its answer; the agent goes on
+    assert proc.stderr == b""
+
+
+def test_the_resident_agent_ends_quietly_on_a_cut_frame(tree: Path) -> None:
+    proc = subprocess.run([sys.executable, "-I", "-S", agent.__file__, "--serve"], input=b"\x00\x00\x01\x00{",
+                          capture_output=True, check=True, timeout=60)
+    assert proc.stdout == b"" and proc.stderr == b""
