@@ -192,7 +192,7 @@ def _children(ppid: int) -> list[int]:
 class _Parts:
     """The processes of the scenario, counted per part. An exec's remote ``python3`` is a child of its
     connection's sshd session process, which reaps it before it sends the exit status: by the time an exec
-    returns, the agent's CPU is in that session's children's time."""
+    returns, the agent's CPU is in that session's children's time. The resident agent stays a live child."""
 
     sessions: list[int]           # sshd processes of this run's connections (children of the listener)
     fuse: list[int]
@@ -200,7 +200,11 @@ class _Parts:
 
     def sample(self) -> dict[str, float]:
         sess = [_proc_cpu(p) for p in self.sessions]
-        return {"client": time.process_time(), "agents": sum(c for _, c in sess), "sshd": sum(o for o, _ in sess),
+        # A resident agent (SSHHost keeps one per connection) is a live child of its session: count its own
+        # time and its reaped readers' too. Exec'd agents are already in the sessions' children's time.
+        live = [_proc_cpu(c) for p in self.sessions for c in _children(p)]
+        return {"client": time.process_time(),
+                "agents": sum(c for _, c in sess) + sum(o + c for o, c in live), "sshd": sum(o for o, _ in sess),
                 "fuse": sum(_proc_cpu(p)[0] for p in self.fuse), "proxies": sum(_proc_cpu(p)[0] for p in self.proxies)}
 
 
