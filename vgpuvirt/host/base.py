@@ -70,8 +70,11 @@ class Snapshot(Mapping[str, Entry]):
     @classmethod
     def from_wire(cls, raw: Mapping[str, Sequence[Any]], host: str = "") -> Snapshot:
         kinds, new = _KINDS, Entry._make
-        return cls({p: new((kinds[k], v if k == "f" else None, v if k == "l" else None, e))
-                    for p, (k, v, e) in raw.items()}, host)
+        snap = cls.__new__(cls)   # the comprehension's dict is ours already: no copy
+        snap._entries = {p: new((kinds[k], v if k == "f" else None, v if k == "l" else None, e))
+                         for p, (k, v, e) in raw.items()}
+        snap.host, snap._children = host, None
+        return snap
 
     def __getitem__(self, path: str) -> Entry:
         return self._entries[path]

@@ -9,7 +9,6 @@ format is tested without a host. :meth:`Inventory.to_dict` is the JSON contract 
 from __future__ import annotations
 
 import errno as _errno
-import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -416,7 +415,7 @@ def _text(e: Entry | None) -> str | None:
 
 
 def _link_name(e: Entry | None) -> str | None:
-    return posixpath.basename(e.target.rstrip("/")) if e is not None and e.target else None
+    return e.target.rstrip("/").rpartition("/")[2] if e is not None and e.target else None
 
 
 def _int(e: Entry | None) -> int | None:

@@ -201,6 +201,7 @@ def classify_vgpu_name(name: str | None) -> VgpuClass:
 # --------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)   # the 32 VFs of a GPU repeat its vendor, device and class
 def parse_hex_id(text: str | None) -> str | None:
     """``0x10de`` / ``10de`` -> ``0x10de`` (lower case, 0x-prefixed), else None."""
     if text is None:
@@ -221,7 +222,12 @@ def parse_reset_methods(text: str | None) -> list[str] | None:
     """``flr bus`` -> ``["flr", "bus"]``; an absent file -> None (no method, or kernel < 5.15)."""
     if text is None:
         return None
-    return [w for w in text.split() if re.fullmatch(r"[a-z_]{1,32}", w)]
+    return list(_reset_methods(text))
+
+
+@lru_cache(maxsize=256)
+def _reset_methods(text: str) -> tuple[str, ...]:
+    return tuple(w for w in text.split() if re.fullmatch(r"[a-z_]{1,32}", w))
 
 
 def parse_driver_override(text: str | None) -> str | None:
