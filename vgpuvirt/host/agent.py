@@ -1,9 +1,11 @@
 """The batch agent: one request in, one response out.
 
 This file is self-contained (stdlib only, Python >= 3.6) because SSHHost sends its source to
-the remote ``python3`` and feeds the request on stdin: a whole inventory or a whole batch of
-writes is ONE remote exec. LocalHost calls :func:`handle` in-process and SimHost calls it with
-the simulator's filesystem, so every Host shares these exact semantics.
+the remote ``python3`` with the request (in argv, or on stdin when large): a whole inventory or a
+whole batch of writes is ONE request. With ``--serve`` the same process stays and answers further
+requests framed on stdin (see :func:`serve`), one per connection. LocalHost calls :func:`handle`
+in-process and SimHost calls it with the simulator's filesystem, so every Host shares these exact
+semantics.
 
 Request (JSON)::
 
@@ -398,12 +400,16 @@ def _read_in_parallel(items: "List[Any]", visit: "Any", out: "Dict[str, Any]", w
     children = []  # type: List[Any]
     for k in range(1, min(workers, len(items))):
         share = items[k::workers]
+        fds = ()  # type: tuple[int, ...]
         try:
-            rfd, wfd = os.pipe()
+            fds = os.pipe()
             pid = os.fork()
-        except OSError:
+        except OSError:   # no fd or no process to spare: this share is read here
+            for fd in fds:
+                os.close(fd)
             children.append((None, None, share))
             continue
+        rfd, wfd = fds
         if pid == 0:  # the child: read its share, hand it over, leave without running any cleanup
             code = 1
             try:
