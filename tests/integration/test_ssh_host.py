@@ -419,3 +419,18 @@ def test_waiting_for_the_exit_status_after_eof_does_not_spin(testbed: Testbed, h
     res = host.run(["sh", "-c", "exec >&- 2>&-; sleep 0.3"])
     assert res.exit_code == 0
     assert len(calls) < 20
+
+
+def test_a_resident_agent_that_does_not_answer_in_time_is_replaced(testbed: Testbed, wtree: Path) -> None:
+    from vgpuvirt.errors import HostError
+    h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"), command_timeout=1.0)
+    assert h.read(["/sys/class/x/a"]).text("/sys/class/x/a") == "old"
+    port = client_port(h)
+    # a wait the agent keeps for 3 s, longer than the client's 1 s command timeout
+    with pytest.raises(HostError, match="did not answer within"):
+        h.apply([Op.wait("/sys/class/x/never", "exists", timeout=3.0)], lock=False)
+    assert h._resident is None
+    # the next call starts a fresh agent on the same connection and gets a correct answer
+    assert h.read(["/sys/class/x/b"]).text("/sys/class/x/b") == "old"
+    assert client_port(h) == port
+    assert server_execs(testbed, port) == 2
