@@ -9,6 +9,7 @@
 #   scripts/testbed.sh status         one line per part; exit 0 when sshd and libvirtd run
 #   scripts/testbed.sh hosts-up N     N extra test hosts: sshd on 127.0.2.1..N:2222, each with its own mnt dir
 #   scripts/testbed.sh hosts-down     stops the extra hosts          (netns-up/netns-down are aliases)
+#   scripts/testbed.sh host-down N    stops extra host hN only (a test's "host gone"; hosts-up brings it back)
 #
 # State lives in $VGPUVIRT_SBX (default /tmp/vgpuvirt-testbed). See docs/testbed.md.
 set -euo pipefail
@@ -296,6 +297,16 @@ hosts_down() {
   return 0
 }
 
+host_down() {
+  local n=${1:-} d
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 50)) || die "usage: $0 host-down N (1..50)" 2
+  need_root; take_lock
+  d=$SBX/hosts/h$n
+  [ -d "$d" ] && stop_pidfile "sshd h$n" "$RUN/sshd-h$n.pid" "$d/sshd_config"
+  [ -f "$ENV_FILE" ] && write_env
+  return 0
+}
+
 stop() {
   need_root; take_lock
   hosts_down
@@ -339,6 +350,7 @@ case "${1:-}" in
   status)   status; exit $? ;;
   hosts-up|netns-up)     hosts_up "${2:-}" ;;
   hosts-down|netns-down) hosts_down ;;
+  host-down)             host_down "${2:-}" ;;
   *) sed -n '2,14p' "$0" >&2; exit 2 ;;
 esac
 log "$1 done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"

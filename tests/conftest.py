@@ -106,6 +106,10 @@ class Testbed(SshEndpoint):
         self._extra.extend(hosts)
         return hosts
 
+    def stop_extra_host(self, n: int) -> None:
+        """Stop extra host hN's sshd (scripts/testbed.sh host-down N); extra_hosts() brings it back."""
+        _testbed_sh("host-down", str(n))
+
     def close_all(self) -> None:
         super().close_all()
         for h in self._extra:

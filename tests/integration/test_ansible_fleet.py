@@ -19,12 +19,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,7 +239,7 @@ class Fleet:
     prefix: str
     workdir: Path
     known_hosts: str
-    extra_sshd: dict[str, int] = field(default_factory=dict)   # host name -> pid of an sshd we started
+    stop_host: Callable[[int], None] = lambda n: None   # scripts/testbed.sh host-down N
 
     def ansible(self, hosts: list[FleetHost], tag: str) -> Ansible:
         d = self.workdir / tag
@@ -251,58 +249,11 @@ class Fleet:
         return Ansible(d, inv)
 
 
-def start_own_sshd(workdir: Path, env: dict[str, Any], addr: str, port: int) -> tuple[int, str]:
-    """An sshd of our own (so this test may stop it): its own host key and mount namespace, root's
-    ~/.bashrc hidden (TESTBED.md: pyenv init costs ~150 ms per exec), slave propagation so the FUSE
-    mounts under the testbed's shared mnt dir are visible. Returns (pid, known_hosts line)."""
-    d = workdir / "sshd-own"
-    d.mkdir(parents=True, exist_ok=True)
-    key = d / "host_ed25519"
-    if not key.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vgpuvirt-ansible-test",
-                        "-f", str(key)], check=True)
-    cfg = d / "sshd_config"
-    authorized = Path(env["identity"]).parent / "authorized_keys"
-    cfg.write_text(f"""ListenAddress {addr}:{port}
-HostKey {key}
-PidFile none
-AuthorizedKeysFile {authorized}
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-MaxStartups 100:30:200
-LogLevel VERBOSE
-""")
-    empty = d / "empty_bashrc"
-    empty.write_text("")
-    bashrc = str(Path("~root").expanduser() / ".bashrc")
-    os.makedirs("/run/sshd", exist_ok=True)
-    proc = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "slave", "sh", "-c",
-         'if [ -e "$1" ]; then mount --bind "$2" "$1" || exit 1; fi; exec /usr/sbin/sshd -D -f "$3" -E "$4"',
-         "sshd-ns", bashrc, str(empty), str(cfg), str(d / "sshd.log")],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    import socket
-    for _ in range(200):
-        try:
-            with socket.create_connection((addr, port), timeout=0.2):
-                break
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"own sshd exited: {(d / 'sshd.log').read_text()[-1000:]}") from None
-            time.sleep(0.05)
-    pub = key.with_suffix(".pub").read_text().split()
-    return proc.pid, f"[{addr}]:{port} {pub[0]} {pub[1]}\n"
-
-
 @pytest.fixture(scope="module")
 def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     require_fleet_parts()
-    extra = testbed.extra_hosts(len(PROFILES))       # scripts/testbed.sh hosts-up 3 (idempotent)
+    # three hosts that stay up, and a fourth whose sshd test_fleet_one_host_down_fails_alone stops
+    extra = testbed.extra_hosts(len(PROFILES) + 1)   # scripts/testbed.sh hosts-up 4 (idempotent: restarts h4)
     env = dict(testbed.env, hosts=[{"ssh_host": h.ssh_host, "ssh_port": h.ssh_port, "mnt_dir": h.mnt_dir}
                                    for h in extra])
     tag = uuid.uuid4().hex[:6]
@@ -310,26 +261,13 @@ def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
     mounts: list[tuple[str, str]] = []
     hosts: list[FleetHost] = []
     try:
-        for i, (profile, th) in enumerate(zip(PROFILES, env["hosts"], strict=False), start=1):
+        for i, (profile, th) in enumerate(zip([*PROFILES, "t4x2"], env["hosts"], strict=True), start=1):
             parent = Path(th["mnt_dir"])
             mp, pid_file = mount_sim(profile, parent, tag)
             mounts.append((mp, pid_file))
             hosts.append(FleetHost(f"fleet{tag}-h{i}", th["ssh_host"], int(th["ssh_port"]), profile, mp, pid_file))
-        # a fourth host whose sshd this test starts (and may stop): 127.0.3.1, outside the testbed's range
-        mp, pid_file = mount_sim("t4x2", Path(env["mnt_dir"]), tag + "-down")
-        mounts.append((mp, pid_file))
-        pid, line = start_own_sshd(workdir, env, "127.0.3.1", int(env["ssh_port"]))
-        known = workdir / "known_hosts"
-        known.write_text(Path(env["known_hosts"]).read_text() + line)
-        down = FleetHost(f"fleet{tag}-h4", "127.0.3.1", int(env["ssh_port"]), "t4x2", mp, pid_file)
-        fl = Fleet([*hosts, down], env, f"fleet{tag}-", workdir, str(known), {down.name: pid})
-        yield fl
+        yield Fleet(hosts, env, f"fleet{tag}-", workdir, env["known_hosts"], testbed.stop_extra_host)
     finally:
-        for pid in (fl.extra_sshd.values() if "fl" in locals() else []):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         if "env" in locals():
             undefine_all(env["libvirt_uri"], f"fleet{tag}-")
         for mp, pid_file in mounts:
@@ -411,10 +349,8 @@ def test_fleet_one_host_down_fails_alone(fleet: Fleet) -> None:
     run = ans.playbook(EXAMPLES / "vgpu_info.yml", extra={"target": down.name})
     assert run.rc == 0 and run.recap[down.name].ok >= 1, run.explain()
 
-    # ... then its sshd stops
-    pid = fleet.extra_sshd.pop(down.name)
-    os.killpg(pid, signal.SIGTERM)
-    os.waitpid(pid, 0)
+    # ... then its sshd stops (the testbed's own stop; the next hosts-up brings it back)
+    fleet.stop_host(4)
     # a fresh control_path_dir: the ControlPersist master of the run above would still reach the host
     ans = fleet.ansible([*up, down], "down-after-stop")
 
