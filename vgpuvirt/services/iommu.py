@@ -29,7 +29,7 @@ from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import DriverName, PciAddress
 from vgpuvirt.services.mutation import Change, error_for, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_driver_override, parse_reset_methods
+from vgpuvirt.services.parsers import domain_device_refs, parse_driver_override, parse_reset_methods, pci_or_none
 
 PCI = "/sys/bus/pci/devices"
 GROUPS = "/sys/kernel/iommu_groups"
@@ -123,16 +123,6 @@ def read_patterns() -> list[str]:
             *(f"{PCI}/*/{a}" for a in attrs)]
 
 
-def _addr_of_link(snap: Snapshot, path: str) -> PciAddress | None:
-    t = snap.link(path)
-    if not t:
-        return None
-    try:
-        return PciAddress.parse(posixpath.basename(t.rstrip("/")))
-    except InvalidSpec:
-        return None
-
-
 def _users(domains: Iterable[tuple[str, str]] | None, for_domain: str | None) -> dict[PciAddress, list[str]]:
     users: dict[PciAddress, list[str]] = {}
     for name, xml in domains or ():
@@ -184,7 +174,7 @@ class _Facts:
         return None
 
     def physfn(self, a: PciAddress) -> PciAddress | None:
-        return _addr_of_link(self.snap, f"{PCI}/{a}/physfn")
+        return pci_or_none(self.snap.link_name(f"{PCI}/{a}/physfn"))
 
     def num_vfs(self, a: PciAddress) -> int | None:
         return self.snap.int(f"{PCI}/{a}/sriov_numvfs")

@@ -23,7 +23,7 @@ from vgpuvirt.errors import DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
 from vgpuvirt.services.mutation import Change, error_for, first_failure, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_hex_id
+from vgpuvirt.services.parsers import domain_device_refs, parse_hex_id, pci_or_none
 
 PCI = "/sys/bus/pci/devices"
 MDEV_DEVICES = "/sys/bus/mdev/devices"
@@ -84,20 +84,15 @@ def pfs_from_snapshot(snap: Snapshot, users: dict[PciAddress, list[str]] | None 
     out: list[PfInfo] = []
     for path in snap.glob(f"{PCI}/*/sriov_totalvfs"):
         dev = path.split("/")[5]
-        try:
-            pf = PciAddress.parse(dev)
-        except InvalidSpec:
+        pf = pci_or_none(dev)
+        if pf is None:
             continue
         base = f"{PCI}/{dev}"
         vfs: list[VfInfo] = []
         for link in snap.glob(f"{base}/virtfn*"):
             m = re.fullmatch(r"virtfn(\d+)", posixpath.basename(link))
-            vf_link = snap.link(link)
-            if not m or not vf_link:
-                continue
-            try:
-                vf = PciAddress.parse(posixpath.basename(vf_link.rstrip("/")))
-            except InvalidSpec:
+            vf = pci_or_none(snap.link_name(link))
+            if not m or vf is None:
                 continue
             drv = snap.link_name(f"{link}/driver")
             cur = snap.int(f"{link}/nvidia/current_vgpu_type")

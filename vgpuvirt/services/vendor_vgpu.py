@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import errno as _errno
-import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec, NoCapacity
+from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceError, DeviceNotFound, NoCapacity
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
 from vgpuvirt.services.mutation import (
@@ -30,7 +29,7 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import domain_device_refs, parse_creatable_vgpu_types
+from vgpuvirt.services.parsers import domain_device_refs, parse_creatable_vgpu_types, pci_or_none
 
 PCI = "/sys/bus/pci/devices"
 
@@ -65,18 +64,11 @@ def vfs_from_snapshot(snap: Snapshot) -> list[VendorVf]:
     out: list[VendorVf] = []
     for path in snap.glob(f"{PCI}/*/nvidia/current_vgpu_type"):
         dev = path.split("/")[5]
-        try:
-            addr = PciAddress.parse(dev)
-        except InvalidSpec:
+        addr = pci_or_none(dev)
+        if addr is None:
             continue
         cur = snap.int(path)
-        phys = snap.link(f"{PCI}/{dev}/physfn")
-        physfn = None
-        if phys:
-            try:
-                physfn = PciAddress.parse(posixpath.basename(phys.rstrip("/")))
-            except InvalidSpec:
-                physfn = None
+        physfn = pci_or_none(snap.link_name(f"{PCI}/{dev}/physfn"))
         creatable = tuple(parse_creatable_vgpu_types(snap.raw(f"{PCI}/{dev}/nvidia/creatable_vgpu_types")))
         out.append(VendorVf(addr, physfn, cur if cur is not None else -1, creatable))
     return sorted(out, key=lambda v: v.address)

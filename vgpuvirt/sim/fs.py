@@ -93,6 +93,19 @@ def _norm(path: str) -> str:
     return path
 
 
+def _attr_for(node: object, read: bool, write: bool) -> Attr:
+    """The attribute an open for ``read``/``write`` reaches: EISDIR on a directory, EACCES when the
+    attribute lacks the mode bits or the operation (sysfs's open-time checks)."""
+    if isinstance(node, Dir):
+        raise oserror(errno.EISDIR)
+    assert isinstance(node, Attr)
+    if read and (node.show is None or not node.mode & 0o444):
+        raise oserror(errno.EACCES)
+    if write and (node.store is None or not node.mode & 0o222):
+        raise oserror(errno.EACCES)
+    return node
+
+
 class SimFs:
     """The agent-compatible filesystem of one simulated host."""
 
@@ -262,39 +275,25 @@ class SimFs:
     def check_open(self, path: str, read: bool, write: bool) -> None:
         """sysfs's open-time check: EACCES when the attribute lacks the mode bits or the operation."""
         node, _ = self._walk(path, True)
-        if isinstance(node, Dir):
-            if write:
-                raise oserror(errno.EISDIR)
-            return
-        assert isinstance(node, Attr)
-        if read and (node.show is None or not node.mode & 0o444):
-            raise oserror(errno.EACCES)
-        if write and (node.store is None or not node.mode & 0o222):
-            raise oserror(errno.EACCES)
+        if isinstance(node, Dir) and not write:
+            return                              # a directory opens for reading (listing)
+        _attr_for(node, read, write)
 
     def read(self, path: str) -> str:
-        node, _ = self._walk(path, True)
-        if isinstance(node, Dir):
-            raise oserror(errno.EISDIR)
-        assert isinstance(node, Attr)
-        if node.show is None or not node.mode & 0o444:
-            raise oserror(errno.EACCES)
+        show = _attr_for(self._walk(path, True)[0], read=True, write=False).show
+        assert show is not None                 # _attr_for checked it
         with self.model.lock:
-            return node.show()
+            return show()
 
     def write(self, path: str, value: str) -> None:
-        node, _ = self._walk(path, True)
-        if isinstance(node, Dir):
-            raise oserror(errno.EISDIR)
-        assert isinstance(node, Attr)
-        if node.store is None or not node.mode & 0o222:
-            raise oserror(errno.EACCES)
+        store = _attr_for(self._walk(path, True)[0], read=False, write=True).store
+        assert store is not None                # _attr_for checked it
         if len(value.encode("utf-8")) > PAGE_SIZE:
             raise oserror(errno.E2BIG)
         if not value:
             return                              # sysfs_kf_write: a zero-length write never reaches store()
         with self.model.lock:
-            node.store(value)
+            store(value)
 
     # ------------------------------------------------------------------ /sys
 
