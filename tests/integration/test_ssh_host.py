@@ -245,6 +245,20 @@ def test_unknown_host_key_is_refused(testbed: Testbed, tmp_path: Path, capfd: py
     assert "Socket exception" not in capfd.readouterr().err
 
 
+def test_the_unknown_host_opt_in_accepts_for_one_connection_warns_and_writes_nothing(
+        testbed: Testbed, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    h = testbed.ssh(known_hosts=str(empty), allow_unknown_hosts=True)
+    with caplog.at_level("WARNING", logger="vgpuvirt.host.ssh"):
+        assert h.run(["true"]).ok
+    assert any("UNKNOWN" in r.getMessage() and "SHA256:" in r.getMessage() for r in caplog.records)
+    assert empty.read_text() == ""          # no lasting trust from a one-off opt-in
+    h.close()
+    with pytest.raises(HostKeyError, match="unknown"):   # and without the opt-in it is still unknown
+        testbed.ssh(known_hosts=str(empty)).run(["true"])
+
+
 def test_changed_host_key_is_refused_and_not_retried(testbed: Testbed, tmp_path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
     other = (tmp_path / "other.pub").read_text().split()[:2]

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--known-hosts", default=None, help="known_hosts file (default: ~/.ssh/known_hosts)")
     p.add_argument("--sudo", action="store_true", help="run remote commands through sudo -n")
     p.add_argument("--insecure-accept-unknown-host-key", action="store_true", dest="allow_unknown_hosts",
-                   help="add an unknown SSH host key instead of refusing (explicit opt-in)")
+                   help="accept an unknown SSH host key for this run instead of refusing "
+                        "(warns with its fingerprint; never saved)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

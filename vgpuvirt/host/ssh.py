@@ -1,7 +1,9 @@
 """SSHHost: a remote host over SSH (paramiko), agentless.
 
 * Host keys are verified against known_hosts with RejectPolicy; an unknown or changed key is a
-  :class:`HostKeyError`. Only ``allow_unknown_hosts=True`` (an explicit caller choice) adds keys.
+  :class:`HostKeyError`. Only ``allow_unknown_hosts=True`` (an explicit caller choice) lets an unknown
+  key through: for that connection only, with a warning naming its fingerprint, never written to
+  known_hosts. A changed key is refused either way.
 * One connection, reused across calls and threads; TCP_NODELAY on the socket (paramiko does not set
   it, which costs ~40 ms per command through Nagle + delayed ACK); keepalive.
 * Batched reads/writes are one exec of the remote ``python3`` running :mod:`vgpuvirt.host.agent`,
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.resources
 import json
 import logging
@@ -63,6 +66,20 @@ def _abandon(client: paramiko.SSHClient, sock: socket.socket) -> None:
     # thread log "Socket exception: Bad file descriptor" on stderr.
     client.close()
     sock.close()
+
+
+class _AcceptUnknownOnce(paramiko.MissingHostKeyPolicy):
+    """The explicit insecure opt-in: let an unknown host key through for this connection, say so.
+
+    Unlike paramiko's AutoAddPolicy it writes nothing: AutoAddPolicy saves the key into the
+    known_hosts file the client loaded, turning one ``--insecure-accept-unknown-host-key`` into
+    trust for good.
+    """
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+        log.warning("%s: accepting UNKNOWN %s host key SHA256:%s for this connection only "
+                    "(allow_unknown_hosts; not added to known_hosts)", hostname, key.get_name(), digest)
 
 
 def no_retry() -> tenacity.Retrying:
@@ -189,7 +206,7 @@ class SSHHost(BaseHost):
             else:
                 client.load_system_host_keys()
             policy: paramiko.MissingHostKeyPolicy = (
-                paramiko.AutoAddPolicy() if self.allow_unknown_hosts else paramiko.RejectPolicy())
+                _AcceptUnknownOnce() if self.allow_unknown_hosts else paramiko.RejectPolicy())
             client.set_missing_host_key_policy(policy)
             try:
                 client.connect(
