@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from vgpuvirt.host.local import LocalHost  # noqa: E402
 from vgpuvirt.host.ssh import SSHHost, no_retry  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory  # noqa: E402
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory, inventory  # noqa: E402
 from vgpuvirt.sim import materialize  # noqa: E402
 from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 
@@ -73,10 +74,19 @@ def proxy_known_hosts(env: dict[str, object], port: int) -> str:
     return path
 
 
-def ssh_host(env: dict[str, object], port: int, sysfs_root: str) -> SSHHost:
+def ssh_host(env: dict[str, object], port: int, sysfs_root: str, resident: bool = True) -> SSHHost:
     return SSHHost("127.0.0.1", port=port, username=str(env.get("ssh_user", "root")),
                    key_filename=str(env["identity"]), known_hosts=proxy_known_hosts(env, port),
-                   sysfs_root=sysfs_root, retry=no_retry)
+                   sysfs_root=sysfs_root, retry=no_retry, resident=resident)
+
+
+def best_median(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return min(runs), statistics.median(runs)
 
 
 def naive_read(host: SSHHost, tree: str, paths: list[str]) -> float:
@@ -139,6 +149,8 @@ def main() -> int:
     print(f"snapshot: {len(snap)} paths; {len(inv.gpus)} GPUs, {len(inv.mdev_parents)} mdev parents, "
           f"{sum(len(p.types) for p in inv.mdev_parents)} type dirs")
     print(f"LocalHost inventory:      best {min(times_local) * 1000:8.1f} ms  (read alone {local_read * 1000:.1f} ms)")
+    build, _ = best_median(lambda: build_inventory(snap), a.repeat)
+    print(f"build_inventory alone:    best {build * 1000:8.1f} ms  (the pure parse of the snapshot)")
 
     mt = mdevctl_types(tree)
     print(f"mdevctl types (same tree): {'n/a' if mt is None else f'{mt * 1000:8.1f} ms'}")
@@ -161,6 +173,12 @@ def main() -> int:
             assert host.round_trips - before == 1, "inventory must be one exec"
             agent_s.append(host.last_agent_s or 0.0)
         assert len(inv_ssh.gpus) == len(inv.gpus)
+        # the same calls with one exec each (no resident agent), and what an exec of the agent costs
+        per_exec = ssh_host(env, port, tree, resident=False)
+        per_exec.run(["true"])
+        empty_agent, _ = best_median(lambda: per_exec.read([]), a.repeat)
+        exec_best, exec_med = best_median(lambda: inventory(per_exec), a.repeat)
+        per_exec.close()
         paths = sorted(snap)[: a.naive_files]
         naive = naive_read(host, tree, paths)
         host.close()
@@ -176,6 +194,9 @@ def main() -> int:
     print(f"batched inventory over SSH: first {batched[0] * 1000:.1f} ms, best {best * 1000:.1f} ms, median "
           f"{med * 1000:.1f} ms (target <= {target * 1000:.0f} ms: {'MET' if best <= target else 'NOT MET'}); "
           f"the agent's own time on the host: best {min(agent_s) * 1000:.1f} ms")
+    print(f"one exec per call (resident=False): inventory best {exec_best * 1000:.1f} ms, median "
+          f"{exec_med * 1000:.1f} ms; an empty agent request {empty_agent * 1000:.1f} ms (vs "
+          f"{rtt_exec * 1000:.1f} ms for `true`: the agent's start on the host)")
     print(f"naive per-file reader:      {len(paths)} paths in {naive:.2f} s = {per_file * 1000:.1f} ms/path; "
           f"extrapolated to the {len(snap)} paths read: {naive_same:.1f} s; to all {every_file} files a per-file "
           f"tool opens: {naive_every:.1f} s")
