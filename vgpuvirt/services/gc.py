@@ -19,7 +19,7 @@ from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import mdev as mdev_svc
 from vgpuvirt.services import sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Change, note
-from vgpuvirt.services.parsers import domain_device_refs
+from vgpuvirt.xml.refs import domain_device_refs
 
 
 @dataclass(frozen=True)

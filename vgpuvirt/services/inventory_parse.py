@@ -17,6 +17,7 @@ from vgpuvirt.model import MdevUuid, PciAddress, format_cpulist, parse_cpulist
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.inventory_model import MdevType, PciDevice
+from vgpuvirt.xml.refs import domain_device_refs
 
 
 class Index:
@@ -216,7 +217,7 @@ class Usage:
             return u
         u.given = True
         for name, xml in domains:
-            refs = P.domain_device_refs(xml)
+            refs = domain_device_refs(xml)
             if refs.error:
                 u.warnings.append(f"domain {name}: its XML could not be parsed ({refs.error}); its devices are "
                                   "not counted")

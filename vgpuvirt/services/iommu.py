@@ -30,7 +30,8 @@ from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import DriverName, PciAddress
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Change, error_for, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_driver_override, parse_reset_methods, pci_or_none
+from vgpuvirt.services.parsers import parse_driver_override, parse_reset_methods, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
 VFIO = "vfio-pci"
 # Drivers that set driver_managed_dma (kernel >= 5.19) or are stubs: they keep a group viable.

@@ -50,7 +50,8 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import domain_device_refs, parse_nvidia_description
+from vgpuvirt.services.parsers import parse_nvidia_description
+from vgpuvirt.xml.refs import domain_device_refs
 
 Persist = Literal["transient", "persistent"]
 State = Literal["present", "absent"]

@@ -24,7 +24,8 @@ from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Change, error_for, first_failure, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_hex_id, pci_or_none
+from vgpuvirt.services.parsers import parse_hex_id, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 NVIDIA = "0x10de"

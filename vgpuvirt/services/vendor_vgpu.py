@@ -31,7 +31,8 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import domain_device_refs, parse_creatable_vgpu_types, pci_or_none
+from vgpuvirt.services.parsers import parse_creatable_vgpu_types, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
 
 def read_patterns(addresses: Iterable[PciAddress] | None = None) -> list[str]:
