@@ -13,7 +13,6 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   ├── TransportError                connection refused/dropped/timed out (retryable)
     │   │   └── HostKeyError              unknown or changed SSH host key (never retried)
     │   ├── RemoteRequirementMissing      e.g. no python3 on the remote host
-    │   ├── CommandFailed                 a command exited non-zero (carries the Result)
     │   └── LockTimeout                   the host-side lock could not be taken in time
     ├── DeviceError                       about one device on one host (carries .host, .device)
     │   ├── DeviceNotFound
@@ -30,10 +29,7 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vgpuvirt.host.base import Result
+from typing import Any
 
 
 class VgpuvirtError(Exception):
@@ -81,15 +77,6 @@ class RemoteRequirementMissing(HostError):
 
 class LockTimeout(HostError):
     pass
-
-
-class CommandFailed(HostError):
-    def __init__(self, host: str, result: Result, what: str | None = None) -> None:
-        self.result = result
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        detail = " | ".join(tail) if tail else "no output"
-        action = what or " ".join(result.argv[:3])
-        super().__init__(host, f"{action} failed with exit status {result.exit_code}: {detail}")
 
 
 class DeviceError(VgpuvirtError):

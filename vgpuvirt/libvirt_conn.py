@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import tenacity
-from lxml import etree
 
-from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency
+from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
 from vgpuvirt.model import DomainName
+from vgpuvirt.xml.domain import parse_xml
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -205,8 +205,8 @@ class LibvirtConnection:
     def define(self, xml: str) -> str:
         """Define (or redefine) a persistent domain from XML; return its name."""
         try:
-            name = etree.fromstring(xml.encode()).findtext("name")
-        except etree.XMLSyntaxError as exc:
+            name = parse_xml(xml).findtext("name")
+        except XmlError as exc:
             raise InvalidSpec("domain XML", xml[:60], f"well-formed XML ({exc})") from None
         if not name:
             raise InvalidSpec("domain XML", xml[:60], "a <name> element")
@@ -305,5 +305,5 @@ class LibvirtConnection:
 
 
 def _disk_paths(xml: str) -> list[str]:
-    root = etree.fromstring(xml.encode())
+    root = parse_xml(xml)
     return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]

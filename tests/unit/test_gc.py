@@ -22,9 +22,9 @@ def test_orphan_mdevs_and_vf_types_are_listed_then_removed_only_when_asked() -> 
     mdev.create(free[0][4], free[0][6], U1)
     mdev.create(free[0][4], free[0][6], U2)
     vendor = VendorVgpuService(host)
-    used_vf = vendor.assign(vendor.vfs()[0].creatable[0][0], pf=vendor.vfs()[0].physfn).data["vf"]
-    free_vfs = [v for v in vendor.vfs() if v.free and v.creatable]
-    orphan_vf = vendor.assign(free_vfs[0].creatable[0][0], vf=free_vfs[0].address).data["vf"]
+    used_vf = vendor.assign(vendor.vfs()[0].creatable_types[0].id, pf=vendor.vfs()[0].physfn).data["vf"]
+    free_vfs = [v for v in vendor.vfs() if v.free and v.creatable_types]
+    orphan_vf = vendor.assign(free_vfs[0].creatable_types[0].id, vf=free_vfs[0].address).data["vf"]
     doms = [("vm1", domain_xml("vm1", mdevs=[U1], pci=[used_vf])), ("vm2", domain_xml("vm2"))]
 
     host.calls.clear()

@@ -200,7 +200,7 @@ def test_provision_maps_a_vf_write_error_like_the_service_does() -> None:
     host = sim("l40s-vgpu17")
     vms = VmRequest.pool("b" + MdevUuid.generate().value[:6], 2, gpu=VgpuRequest())
     p = plan({host.name: inventory(host.inner)}, vms)
-    assert "set-vf-type" in {s.action for s in p.steps}
+    assert "set-vf-type" in {s.kind for s in p.steps}
     host.fail["/nvidia/current_vgpu_type"] = errno.EIO
     conn = LibvirtConnection("test:///default", retry=no_retry)
     try:

@@ -16,6 +16,7 @@ from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.plan import mdev_uuid_for
 from vgpuvirt.provision.run import gather
+from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 
@@ -139,7 +140,7 @@ def test_vgpu_creation_failure_rolls_back_exactly_what_was_created(conn):
     vms = VmRequest.pool(_prefix(), 6, gpu=Q2)
     invs, doms = gather({host.name: host}, {host.name: conn})
     p = plan(invs, vms, domains=doms)
-    assert {s.parent for s in p.steps if s.action == "create-mdev"} == {"0000:3b:00.0"}
+    assert {str(s.parent) for s in p.steps if isinstance(s, CreateMdev)} == {"0000:3b:00.0"}
     # Between plan and apply someone else takes 4 of the GPU's remaining 7 2Q instances.
     taken = [str(uuid.uuid4()) for _ in range(4)]
     assert host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-231/create", u)
@@ -233,7 +234,7 @@ def test_cut_with_rollback_impossible_then_rerun_adopts_the_lost_devices(conn):
     assert {str(mdev_uuid_for(v.name, 0)) for v in vms} == left
     # The rerun adopts the devices the lost batch made (same UUIDs) instead of creating more.
     r = provision(host, conn, vms)
-    assert not [s for s in r.plan.steps if s.action == "create-mdev"]
+    assert not [s for s in r.plan.steps if isinstance(s, CreateMdev)]
     assert sum("adopted" in k.what for k in r.plan.kept) == 3
     assert _state(host, conn)[0] == left
     assert all(conn.is_active(v.name) for v in vms)

@@ -11,6 +11,7 @@ from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_states
+from vgpuvirt.provision.steps import DefineDomain
 
 Q2 = VgpuRequest(type="nvidia-231")
 
@@ -159,6 +160,6 @@ def test_nic_vf_request_is_served_from_the_hosts_nic_vfs():
     from vgpuvirt.provision.plan import plan
     p = plan([desktop_host("c")], [VmRequest("game", gpus=(VgpuRequest(mode="passthrough"),), template="gaming",
                                              nic=NicRequest(mac="52:54:00:aa:bb:01", vlan=42))])
-    xml = next(s.xml for s in p.steps if s.action == "define")
+    xml = next(s.xml for s in p.steps if isinstance(s, DefineDomain))
     assert "type=\"hostdev\"" in xml or "type='hostdev'" in xml
     assert "0x05" in xml and "52:54:00:aa:bb:01" in xml

@@ -25,7 +25,7 @@ def test_assign_release_and_idempotence_on_every_profile(profile: str) -> None:
     host = sim(profile)
     svc = VendorVgpuService(host)
     vfs = svc.vfs()
-    free = [v for v in vfs if v.free and v.creatable]
+    free = [v for v in vfs if v.free and v.creatable_types]
     if not free:
         # no vGPU 17+ VF here: asking for one is a clear refusal and nothing is written
         with pytest.raises((NoCapacity, DeviceNotFound)):
@@ -33,7 +33,7 @@ def test_assign_release_and_idempotence_on_every_profile(profile: str) -> None:
         assert "apply" not in host.kinds()
         return
     v = free[0]
-    type_id = v.creatable[0][0]
+    type_id = v.creatable_types[0].id
     host.calls.clear()
     ch = svc.assign(type_id, pf=v.physfn)
     assert ch.changed and host.kinds() == ["read", "apply"]
@@ -64,7 +64,7 @@ def test_type_not_creatable_on_the_vf_is_refused_before_writing() -> None:
     svc.assign(Q24, vf="0000:3d:00.4")
     # equal-size mode: with a 24 GB vGPU on the 48 GB L40S, a free VF offers 24 GB types only
     nxt = svc.vfs(L40S_PF)[1]
-    assert {i for i, _ in nxt.creatable} <= {1155, 1165}
+    assert {c.id for c in nxt.creatable_types} <= {1155, 1165}
     host.calls.clear()
     with pytest.raises(NoCapacity, match="not creatable on this VF"):
         svc.assign(Q12, vf=nxt.address)

@@ -19,8 +19,9 @@ from vgpuvirt.hosts import open_host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import POLICIES
-from vgpuvirt.provision.plan import Plan, Step
+from vgpuvirt.provision.plan import Plan
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
+from vgpuvirt.provision.steps import Step
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:

@@ -3,14 +3,13 @@ when something fails.
 
 Per host, in this order (hosts in parallel, one thread and one libvirt connection each):
 
-1. every vGPU of the host in ONE locked ``host.apply`` batch (check capacity, create, wait), so
-   64 VMs cost one round trip, not 64; the ops of each device, and what a failed op means, come
-   from the services (:func:`~vgpuvirt.services.mdev.create_item`,
-   :func:`~vgpuvirt.services.vendor_vgpu.assign_item`), run together by
+1. every :class:`~vgpuvirt.provision.steps.HostStep` of the host (create vGPU, set VF type, ...) in ONE
+   locked ``host.apply`` batch (check capacity, create, wait), so 64 VMs cost one round trip, not 64;
+   each step gives the services' ops and what a failed op means (``step.item()``), run together by
    :func:`~vgpuvirt.services.mutation.apply_items`;
-2. ``define`` each domain, then 3. ``start`` those that should run.
+2. each :class:`~vgpuvirt.provision.steps.DomainStep` in plan order (``define``, then ``start``).
 
-Each completed step goes into the journal with its undo (remove the vGPU / undefine / destroy).
+Each completed step goes into the journal; its undo is the step's own (``undo_item()`` / ``undo()``).
 On failure the journal is unwound in reverse, across every host of the plan, and
 :class:`~vgpuvirt.errors.ProvisioningError` says what was done and what the rollback did. Only
 journaled steps are undone: a device or domain the plan did not create is never touched. When a
@@ -30,13 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import ProvisioningError, VgpuvirtError
-from vgpuvirt.host.base import Host, Snapshot
+from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.model import MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.provision.plan import DEVICE_ACTIONS, Plan, Step
-from vgpuvirt.services.mdev import MdevSpec, create_item, device_path, remove_item
-from vgpuvirt.services.mutation import Planned, apply_items
-from vgpuvirt.services.vendor_vgpu import assign_item, release_item, vf_type_path
+from vgpuvirt.provision.plan import Plan
+from vgpuvirt.provision.steps import DomainStep, HostStep, Step
+from vgpuvirt.services.mutation import apply_items
 
 log = logging.getLogger("vgpuvirt.provision")
 
@@ -45,42 +42,6 @@ Progress = Callable[[str, Step], None]
 
 class Cancelled(VgpuvirtError):
     """Another host failed; this one stopped before its next step."""
-
-
-def _mdev_dir(uuid: str) -> str:
-    return device_path(MdevUuid.parse(uuid))
-
-
-def _vf_type_path(vf: str) -> str:
-    return vf_type_path(PciAddress.parse(vf))
-
-
-def device_item(step: Step, wait_timeout: float) -> Planned:
-    """The services' locked ops for one device step; capacity is re-checked inside the batch."""
-    assert step.type is not None
-    if step.action == "create-mdev":
-        assert step.parent is not None
-        return create_item(step.host, MdevSpec.of(step.parent, step.type, step.target), wait_timeout=wait_timeout)
-    return assign_item(step.host, PciAddress.parse(step.target), VgpuTypeId.parse(step.type),
-                       wait_timeout=wait_timeout)
-
-
-def undo_item(step: Step, wait_timeout: float) -> Planned:
-    if step.action == "create-mdev":
-        return remove_item(step.host, MdevUuid.parse(step.target), wait_timeout=wait_timeout)
-    return release_item(step.host, PciAddress.parse(step.target), wait_timeout=wait_timeout)
-
-
-def state_path(step: Step) -> str:
-    """The host path whose state says whether a device step has happened."""
-    return _mdev_dir(step.target) if step.action == "create-mdev" else _vf_type_path(step.target)
-
-
-def happened(snap: Snapshot, step: Step) -> bool:
-    """Whether the host, as read, holds what a device step makes."""
-    if step.action == "create-mdev":
-        return snap.has(state_path(step))
-    return snap.text(state_path(step)) == str(step.type)
 
 
 @dataclass
@@ -160,10 +121,10 @@ class _Runner:
             return
         host = self.hosts[name]
         journal = self.journals[name]
-        devices = [s for s in steps if s.action in DEVICE_ACTIONS]
+        devices = [s for s in steps if isinstance(s, HostStep)]
         if devices:
             try:
-                outcomes = apply_items(host, [device_item(s, self.wait_timeout) for s in devices], on_error="stop")
+                outcomes = apply_items(host, [s.item(self.wait_timeout) for s in devices], on_error="stop")
             except VgpuvirtError:
                 # The batch may have run in part: remember every device as "maybe created".
                 for s in devices:
@@ -177,18 +138,14 @@ class _Runner:
                 if err is not None:
                     raise err
         conn = _conn_for(self.conn, name)
-        for s in steps:
-            if s.action not in ("define", "start"):
+        for d in steps:
+            if not isinstance(d, DomainStep):
                 continue
             if self.cancel.is_set():
                 raise Cancelled(f"{name}: stopped because another host failed")
-            if s.action == "define":
-                assert s.xml is not None
-                conn.define(s.xml)
-            else:
-                conn.start(s.target)
-            journal.add(s)
-            self._tick(name, s)
+            d.run(conn)
+            journal.add(d)
+            self._tick(name, d)
 
     # -- rollback ---------------------------------------------------------------------------
     def rollback_host(self, name: str) -> list[str]:
@@ -198,17 +155,12 @@ class _Runner:
         devices: list[Entry] = []
         for e in reversed(journal.entries):
             s = e.step
-            if s.action in DEVICE_ACTIONS:
+            if not isinstance(s, DomainStep):
                 devices.append(e)
                 continue
             assert conn is not None
             try:
-                if s.action == "start":
-                    conn.destroy(s.target)
-                    out.append(f"{name}: destroyed domain {s.target}")
-                else:
-                    conn.undefine(s.target)
-                    out.append(f"{name}: undefined domain {s.target}")
+                out.append(f"{name}: {s.undo(conn)}")
             except VgpuvirtError as exc:
                 out.append(f"{name}: FAILED to undo '{s.describe()}': {exc}")
         if devices:
@@ -218,29 +170,28 @@ class _Runner:
     def _undo_devices(self, name: str, entries: list[Entry]) -> list[str]:
         host = self.hosts[name]
         out: list[str] = []
-        todo = [e.step for e in entries if e.certain]
-        unsure = [e.step for e in entries if not e.certain]
+        todo = [e.step for e in entries if e.certain and isinstance(e.step, HostStep)]
+        unsure = [e.step for e in entries if not e.certain and isinstance(e.step, HostStep)]
         try:
             if unsure:
                 # Which of the cut batch's devices exist now? Only those absent at plan time are ours.
                 ours = self.plan.absent_before.get(name, frozenset())
-                snap = host.read([state_path(s) for s in unsure])
+                snap = host.read([s.state_path() for s in unsure])
                 for s in unsure:
                     if s.target not in ours:
                         continue
-                    if happened(snap, s):
+                    if s.happened(snap):
                         todo.append(s)
                     else:
                         out.append(f"{name}: {s.describe()} had not happened; nothing to undo")
             if not todo:
                 return out
-            outcomes = apply_items(host, [undo_item(s, self.wait_timeout) for s in todo], on_error="continue")
+            outcomes = apply_items(host, [s.undo_item(self.wait_timeout) for s in todo], on_error="continue")
         except VgpuvirtError as exc:
             return [*out, *(f"{name}: FAILED to undo '{s.describe()}': {exc}" for s in todo + unsure)]
         for s, o in zip(todo, outcomes, strict=True):
-            what = "removed vGPU" if s.action == "create-mdev" else "reset VF"
             if o.ok:
-                out.append(f"{name}: {what} {s.target}")
+                out.append(f"{name}: {s.undone()}")
             else:
                 bad = next(r for r in o.results if not r.ok)
                 out.append(f"{name}: FAILED to undo '{s.describe()}': {bad.error or bad.errno}")

@@ -13,22 +13,25 @@ from __future__ import annotations
 import uuid as _uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from lxml import etree
+from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec
-from vgpuvirt.model import MdevUuid, PciAddress, parse_cpulist
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId, parse_cpulist
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, host_states
+from vgpuvirt.provision.steps import (
+    CreateMdev,
+    DefineDomain,
+    HostStep,
+    SetVfType,
+    StartDomain,
+    Step,
+    step_from_meta,
+)
+from vgpuvirt.xml.provenance import Provenance
 
 NAMESPACE = _uuid.UUID("7f6c3b2e-5a41-4c8e-9d1f-6b0a2e9c4d17")
-META_NS = "https://vgpuvirt.dev/xmlns/provision/1"
-META_TAG = f"{{{META_NS}}}provision"
-
-Action = Literal["create-mdev", "set-vf-type", "define", "start"]
-DEVICE_ACTIONS = ("create-mdev", "set-vf-type")
 
 
 def mdev_uuid_for(vm: str, index: int) -> MdevUuid:
@@ -40,43 +43,26 @@ def domain_uuid_for(vm: str) -> str:
 
 
 @dataclass(frozen=True)
-class Step:
-    action: Action
-    host: str
-    vm: str
-    target: str                               # mdev UUID, VF address, or domain name
-    parent: str | None = None                 # mdev parent / VF address
-    type: str | None = None                   # mdev type id or numeric vGPU type
-    xml: str | None = field(default=None, repr=False, compare=False)
-
-    def describe(self) -> str:
-        if self.action == "create-mdev":
-            return f"create vGPU {self.type} {self.target} on {self.parent} (for {self.vm})"
-        if self.action == "set-vf-type":
-            return f"set vGPU type {self.type} on VF {self.target} (for {self.vm})"
-        if self.action == "define":
-            return f"define domain {self.target}"
-        return f"start domain {self.target}"
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"action": self.action, "host": self.host, "vm": self.vm, "target": self.target}
-        if self.parent:
-            d["parent"] = self.parent
-        if self.type:
-            d["type"] = self.type
-        return d
-
-
-@dataclass(frozen=True)
 class Kept:
-    """Something the plan found already in place and will reuse."""
+    """A step the plan found already done on the host, and will reuse instead of doing."""
 
-    host: str
-    vm: str
-    what: str
+    step: Step
+    note: str = ""                            # e.g. "(adopted)": made by an earlier, cut run
+
+    @property
+    def host(self) -> str:
+        return self.step.host
+
+    @property
+    def vm(self) -> str:
+        return self.step.vm
+
+    @property
+    def what(self) -> str:
+        return (self.step.kept() or self.step.describe()) + (f" {self.note}" if self.note else "")
 
     def to_dict(self) -> dict[str, str]:
-        return {"host": self.host, "vm": self.vm, "what": self.what}
+        return {"host": self.host, "vm": self.vm, "what": self.what, "action": self.step.kind}
 
 
 @dataclass
@@ -120,31 +106,19 @@ class Plan:
         return "\n".join(lines)
 
 
-def _meta(xml: str) -> dict[str, Any] | None:
-    root = etree.fromstring(xml.encode())
-    el = root.find(f"metadata/{META_TAG}")
-    if el is None:
-        return None
-    return {"host": el.get("host"), "gpus": [dict(g.attrib) for g in el]}
-
-
-def _add_meta(xml: str, host: str, gpus: Sequence[dict[str, str]]) -> str:
-    root = etree.fromstring(xml.encode())
-    md = root.find("metadata")
-    if md is None:
-        md = etree.Element("metadata")
-        # libvirt keeps <metadata> after <description>/<title>, before <maxMemory>/<memory>
-        anchor = next((root.index(c) + 1 for c in root if c.tag in ("name", "uuid", "title", "description")), 1)
-        root.insert(anchor, md)
-    el = etree.SubElement(md, META_TAG, nsmap={"vgpuvirt": META_NS}, host=host)
-    for g in gpus:
-        etree.SubElement(el, f"{{{META_NS}}}gpu", attrib=dict(g))
-    return etree.tostring(root, encoding="unicode")
-
-
 def domain_meta(xml: str) -> dict[str, Any] | None:
     """The vgpuvirt metadata of a domain (which host, which GPUs it created), or None when foreign."""
-    return _meta(xml)
+    prov = Provenance.read(xml)
+    return prov.to_dict() if prov is not None else None
+
+
+def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
+    """The step that makes an assignment's device; None when the device exists already (whole GPU, VF)."""
+    if a.kind == "mdev":
+        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id))
+    if a.kind == "vendor-vf":
+        return SetVfType(a.host, vm.name, a.slot, VgpuTypeId.parse(a.type.id))
+    return None
 
 
 def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None) -> str:
@@ -163,14 +137,14 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
     gpus_meta: list[dict[str, str]] = []
     for a in picks:
         req = vm.gpus[a.index]
+        step = device_step(vm, a)
+        if step is not None:
+            gpus_meta.append(step.meta() or {})
         if a.kind == "mdev":
-            u = mdev_uuid_for(vm.name, a.index)
             first_display = req.display and not headless and not mdevs
-            mdevs.append(MdevHostdev(u, display=first_display, ramfb=first_display))
-            gpus_meta.append({"kind": "mdev", "uuid": str(u), "parent": str(a.slot), "type": a.type.id})
+            mdevs.append(MdevHostdev(mdev_uuid_for(vm.name, a.index), display=first_display, ramfb=first_display))
         elif a.kind == "vendor-vf":
             pci.append(PciHostdev.vgpu_vf(a.slot))
-            gpus_meta.append({"kind": "vendor-vf", "vf": str(a.slot), "type": str(a.type.numeric_id)})
         elif a.kind == "vf":
             pci.append(PciHostdev(a.slot))
             gpus_meta.append({"kind": "vf", "address": str(a.slot)})
@@ -194,7 +168,8 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
                        vcpus=vm.vcpus, mdevs=mdevs, pci=pci, nics=nics,
                        disk=Disk(vm.disk) if vm.disk else None, cpu_pinning=pinning, numa_node=numa,
                        options=opts)
-    return _add_meta(dom.to_xml(), host, gpus_meta)
+    Provenance.of(host, gpus_meta).attach(dom)
+    return dom.to_xml()
 
 
 def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRequest], *,
@@ -212,54 +187,32 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     kept: list[Kept] = []
     todo: list[VmRequest] = []
     absent: dict[str, set[str]] = {h: set() for h in hs}
+
+    def want(step: Step, note: str = "") -> None:
+        """Keep ``step`` when the host already holds what it makes, else plan it."""
+        if step.done_in(hs[step.host]):
+            if step.kept() is not None:
+                kept.append(Kept(step, note))
+            return
+        steps.append(step)
+        if isinstance(step, HostStep):
+            absent[step.host].add(step.target)
+
     for vm in requests:
         found = _find_domain(vm.name, hs)
         if found is None:
             todo.append(vm)
             continue
-        h, meta = found
-        kept.append(Kept(h.name, vm.name, f"domain {vm.name}"))
-        for g in meta["gpus"]:
-            if g.get("kind") == "mdev":
-                u = MdevUuid.parse(g["uuid"])
-                if u in h.existing_mdevs:
-                    kept.append(Kept(h.name, vm.name, f"vGPU {g['type']} {u} on {g['parent']}"))
-                else:
-                    steps.append(Step("create-mdev", h.name, vm.name, str(u), g["parent"], g["type"]))
-                    absent[h.name].add(str(u))
-            elif g.get("kind") == "vendor-vf":
-                vf = PciAddress.parse(g["vf"])
-                if h.vf_types.get(vf) == int(g["type"]):
-                    kept.append(Kept(h.name, vm.name, f"vGPU type {g['type']} on VF {vf}"))
-                else:
-                    steps.append(Step("set-vf-type", h.name, vm.name, str(vf), str(vf), g["type"]))
-                    absent[h.name].add(str(vf))
-        if vm.start and not _active(h, vm.name):
-            steps.append(Step("start", h.name, vm.name, vm.name))
-    # Adopt vGPUs a lost batch may have created for a VM that has no domain yet.
-    adopted: dict[str, tuple[str, str, str]] = {}
-    for vm in todo:
-        for i in range(len(vm.gpus)):
-            u = mdev_uuid_for(vm.name, i)
-            for h in hs.values():
-                if u in h.existing_mdevs:
-                    parent, t = h.existing_mdevs[u]
-                    adopted[f"{vm.name}/{i}"] = (h.name, str(parent), t)
-    ready: list[Assignment] = []
-    to_place: list[VmRequest] = []
-    for vm in todo:
-        got = [adopted.get(f"{vm.name}/{i}") for i in range(len(vm.gpus))]
-        if all(got) and len({g[0] for g in got if g}) == 1:
-            for i, g in enumerate(got):
-                assert g is not None
-                a = _adopt(vm, i, hs[g[0]], g[1], g[2])
-                if a is None:
-                    break
-                ready.append(a)
-                kept.append(Kept(g[0], vm.name, f"vGPU {g[2]} {mdev_uuid_for(vm.name, i)} on {g[1]} (adopted)"))
-            else:
-                continue
-        to_place.append(vm)
+        h, prov = found
+        kept.append(Kept(DefineDomain(h.name, vm.name, h.domains[vm.name])))
+        for g in prov.gpus:
+            made = step_from_meta(h.name, vm.name, g)
+            if made is not None:
+                want(made)
+        if vm.start:
+            want(StartDomain(h.name, vm.name))
+    ready = _adopt_lost(todo, hs, kept)
+    to_place = [vm for vm in todo if vm.name not in {a.vm for a in ready}]
     placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
     assignments = ready + placed
     by_vm: dict[str, list[Assignment]] = {}
@@ -269,25 +222,43 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     for vm in todo:
         picks = sorted(by_vm[vm.name], key=lambda a: a.index)
         host = picks[0].host
-        for a in picks:
-            if vm.name in adopted_vms:
-                continue
-            if a.kind == "mdev":
-                u = mdev_uuid_for(vm.name, a.index)
-                steps.append(Step("create-mdev", host, vm.name, str(u), str(a.slot), a.type.id))
-                absent[host].add(str(u))
-            elif a.kind == "vendor-vf":
-                steps.append(Step("set-vf-type", host, vm.name, str(a.slot), str(a.slot), str(a.type.numeric_id)))
-                absent[host].add(str(a.slot))
+        if vm.name not in adopted_vms:
+            for a in picks:
+                made = device_step(vm, a)
+                if made is not None:
+                    steps.append(made)
+                    absent[host].add(made.target)
         nic_vf = _take_nic_vf(vm, hs[host]) if vm.nic is not None else None
-        xml = _build_xml(vm, host, picks, nic_vf)
-        steps.append(Step("define", host, vm.name, vm.name, xml=xml))
+        steps.append(DefineDomain(host, vm.name, _build_xml(vm, host, picks, nic_vf)))
         if vm.start:
-            steps.append(Step("start", host, vm.name, vm.name))
-    order = {"create-mdev": 0, "set-vf-type": 0, "define": 1, "start": 2}
-    steps.sort(key=lambda s: (list(hs).index(s.host), order[s.action]))
-    return Plan(steps, kept, assignments, explain, list(requests), list(hs),
+            steps.append(StartDomain(host, vm.name))
+    hosts = list(hs)
+    steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
+    return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
+
+
+def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: list[Kept]) -> list[Assignment]:
+    """Assignments for the vGPUs a lost batch created for VMs that have no domain yet (UUIDs are derived
+    from the VM name, so they are found again); a VM is adopted only when all of its vGPUs are, on one host."""
+    ready: list[Assignment] = []
+    for vm in todo:
+        found: list[tuple[HostState, str, str]] = []
+        for i in range(len(vm.gpus)):
+            u = mdev_uuid_for(vm.name, i)
+            on = [(h, *h.existing_mdevs[u]) for h in hs.values() if u in h.existing_mdevs]
+            if on:
+                found.append(on[-1])
+        if len(found) != len(vm.gpus) or len({h.name for h, _, _ in found}) != 1:
+            continue
+        picks = [_adopt(vm, i, h, parent, t) for i, (h, parent, t) in enumerate(found)]
+        if any(a is None for a in picks):
+            continue
+        for i, (h, parent, t) in enumerate(found):
+            kept.append(Kept(CreateMdev(h.name, vm.name, mdev_uuid_for(vm.name, i), PciAddress.parse(parent),
+                                        MdevTypeId.parse(t)), "(adopted)"))
+        ready.extend(a for a in picks if a is not None)
+    return ready
 
 
 def _take_nic_vf(vm: VmRequest, h: HostState) -> PciAddress:
@@ -301,23 +272,24 @@ def _take_nic_vf(vm: VmRequest, h: HostState) -> PciAddress:
                      + (f" on PF {vm.nic.pf}" if vm.nic.pf else ""))
 
 
-def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, dict[str, Any]] | None:
+def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Provenance] | None:
     """The host whose domain ``name`` is (by vgpuvirt metadata); refuses foreign domains."""
     for h in hs.values():
         xml = h.domains.get(name)
         if xml is None:
             continue
-        meta = _meta(xml)
-        if meta is None:
+        prov = Provenance.read(xml)
+        if prov is None:
             raise AlreadyExists(h.name, name, f"a domain named {name} exists and was not created by vgpuvirt: "
                                               "choose another name or remove it")
-        if meta.get("host") == h.name:
-            return h, meta
+        if prov.host == h.name:
+            return h, prov
     for h in hs.values():
         xml = h.domains.get(name)
         if xml is not None:
-            other = (_meta(xml) or {}).get("host")
-            raise AlreadyExists(h.name, name, f"domain {name} belongs to host {other}, which is not in this run")
+            other = Provenance.read(xml)
+            raise AlreadyExists(h.name, name, f"domain {name} belongs to host {other.host if other else None}, "
+                                              "which is not in this run")
     return None
 
 
@@ -329,12 +301,3 @@ def _adopt(vm: VmRequest, index: int, h: HostState, parent: str, type_id: str) -
             if s.address == p and s.kind == "mdev" and type_id in s.profiles:
                 return Assignment(vm.name, index, h.name, g.address, p, "mdev", s.profiles[type_id], (), g.numa_node)
     return None
-
-
-def _active(h: HostState, name: str) -> bool:
-    xml = h.domains.get(name, "")
-    # live XML of a running domain carries an id attribute
-    try:
-        return etree.fromstring(xml.encode()).get("id") not in (None, "-1")
-    except etree.XMLSyntaxError:
-        return False

@@ -17,6 +17,7 @@ from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
 from vgpuvirt.provision.request import VmRequest
+from vgpuvirt.provision.steps import DefineDomain
 
 
 @dataclass
@@ -37,7 +38,7 @@ class ProvisionResult:
                         "status": "created" if (a.host, a.vm) in acted else "kept"})
         placed = {a.vm for a in self.plan.assignments}
         for k in self.plan.kept:
-            if k.vm not in placed and k.what.startswith("domain "):
+            if k.vm not in placed and isinstance(k.step, DefineDomain):
                 out.append({"vm": k.vm, "host": k.host, "gpu": None, "type": None, "type_name": None, "device": None,
                             "numa_node": None,
                             "status": "started" if (k.host, k.vm) in acted else "kept"})

@@ -18,9 +18,10 @@ from typing import Any
 from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.provision.apply import _conn_for, _hosts_by_name, happened, state_path, undo_item
-from vgpuvirt.provision.plan import Step, domain_meta
+from vgpuvirt.provision.apply import _conn_for, _hosts_by_name
+from vgpuvirt.provision.steps import HostStep, step_from_meta
 from vgpuvirt.services.mutation import apply_items
+from vgpuvirt.xml.provenance import Provenance
 
 
 @dataclass
@@ -63,16 +64,16 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         r = TeardownResult()
         host = by_name[hname]
         c = _conn_for(conn, hname)
-        devices: list[Step] = []
+        devices: list[HostStep] = []
         for d in c.domains():
             if not _selected(d.name, wanted, patterns):
                 continue
-            meta = domain_meta(d.xml)
-            if meta is None:
+            prov = Provenance.read(d.xml)
+            if prov is None:
                 found.add(d.name)
                 r.skipped.append(f"{hname}: domain {d.name} was not created by vgpuvirt; left alone")
                 continue
-            if meta.get("host") not in (hname, None):
+            if prov.host not in (hname, None):
                 continue  # another host's VM on a shared libvirt (test:///default)
             found.add(d.name)
             if dry_run:
@@ -88,26 +89,24 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
                     continue
             if progress is not None:
                 progress(hname, d.name)
-            for g in meta["gpus"]:
-                if g.get("kind") == "mdev":
-                    devices.append(Step("create-mdev", hname, d.name, g["uuid"], g.get("parent"), g.get("type")))
-                elif g.get("kind") == "vendor-vf":
-                    devices.append(Step("set-vf-type", hname, d.name, g["vf"], g["vf"], g.get("type")))
+            for g in prov.gpus:
+                made = step_from_meta(hname, d.name, g)
+                if made is not None:
+                    devices.append(made)
         if devices:
             try:
-                snap = host.read([state_path(s) for s in devices])
-                present = [s for s in devices if happened(snap, s)]
+                snap = host.read([s.state_path() for s in devices])
+                present = [s for s in devices if s.happened(snap)]
                 for s in devices:
                     if s not in present:
                         r.skipped.append(f"{hname}: vGPU {s.target} already gone")
                 if present and dry_run:
                     r.removed += [f"{hname}: would remove vGPU {s.target}" for s in present]
                 elif present:
-                    outcomes = apply_items(host, [undo_item(s, wait_timeout) for s in present], on_error="continue")
+                    outcomes = apply_items(host, [s.undo_item(wait_timeout) for s in present], on_error="continue")
                     for s, out in zip(present, outcomes, strict=True):
                         if out.ok:
-                            r.removed.append(f"{hname}: removed vGPU {s.target}" if s.action == "create-mdev"
-                                             else f"{hname}: reset VF {s.target}")
+                            r.removed.append(f"{hname}: {s.undone()}")
                         else:
                             r.failed.append(f"{hname}: vGPU {s.target}: {out.error}")
             except VgpuvirtError as exc:

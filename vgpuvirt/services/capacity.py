@@ -2,7 +2,7 @@
 type shows 0.
 
 The kernel's ``available_instances`` (mdev) and ``creatable_vgpu_types`` (vGPU 17+ VFs) are the
-truth; these rules only explain a 0 and rank the places that still say yes:
+truth; these rules explain a 0 and tell placement whether one more vGPU fits on a GPU:
 
 * equal-size mode (the default): every vGPU on one physical GPU has the same framebuffer size,
   and at most ``max_instance`` of that size exist;
@@ -13,25 +13,6 @@ truth; these rules only explain a 0 and rank the places that still say yes:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Literal
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One place a type could be created: an mdev parent or a vendor-specific VF."""
-
-    parent: str                    # mdev parent address, or the VF address (vendor mode)
-    gpu: str                       # the physical GPU (the PF for SR-IOV boards)
-    type_id: str
-    available: int
-    framebuffer_mib: int | None = None
-    used_mib: int = 0              # framebuffer already handed out on that physical GPU
-    in_use: int = 0                # vGPUs on that physical GPU
-
-    def to_dict(self) -> dict[str, object]:
-        return {"parent": self.parent, "gpu": self.gpu, "type": self.type_id, "available": self.available,
-                "framebuffer_mib": self.framebuffer_mib, "used_mib": self.used_mib, "in_use": self.in_use}
 
 
 def may_place(new_fb_mib: int | None, new_max: int | None, existing_fb_mib: Sequence[int | None], *,
@@ -67,15 +48,3 @@ def explain_zero(type_id: str, new_fb_mib: int | None, new_max: int | None,
     if not ex:
         return "the driver reports no free instance (MIG mode, a missing GPU instance, or a driver limit)"
     return f"the driver reports no free instance ({len(ex)} vGPUs already on the GPU)"
-
-
-Strategy = Literal["pack", "spread"]
-
-
-def rank(places: Iterable[Placement], strategy: Strategy = "pack") -> list[Placement]:
-    """Places with capacity, best first: ``pack`` fills GPUs that already host vGPUs (keeps whole
-    GPUs free for other sizes), ``spread`` prefers the emptiest GPU. Ties break on address."""
-    usable = [p for p in places if p.available > 0]
-    if strategy == "pack":
-        return sorted(usable, key=lambda p: (-p.in_use, p.available, p.gpu, p.parent))
-    return sorted(usable, key=lambda p: (p.in_use, -p.available, p.gpu, p.parent))

@@ -17,9 +17,9 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import mdev as mdev_svc
-from vgpuvirt.services import vendor_vgpu
+from vgpuvirt.services import sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Change, note
-from vgpuvirt.services.parsers import domain_device_refs
+from vgpuvirt.xml.refs import domain_device_refs
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def _refs(domains: Iterable[tuple[str, str]]) -> tuple[set[MdevUuid], set[PciAdd
 def find_orphans(host: Host, domains: Iterable[tuple[str, str]]) -> list[Orphan]:
     """One read: every active mdev and every vendor VF, minus what the domains reference."""
     used_mdevs, used_pci = _refs(domains)
-    snap = host.read([f"{mdev_svc.MDEV_DEVICES}/*", f"{mdev_svc.MDEV_DEVICES}/*/mdev_type",
+    snap = host.read([f"{sysfs.MDEV_DEVICES}/*", f"{sysfs.MDEV_DEVICES}/*/mdev_type",
                       *vendor_vgpu.read_patterns()])
     out: list[Orphan] = []
     for u, (parent, type_) in sorted(mdev_svc.active_from_snapshot(snap).items(), key=lambda kv: str(kv[0])):
@@ -68,10 +68,10 @@ def collect(host: Host, domains: Iterable[tuple[str, str]], *, dry_run: bool = T
     for o in orphans:
         g = f"gc:{o.id}"
         if o.kind == "mdev":
-            dev = f"{mdev_svc.MDEV_DEVICES}/{o.id}"
+            dev = f"{sysfs.MDEV_DEVICES}/{o.id}"
             ops += [Op.write(f"{dev}/remove", "1", group=g), Op.wait(dev, "absent", timeout=wait_timeout, group=g)]
         else:
-            path = f"{vendor_vgpu.PCI}/{o.id}/nvidia/current_vgpu_type"
+            path = sysfs.vf_type(o.id)
             ops += [Op.write(path, "0", group=g), Op.wait(path, "equals", "0", timeout=wait_timeout, group=g)]
     data: dict[str, Any] = {"orphans": [o.to_dict() for o in orphans]}
     if not ops:

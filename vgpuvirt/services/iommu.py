@@ -28,12 +28,11 @@ from typing import Any
 from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import DriverName, PciAddress
+from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Change, error_for, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_driver_override, parse_reset_methods, pci_or_none
+from vgpuvirt.services.parsers import parse_driver_override, parse_reset_methods, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
-PCI = "/sys/bus/pci/devices"
-GROUPS = "/sys/kernel/iommu_groups"
-MDEV_DEVICES = "/sys/bus/mdev/devices"
 VFIO = "vfio-pci"
 # Drivers that set driver_managed_dma (kernel >= 5.19) or are stubs: they keep a group viable.
 DMA_SAFE = frozenset({"vfio-pci", "pci-stub", "pcieport", "xen-pciback"})
@@ -119,8 +118,8 @@ class AssignabilityReport:
 def read_patterns() -> list[str]:
     attrs = ("class", "driver", "iommu_group", "reset_method", "physfn", "sriov_numvfs", "driver_override",
              "nvidia/current_vgpu_type")
-    return [f"{GROUPS}/*", f"{GROUPS}/*/devices/*", "/sys/class/iommu/*", f"{MDEV_DEVICES}/*",
-            *(f"{PCI}/*/{a}" for a in attrs)]
+    return [f"{sysfs.IOMMU_GROUPS}/*", f"{sysfs.IOMMU_GROUPS}/*/devices/*", f"{sysfs.IOMMU_CLASS}/*",
+            f"{sysfs.MDEV_DEVICES}/*", *(sysfs.pci("*", a) for a in attrs)]
 
 
 def _users(domains: Iterable[tuple[str, str]] | None, for_domain: str | None) -> dict[PciAddress, list[str]]:
@@ -139,33 +138,33 @@ class _Facts:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.groups: dict[int, list[PciAddress]] = {}
-        for link in snap.glob(f"{GROUPS}/*/devices/*"):
+        for link in snap.glob(f"{sysfs.IOMMU_GROUPS}/*/devices/*"):
             parts = link.split("/")
             try:
                 g, a = int(parts[4]), PciAddress.parse(parts[6])
             except (ValueError, InvalidSpec):
                 continue
             self.groups.setdefault(g, []).append(a)
-        self.iommu_enabled = bool(self.groups) or bool(snap.glob("/sys/class/iommu/*"))
+        self.iommu_enabled = bool(self.groups) or bool(snap.glob(f"{sysfs.IOMMU_CLASS}/*"))
         self.mdevs: dict[str, int] = {}
-        for link in snap.glob(f"{MDEV_DEVICES}/*"):
+        for link in snap.glob(f"{sysfs.MDEV_DEVICES}/*"):
             parent = posixpath.basename(posixpath.dirname((snap.link(link) or "").rstrip("/")))
             self.mdevs[parent] = self.mdevs.get(parent, 0) + 1
 
     def present(self, a: PciAddress) -> bool:
-        return self.snap.has(f"{PCI}/{a}/class")
+        return self.snap.has(f"{sysfs.PCI}/{a}/class")
 
     def pci_class(self, a: PciAddress) -> int | None:
-        return self.snap.int(f"{PCI}/{a}/class")
+        return self.snap.int(f"{sysfs.PCI}/{a}/class")
 
     def driver(self, a: PciAddress) -> str | None:
-        return self.snap.link_name(f"{PCI}/{a}/driver")
+        return self.snap.link_name(f"{sysfs.PCI}/{a}/driver")
 
     def override(self, a: PciAddress) -> str | None:
-        return parse_driver_override(self.snap.text(f"{PCI}/{a}/driver_override"))
+        return parse_driver_override(self.snap.text(f"{sysfs.PCI}/{a}/driver_override"))
 
     def group(self, a: PciAddress) -> int | None:
-        name = self.snap.link_name(f"{PCI}/{a}/iommu_group")
+        name = self.snap.link_name(f"{sysfs.PCI}/{a}/iommu_group")
         if name is not None and name.isdigit():
             return int(name)
         for g, members in self.groups.items():
@@ -174,13 +173,13 @@ class _Facts:
         return None
 
     def physfn(self, a: PciAddress) -> PciAddress | None:
-        return pci_or_none(self.snap.link_name(f"{PCI}/{a}/physfn"))
+        return pci_or_none(self.snap.link_name(f"{sysfs.PCI}/{a}/physfn"))
 
     def num_vfs(self, a: PciAddress) -> int | None:
-        return self.snap.int(f"{PCI}/{a}/sriov_numvfs")
+        return self.snap.int(f"{sysfs.PCI}/{a}/sriov_numvfs")
 
     def vgpu_type(self, a: PciAddress) -> int | None:
-        return self.snap.int(f"{PCI}/{a}/nvidia/current_vgpu_type")
+        return self.snap.int(f"{sysfs.PCI}/{a}/nvidia/current_vgpu_type")
 
     def is_bridge(self, a: PciAddress) -> bool:
         c = self.pci_class(a)
@@ -254,7 +253,7 @@ def _check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
         blocking.append(f"group {group} also holds {_describe(f, m)}, bound to a host driver that uses DMA; "
                         "pass it through too, unbind it, or move the card to a slot with its own group")
         members.append(Member(m, drv, cls, "blocking", f"host driver {drv}"))
-    resets = parse_reset_methods(f.snap.text(f"{PCI}/{a}/reset_method"))
+    resets = parse_reset_methods(f.snap.text(f"{sysfs.PCI}/{a}/reset_method"))
     if not resets:
         warnings.append("no reset method (reset_method absent or empty): the device may keep state between VMs")
     return DeviceCheck(a, True, group, f.driver(a), f.pci_class(a), tuple(members), tuple(must), pf, nvfs,
@@ -332,22 +331,22 @@ class BindingRecord:
 
 def _bind_ops(a: PciAddress, driver: str | None, timeout: float) -> list[Op]:
     g = f"bind:{a}"
-    ops = [Op.write(f"{PCI}/{a}/driver_override", VFIO, group=g)]
+    ops = [Op.write(f"{sysfs.PCI}/{a}/driver_override", VFIO, group=g)]
     if driver is not None:
-        ops.append(Op.write(f"/sys/bus/pci/drivers/{DriverName(driver)}/unbind", str(a), group=g))
-    ops += [Op.write("/sys/bus/pci/drivers_probe", str(a), group=g),
-            Op.wait(f"{PCI}/{a}/driver", "link_endswith", VFIO, timeout=timeout, group=g)]
+        ops.append(Op.write(sysfs.driver_unbind(DriverName(driver)), str(a), group=g))
+    ops += [Op.write(sysfs.DRIVERS_PROBE, str(a), group=g),
+            Op.wait(f"{sysfs.PCI}/{a}/driver", "link_endswith", VFIO, timeout=timeout, group=g)]
     return ops
 
 
 def _release_ops(a: PciAddress, current: str | None, b: Binding, timeout: float) -> list[Op]:
     g = f"release:{a}"
-    ops = [Op.write(f"{PCI}/{a}/driver_override", (b.original_override or "") + "\n", group=g)]
+    ops = [Op.write(f"{sysfs.PCI}/{a}/driver_override", (b.original_override or "") + "\n", group=g)]
     if current is not None:
-        ops.append(Op.write(f"/sys/bus/pci/drivers/{DriverName(current)}/unbind", str(a), group=g))
+        ops.append(Op.write(sysfs.driver_unbind(DriverName(current)), str(a), group=g))
     if b.original_driver is not None:
-        ops += [Op.write("/sys/bus/pci/drivers_probe", str(a), group=g),
-                Op.wait(f"{PCI}/{a}/driver", "link_endswith", b.original_driver, timeout=timeout, group=g)]
+        ops += [Op.write(sysfs.DRIVERS_PROBE, str(a), group=g),
+                Op.wait(f"{sysfs.PCI}/{a}/driver", "link_endswith", b.original_driver, timeout=timeout, group=g)]
     return ops
 
 
@@ -417,25 +416,25 @@ def release(host: Host, record: BindingRecord | Sequence[str | PciAddress], *,
         bindings = [Binding(a, None) for a in _parse_addresses(record)]
         probe_default = True
     users = _users(domains, None)
-    snap = host.read([f"{PCI}/{b.address}/{x}" for b in bindings for x in ("driver", "driver_override", "class")])
+    snap = host.read([f"{sysfs.PCI}/{b.address}/{x}" for b in bindings for x in ("driver", "driver_override", "class")])
     ops: list[Op] = []
     done: list[str] = []
     for b in bindings:
         a = b.address
-        if not snap.has(f"{PCI}/{a}/class"):
+        if not snap.has(f"{sysfs.PCI}/{a}/class"):
             raise DeviceError(host.name, str(a), "no such PCI device (was it removed?)")
         if a in users:
             raise DeviceBusy(host.name, str(a), f"still used by domain {', '.join(users[a])}")
-        cur = snap.link_name(f"{PCI}/{a}/driver")
-        ov = parse_driver_override(snap.text(f"{PCI}/{a}/driver_override"))
+        cur = snap.link_name(f"{sysfs.PCI}/{a}/driver")
+        ov = parse_driver_override(snap.text(f"{sysfs.PCI}/{a}/driver_override"))
         if probe_default:
             if cur != VFIO and ov != VFIO:
                 continue
             g = f"release:{a}"
-            ops.append(Op.write(f"{PCI}/{a}/driver_override", "\n", group=g))
+            ops.append(Op.write(f"{sysfs.PCI}/{a}/driver_override", "\n", group=g))
             if cur is not None:
-                ops.append(Op.write(f"/sys/bus/pci/drivers/{DriverName(cur)}/unbind", str(a), group=g))
-            ops.append(Op.write("/sys/bus/pci/drivers_probe", str(a), group=g))
+                ops.append(Op.write(sysfs.driver_unbind(DriverName(cur)), str(a), group=g))
+            ops.append(Op.write(sysfs.DRIVERS_PROBE, str(a), group=g))
         else:
             if cur == b.original_driver and ov == b.original_override:
                 continue

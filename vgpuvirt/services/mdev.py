@@ -37,7 +37,7 @@ from vgpuvirt.errors import (
 )
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.services import capacity
+from vgpuvirt.services import capacity, sysfs
 from vgpuvirt.services.mutation import (
     Change,
     ItemResult,
@@ -50,10 +50,8 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import domain_device_refs, parse_nvidia_description
-
-MDEV_BUS = "/sys/class/mdev_bus"
-MDEV_DEVICES = "/sys/bus/mdev/devices"
+from vgpuvirt.services.parsers import parse_nvidia_description
+from vgpuvirt.xml.refs import domain_device_refs
 
 Persist = Literal["transient", "persistent"]
 State = Literal["present", "absent"]
@@ -87,18 +85,18 @@ class Definition:
 
 
 def _type_dir(parent: PciAddress, type_id: MdevTypeId) -> str:
-    return f"{MDEV_BUS}/{parent}/mdev_supported_types/{type_id}"
+    return sysfs.mdev_type(parent, type_id)
 
 
 def device_path(uuid: MdevUuid) -> str:
     """An mdev's directory (a link) on the mdev bus: it exists exactly while the mdev is active."""
-    return f"{MDEV_DEVICES}/{uuid}"
+    return sysfs.mdev(uuid)
 
 
 def active_from_snapshot(snap: Snapshot) -> dict[MdevUuid, tuple[str, str]]:
     """{uuid: (parent, type)} for every ``/sys/bus/mdev/devices/<uuid>`` link in the snapshot."""
     out: dict[MdevUuid, tuple[str, str]] = {}
-    for path in snap.glob(f"{MDEV_DEVICES}/*"):
+    for path in snap.glob(f"{sysfs.MDEV_DEVICES}/*"):
         name = posixpath.basename(path)
         try:
             uuid = MdevUuid.parse(name)
@@ -157,8 +155,8 @@ def _create_patterns(specs: Iterable[MdevSpec]) -> list[str]:
     """What a create decides on: the UUIDs' device links and their parents' type directories."""
     out: list[str] = []
     for p in sorted({s.parent for s in specs}):
-        types = f"{MDEV_BUS}/{p}/mdev_supported_types"
-        out += [f"{MDEV_BUS}/{p}", types, f"{types}/*", f"{types}/*/available_instances",
+        types = sysfs.mdev_types(p)
+        out += [f"{sysfs.MDEV_BUS}/{p}", types, f"{types}/*", f"{types}/*/available_instances",
                 f"{types}/*/description", f"{types}/*/name", f"{types}/*/devices/*"]
     for s in specs:
         out += [device_path(s.uuid), f"{device_path(s.uuid)}/mdev_type"]
@@ -262,7 +260,7 @@ class MdevService:
     # -- list --------------------------------------------------------------------------------
     def list(self, *, defined: bool = False) -> list[MdevRecord]:
         """Active mdevs (one read); with ``defined=True`` also mdevctl definitions."""
-        snap = self.host.read([f"{MDEV_DEVICES}/*", f"{MDEV_DEVICES}/*/mdev_type"])
+        snap = self.host.read([f"{sysfs.MDEV_DEVICES}/*", f"{sysfs.MDEV_DEVICES}/*/mdev_type"])
         active = active_from_snapshot(snap)
         defs = self.defined(required=False) if defined else None
         out: dict[tuple[MdevUuid, str], MdevRecord] = {}
@@ -368,8 +366,8 @@ class MdevService:
 
     def _precheck_capacity(self, snap: Snapshot, p: PciAddress, t: MdevTypeId, need: int = 1) -> None:
         host = self.host.name
-        types = f"{MDEV_BUS}/{p}/mdev_supported_types"
-        if not snap.has(f"{MDEV_BUS}/{p}") or not snap.has(types):
+        types = sysfs.mdev_types(p)
+        if not snap.has(f"{sysfs.MDEV_BUS}/{p}") or not snap.has(types):
             raise DeviceNotFound(host, str(p), f"parent {p} is not currently registered for mdev support")
         if not snap.has(_type_dir(p, t)):
             known = [posixpath.basename(x) for x in snap.glob(f"{types}/*") if snap.is_dir(x)]
@@ -386,7 +384,7 @@ class MdevService:
 
     @staticmethod
     def _why_zero(snap: Snapshot, p: PciAddress, t: MdevTypeId) -> str:
-        types = f"{MDEV_BUS}/{p}/mdev_supported_types"
+        types = sysfs.mdev_types(p)
         desc = parse_nvidia_description(snap.text(f"{_type_dir(p, t)}/description"))
         existing: list[tuple[str, int | None]] = []
         for link in snap.glob(f"{types}/*/devices/*"):
@@ -458,7 +456,7 @@ class MdevService:
         one group per device so that one failure does not stop the others."""
         host = self.host.name
         defs = self.defined(required=True) or {}
-        snap = self.host.read([f"{MDEV_DEVICES}/*", f"{MDEV_DEVICES}/*/mdev_type"])
+        snap = self.host.read([f"{sysfs.MDEV_DEVICES}/*", f"{sysfs.MDEV_DEVICES}/*/mdev_type"])
         active = active_from_snapshot(snap)
         ops: list[Op] = []
         todo: list[tuple[MdevUuid, Definition]] = []

@@ -15,11 +15,11 @@ an inventory must survive a driver that prints something new.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from vgpuvirt.errors import InvalidSpec
-from vgpuvirt.model import MdevUuid, PciAddress
+from vgpuvirt.model import PciAddress
 
 # --------------------------------------------------------------------------------------------
 # NVIDIA mdev description
@@ -247,40 +247,6 @@ def pci_or_none(name: str | None) -> PciAddress | None:
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# libvirt domain XML: which host devices does a domain use?
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DomainRefs:
-    mdevs: frozenset[MdevUuid] = field(default_factory=frozenset)
-    pci: frozenset[PciAddress] = field(default_factory=frozenset)
-    error: str | None = None
-
-
-def domain_device_refs(xml: str | bytes) -> DomainRefs:
-    """mdev UUIDs (``<hostdev type='mdev'>``) and PCI addresses (``<hostdev type='pci'>``,
-    ``<interface type='hostdev'>``) in a domain's XML. Unparseable XML -> ``error`` set."""
-    from lxml import etree
-
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
-    try:
-        root = etree.fromstring(xml.encode() if isinstance(xml, str) else xml, parser)
-    except etree.XMLSyntaxError as exc:
-        return DomainRefs(error=str(exc))
-    mdevs: set[MdevUuid] = set()
-    pci: set[PciAddress] = set()
-    for addr in root.iterfind("devices/hostdev[@type='mdev']/source/address"):
-        try:
-            mdevs.add(MdevUuid.parse(addr.get("uuid", "")))
-        except InvalidSpec:
-            continue
-    for addr in [*root.iterfind("devices/hostdev[@type='pci']/source/address"),
-                 *root.iterfind("devices/interface[@type='hostdev']/source/address")]:
-        try:
-            pci.add(PciAddress.from_libvirt(addr.get("domain", "0"), addr.get("bus", ""),
-                                            addr.get("slot", ""), addr.get("function", "")))
-        except InvalidSpec:
-            continue
-    return DomainRefs(frozenset(mdevs), frozenset(pci))
+# Domain XML is read in vgpuvirt.xml (one door); re-exported for the callers that import it from here.
+from vgpuvirt.xml.refs import DomainRefs as DomainRefs  # noqa: E402
+from vgpuvirt.xml.refs import domain_device_refs as domain_device_refs  # noqa: E402

@@ -22,11 +22,11 @@ from typing import Any
 from vgpuvirt.errors import DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
+from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Change, error_for, first_failure, note
-from vgpuvirt.services.parsers import domain_device_refs, parse_hex_id, pci_or_none
+from vgpuvirt.services.parsers import parse_hex_id, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
-PCI = "/sys/bus/pci/devices"
-MDEV_DEVICES = "/sys/bus/mdev/devices"
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 NVIDIA = "0x10de"
 VFIO_DRIVERS = ("vfio-pci",)
@@ -60,10 +60,10 @@ class PfInfo:
 
 
 def read_patterns(pf: str = "*") -> list[str]:
-    base = f"{PCI}/{pf}"
+    base = f"{sysfs.PCI}/{pf}"
     return [f"{base}/sriov_totalvfs", f"{base}/sriov_numvfs", f"{base}/vendor", f"{base}/driver",
             f"{base}/virtfn*", f"{base}/virtfn*/driver", f"{base}/virtfn*/nvidia/current_vgpu_type",
-            f"{MDEV_DEVICES}/*"]
+            f"{sysfs.MDEV_DEVICES}/*"]
 
 
 def _users(domains: Iterable[tuple[str, str]] | None) -> dict[PciAddress, list[str]]:
@@ -77,17 +77,17 @@ def _users(domains: Iterable[tuple[str, str]] | None) -> dict[PciAddress, list[s
 def pfs_from_snapshot(snap: Snapshot, users: dict[PciAddress, list[str]] | None = None) -> list[PfInfo]:
     users = users or {}
     mdev_parents: dict[str, int] = {}
-    for link in snap.glob(f"{MDEV_DEVICES}/*"):
+    for link in snap.glob(f"{sysfs.MDEV_DEVICES}/*"):
         target = snap.link(link) or ""
         parent = posixpath.basename(posixpath.dirname(target.rstrip("/")))
         mdev_parents[parent] = mdev_parents.get(parent, 0) + 1
     out: list[PfInfo] = []
-    for path in snap.glob(f"{PCI}/*/sriov_totalvfs"):
+    for path in snap.glob(f"{sysfs.PCI}/*/sriov_totalvfs"):
         dev = path.split("/")[5]
         pf = pci_or_none(dev)
         if pf is None:
             continue
-        base = f"{PCI}/{dev}"
+        base = f"{sysfs.PCI}/{dev}"
         vfs: list[VfInfo] = []
         for link in snap.glob(f"{base}/virtfn*"):
             m = re.fullmatch(r"virtfn(\d+)", posixpath.basename(link))
@@ -193,19 +193,19 @@ class SriovService:
                 if info.num_vfs:
                     ops.append(Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout))
                 ops += [Op.exec([SRIOV_MANAGE, "-e", str(a)], timeout=self.wait_timeout),
-                        Op.wait(f"{PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
+                        Op.wait(f"{sysfs.PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
             else:
                 ops += [Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout),
-                        Op.wait(f"{PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
+                        Op.wait(f"{sysfs.PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
             return ops
         return self._sysfs_plan(a, info.num_vfs, want)
 
     def _sysfs_plan(self, a: PciAddress, current: int, want: int) -> list[Op]:
-        path = f"{PCI}/{a}/sriov_numvfs"
+        path = f"{sysfs.PCI}/{a}/sriov_numvfs"
         ops: list[Op] = []
         if current:
-            ops += [Op.write(path, "0"), Op.wait(f"{PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
+            ops += [Op.write(path, "0"), Op.wait(f"{sysfs.PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
         if want:
             ops += [Op.write(path, str(want)),
-                    Op.wait(f"{PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
+                    Op.wait(f"{sysfs.PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
         return ops

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import errno as _errno
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceError, DeviceNotFound, NoCapacity
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
+from vgpuvirt.services import sysfs
+from vgpuvirt.services.inventory_model import VendorType, VendorVf
 from vgpuvirt.services.mutation import (
     Change,
     ItemResult,
@@ -29,54 +31,35 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import domain_device_refs, parse_creatable_vgpu_types, pci_or_none
-
-PCI = "/sys/bus/pci/devices"
-
-
-@dataclass(frozen=True)
-class VendorVf:
-    address: PciAddress
-    physfn: PciAddress | None
-    current_type: int
-    creatable: tuple[tuple[int, str], ...] = field(default_factory=tuple)
-
-    @property
-    def free(self) -> bool:
-        return self.current_type == 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"address": str(self.address), "physfn": str(self.physfn) if self.physfn else None,
-                "current_type": self.current_type,
-                "creatable_types": [{"id": i, "name": n} for i, n in self.creatable]}
+from vgpuvirt.services.parsers import parse_creatable_vgpu_types, pci_or_none
+from vgpuvirt.xml.refs import domain_device_refs
 
 
 def read_patterns(addresses: Iterable[PciAddress] | None = None) -> list[str]:
     globs = [str(a) for a in addresses] if addresses is not None else ["*"]
     out: list[str] = []
     for g in globs:
-        out += [f"{PCI}/{g}/nvidia/current_vgpu_type", f"{PCI}/{g}/nvidia/creatable_vgpu_types",
-                f"{PCI}/{g}/physfn"]
+        out += [sysfs.vf_type(g), sysfs.vf_creatable(g), sysfs.pci(g, "physfn")]
     return out
 
 
 def vfs_from_snapshot(snap: Snapshot) -> list[VendorVf]:
     out: list[VendorVf] = []
-    for path in snap.glob(f"{PCI}/*/nvidia/current_vgpu_type"):
+    for path in snap.glob(sysfs.vf_type("*")):
         dev = path.split("/")[5]
         addr = pci_or_none(dev)
         if addr is None:
             continue
         cur = snap.int(path)
-        physfn = pci_or_none(snap.link_name(f"{PCI}/{dev}/physfn"))
-        creatable = tuple(parse_creatable_vgpu_types(snap.raw(f"{PCI}/{dev}/nvidia/creatable_vgpu_types")))
+        physfn = pci_or_none(snap.link_name(sysfs.pci(dev, "physfn")))
+        creatable = [VendorType(i, n) for i, n in parse_creatable_vgpu_types(snap.raw(sysfs.vf_creatable(dev)))]
         out.append(VendorVf(addr, physfn, cur if cur is not None else -1, creatable))
     return sorted(out, key=lambda v: v.address)
 
 
 def vf_type_path(vf: PciAddress) -> str:
     """The file that holds a VF's vGPU type (0: none)."""
-    return f"{PCI}/{vf}/nvidia/current_vgpu_type"
+    return sysfs.vf_type(vf)
 
 
 @dataclass(frozen=True)
@@ -208,7 +191,7 @@ class VendorVgpuService:
         if want_vf is not None:
             match = [v for v in vfs if v.address == want_vf]
             if not match:
-                if snap.has(f"{PCI}/{want_vf}/physfn"):
+                if snap.has(sysfs.pci(want_vf, "physfn")):
                     raise DeviceNotFound(host, str(want_vf), "this VF has no nvidia/current_vgpu_type: not in NVIDIA "
                                                              "vendor-specific vGPU mode (vGPU 17+, kernel >= 6.8)")
                 raise DeviceNotFound(host, str(want_vf), "not an SR-IOV VF (a PF or no such device); the PF is "
@@ -217,8 +200,8 @@ class VendorVgpuService:
             if v.current_type not in (0, t.value):
                 raise AlreadyExists(host, str(v.address), f"the VF already carries vGPU type {v.current_type}; "
                                                           "release it first")
-            if v.current_type == 0 and t.value not in {i for i, _ in v.creatable}:
-                offered = ", ".join(f"{i} ({n})" for i, n in v.creatable) or "nothing"
+            if v.current_type == 0 and not v.offers(t.value):
+                offered = ", ".join(f"{c.id} ({c.name})" for c in v.creatable_types) or "nothing"
                 raise NoCapacity(host, str(v.address), f"vGPU type {t} is not creatable on this VF now "
                                                        f"(creatable: {offered})")
             return v
@@ -226,7 +209,7 @@ class VendorVgpuService:
         if want_pf is not None and not pool:
             raise DeviceNotFound(host, str(want_pf), "no VFs in NVIDIA vendor-specific vGPU mode under this PF "
                                                      "(SR-IOV disabled, or a pre-17 driver using mdev)")
-        free = [v for v in pool if v.free and v.address not in tried and t.value in {i for i, _ in v.creatable}]
+        free = [v for v in pool if v.free and v.address not in tried and v.offers(t.value)]
         if not free:
             where = f"under {want_pf}" if want_pf else "on this host"
             raise NoCapacity(host, str(want_pf or "host"), f"no free VF {where} offers vGPU type {t} "

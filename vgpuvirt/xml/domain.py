@@ -134,6 +134,11 @@ class Domain:
     def name(self) -> str | None:
         return self.root.findtext("name")
 
+    @property
+    def running(self) -> bool:
+        """Live XML of a running domain carries its id (``<domain id='3'>``); inactive XML has none."""
+        return self.root.get("id") not in (None, "-1")
+
     def set_name(self, name: DomainName | str) -> None:
         self._ensure("name").text = str(DomainName.parse(name))
 

@@ -161,7 +161,7 @@ try:
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import NotAssignable
     from vgpuvirt.model import PciAddress
-    from vgpuvirt.services import iommu
+    from vgpuvirt.services import iommu, sysfs
 except ImportError:
     HAS_VGPUVIRT = False
     VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
@@ -184,8 +184,8 @@ MODULE_KWARGS = dict(supports_check_mode=True)
 
 def drivers(host, addresses):
     """Device -> bound driver, for the diff (one read)."""
-    snap = host.read([f"{iommu.PCI}/{a}/driver" for a in addresses])
-    return {a: snap.link_name(f"{iommu.PCI}/{a}/driver") for a in addresses}
+    snap = host.read([sysfs.pci(a, "driver") for a in addresses])
+    return {a: snap.link_name(sysfs.pci(a, "driver")) for a in addresses}
 
 
 def run(module, host):

@@ -1,0 +1,104 @@
+"""NVIDIA enrichment of the inventory (pure): nvidia-smi and NVML facts per GPU, and the vGPU 17+
+vendor-specific VFs (``nvidia/current_vgpu_type``) with their type names.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+from dataclasses import dataclass, field
+
+from vgpuvirt.host.base import OpResult
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services import parsers as P
+from vgpuvirt.services.inventory_model import PciDevice, VendorType, VendorVf
+from vgpuvirt.services.inventory_parse import Index, Usage, entry_int, entry_text, errno_text, pci_key
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_nvidia_smi_xml
+from vgpuvirt.services.nvml import NvmlReport
+
+
+@dataclass
+class NvidiaFacts:
+    """What nvidia-smi and NVML said, merged (NVML wins per GPU), and the vGPU type names they know."""
+
+    by_address: dict[PciAddress, NvidiaGpuFacts] = field(default_factory=dict)
+    driver_version: str | None = None
+    type_names: dict[int, str] = field(default_factory=dict)
+
+
+def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, str]
+               ) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
+    if result is None:
+        sources["nvidia_smi"] = "not run"
+        return {}, None
+    if result.rc == 127 or result.errno == _errno.ENOENT:
+        sources["nvidia_smi"] = "not installed"
+        return {}, None
+    if not result.ok:
+        tail = (result.stderr or result.stdout or result.error or "").strip().splitlines()[-1:]
+        sources["nvidia_smi"] = f"failed (exit {result.rc})"
+        warnings.append(f"nvidia-smi -q -x failed (exit {result.rc}): {' '.join(tail) or 'no output'}")
+        return {}, None
+    report = parse_nvidia_smi_xml(result.stdout)
+    if report.error:
+        sources["nvidia_smi"] = "unreadable"
+        warnings.append(f"nvidia-smi -q -x: {report.error}")
+        return {}, None
+    sources["nvidia_smi"] = "ok"
+    return {g.address: g for g in report.gpus if g.address is not None}, report.driver_version
+
+
+def nvidia_facts(nvidia_smi: OpResult | None, nvml: NvmlReport | None, type_names: dict[int, str],
+                 warnings: list[str], sources: dict[str, str]) -> NvidiaFacts:
+    """Merge nvidia-smi's and NVML's per-GPU facts; ``type_names`` (from the VFs) is completed in place."""
+    smi_by_addr, smi_driver = _smi_facts(nvidia_smi, warnings, sources)
+    facts: dict[PciAddress, NvidiaGpuFacts] = dict(smi_by_addr)
+    if nvml is not None:
+        sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
+        for f in nvml.gpus:
+            if f.address is not None:
+                facts[f.address] = f
+    else:
+        sources["nvml"] = "not used"
+    for f in facts.values():
+        for info in f.supported_vgpu_types or []:
+            if info.get("name"):
+                type_names.setdefault(int(info["id"]), str(info["name"]))
+    return NvidiaFacts(facts, smi_driver, type_names)
+
+
+RawVf = tuple[PciDevice, int, list[VendorType], str | None]
+
+
+def raw_vendor_vfs(idx: Index, devices: dict[PciAddress, PciDevice], warnings: list[str]
+                   ) -> tuple[list[RawVf], dict[int, str]]:
+    """The devices with an ``nvidia/`` vGPU directory: (device, current type, creatable types, read error),
+    and the type names their ``creatable_vgpu_types`` list."""
+    names_by_id: dict[int, str] = {}
+    raw: list[RawVf] = []
+    for addr, dev in sorted(devices.items()):
+        attrs = idx.pci.get(pci_key(idx, addr), {})
+        cur_e, cre_e = attrs.get("nvidia/current_vgpu_type"), attrs.get("nvidia/creatable_vgpu_types")
+        if cur_e is None and cre_e is None:
+            continue
+        creatable = [VendorType(i, n) for i, n in P.parse_creatable_vgpu_types(entry_text(cre_e))]
+        for t in creatable:
+            names_by_id.setdefault(t.id, t.name)
+        err = errno_text(cre_e) or errno_text(cur_e)
+        if err:
+            what = "creatable_vgpu_types" if errno_text(cre_e) else "current_vgpu_type"
+            warnings.append(f"VF {addr}: reading nvidia/{what} failed: {err}")
+        raw.append((dev, entry_int(cur_e) or 0, creatable, err))
+    return raw, names_by_id
+
+
+def vendor_vfs(raw: list[RawVf], type_names: dict[int, str], usage: Usage) -> list[VendorVf]:
+    out: list[VendorVf] = []
+    for dev, cur, creatable, err in raw:
+        domain = usage.pci.get(dev.address)
+        out.append(VendorVf(
+            address=dev.address, physfn=dev.physfn, current_type=cur, creatable_types=creatable,
+            current_type_name=type_names.get(cur) if cur else None, domain=domain,
+            orphan=(cur != 0 and domain is None) if usage.given else None,
+            driver=dev.driver, iommu_group=dev.iommu_group, read_error=err,
+        ))
+    return out
