@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services.inventory import Gpu, Inventory, Mdev, MdevParent, MdevType, PciDevice, VendorType, VendorVf
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 
 # (id, name, heads, fb MiB, max_res, max_instances)
 T4_TYPES = [
@@ -28,9 +29,10 @@ L40S_TYPES = [(1147, "NVIDIA L40S-1Q"), (1148, "NVIDIA L40S-2Q"), (1150, "NVIDIA
 
 
 def pcidev(addr: str, *, vendor: str = "0x10de", cls: str = "0x030200", numa: int | None = 0,
-           physfn: str | None = None, virtfns: tuple[str, ...] = (), driver: str | None = "nvidia") -> PciDevice:
+           physfn: str | None = None, virtfns: tuple[str, ...] = (), driver: str | None = "nvidia",
+           group: int | None = None) -> PciDevice:
     return PciDevice(address=PciAddress.parse(addr), vendor=vendor, device="0x1eb8", pci_class=cls, driver=driver,
-                     iommu_group=None, numa_node=numa, physfn=PciAddress.parse(physfn) if physfn else None,
+                     iommu_group=group, numa_node=numa, physfn=PciAddress.parse(physfn) if physfn else None,
                      virtfns=[PciAddress.parse(v) for v in virtfns], sriov_totalvfs=None, sriov_numvfs=None)
 
 
@@ -57,15 +59,17 @@ def t4_host(name: str = "h1", *, gpus: tuple[tuple[str, int], ...] = (("0000:3b:
     """A host with T4s at the given (address, NUMA node); ``mdevs`` = (uuid, parent, type) existing."""
     fb = {t[0]: t[3] for t in T4_TYPES}
     parents, devs, gl, ml = [], [], [], []
-    for addr, numa in gpus:
+    groups: dict[int, list[PciAddress]] = {}
+    for i, (addr, numa) in enumerate(gpus):
         mine = [m for m in mdevs if m[1] == addr]
         used = {fb[mine[0][2]]: len(mine)} if mine else None
         parents.append(MdevParent(address=addr, types=t4_types(used)))
-        devs.append(pcidev(addr, numa=numa))
+        devs.append(pcidev(addr, numa=numa, group=20 + i))     # a server GPU alone in its IOMMU group
+        groups[20 + i] = [PciAddress.parse(addr)]
         gl.append(Gpu(address=PciAddress.parse(addr), vendor="0x10de", device="0x1eb8", driver="nvidia",
                       backend="mdev", numa_node=numa, vfs=[]))
         ml += [Mdev(uuid=MdevUuid.parse(u), parent=p, type=t) for u, p, t in mine]
-    return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups={}, mdev_parents=parents,
+    return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups=groups, mdev_parents=parents,
                      mdevs=ml, vendor_vgpu=[], gpus=gl, warnings=[])
 
 
@@ -82,8 +86,12 @@ def l40s_host(name: str = "h2", nvfs: int = 4, taken: dict[int, int] | None = No
         vv.append(VendorVf(address=PciAddress.parse(v), physfn=PciAddress.parse(pf), current_type=cur,
                            creatable_types=creatable, current_type_name=name_of))
     devs = [pcidev(pf, virtfns=tuple(vfs), numa=1), *(pcidev(v, physfn=pf, numa=1) for v in vfs)]
+    # What nvidia-smi -q -x says of an L40S (the framebuffer is not in sysfs for vGPU 17+ VFs).
+    facts = NvidiaGpuFacts("nvidia-smi", PciAddress.parse(pf), product_name="NVIDIA L40S", memory_total_mib=49152,
+                           virtualization_mode="Host VGPU", host_vgpu_mode="SR-IOV", vgpu_heterogeneous_mode="Disabled")
     gpu = Gpu(address=PciAddress.parse(pf), vendor="0x10de", device="0x26b9", driver="nvidia",
-              backend="vendor-vfio", numa_node=1, vfs=[PciAddress.parse(v) for v in vfs])
+              backend="vendor-vfio", numa_node=1, vfs=[PciAddress.parse(v) for v in vfs], sriov_totalvfs=32,
+              nvidia=facts)
     return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups={}, mdev_parents=[], mdevs=[],
                      vendor_vgpu=vv, gpus=[gpu], warnings=[])
 
@@ -92,11 +100,15 @@ def desktop_host(name: str = "h3") -> Inventory:
     """A consumer GPU for passthrough (GPU + HDMI audio) and an SR-IOV NIC with two VFs."""
     gpu, audio = "0000:01:00.0", "0000:01:00.1"
     nic, vf0, vf1 = "0000:05:00.0", "0000:05:10.0", "0000:05:10.2"
-    devs = [pcidev(gpu, cls="0x030000", driver="vfio-pci"), pcidev(audio, cls="0x040300", driver="snd_hda_intel"),
-            pcidev(nic, vendor="0x8086", cls="0x020000", virtfns=(vf0, vf1), driver="igb"),
-            pcidev(vf0, vendor="0x8086", cls="0x020000", physfn=nic, driver="igbvf"),
-            pcidev(vf1, vendor="0x8086", cls="0x020000", physfn=nic, driver="igbvf")]
+    # The GPU and its HDMI audio share IOMMU group 1 (a normal consumer card); the NIC and VFs have their own.
+    devs = [pcidev(gpu, cls="0x030000", driver="vfio-pci", group=1),
+            pcidev(audio, cls="0x040300", driver="snd_hda_intel", group=1),
+            pcidev(nic, vendor="0x8086", cls="0x020000", virtfns=(vf0, vf1), driver="igb", group=2),
+            pcidev(vf0, vendor="0x8086", cls="0x020000", physfn=nic, driver="igbvf", group=3),
+            pcidev(vf1, vendor="0x8086", cls="0x020000", physfn=nic, driver="igbvf", group=4)]
+    groups = {1: [PciAddress.parse(gpu), PciAddress.parse(audio)], 2: [PciAddress.parse(nic)],
+              3: [PciAddress.parse(vf0)], 4: [PciAddress.parse(vf1)]}
     g = Gpu(address=PciAddress.parse(gpu), vendor="0x10de", device="0x2684", driver="vfio-pci",
             backend="passthrough", numa_node=0, vfs=[], functions=[PciAddress.parse(audio)])
-    return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups={}, mdev_parents=[], mdevs=[],
-                     vendor_vgpu=[], gpus=[g], warnings=[])
+    return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups=groups, mdev_parents=[],
+                     mdevs=[], vendor_vgpu=[], gpus=[g], warnings=[])

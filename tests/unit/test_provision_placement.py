@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from provision_fixtures import desktop_host, l40s_host, t4_host
@@ -68,14 +69,21 @@ def test_need_based_request_takes_smallest_type_the_gpu_still_allows():
     assert [a.type.id for a in got] == ["nvidia-231", "nvidia-231"]
 
 
-def test_heterogeneous_mode_mixes_sizes_within_the_framebuffer():
-    hs = _states(t4_host(gpus=(("0000:3b:00.0", 0),)), heterogeneous=True)
-    vms = [VmRequest("a", gpus=(VgpuRequest(type="nvidia-232"),)), VmRequest("b", gpus=(Q2,))]
-    # The kernel snapshot says 2Q is creatable; hetero lets it share the GPU with a 4Q.
-    got, _ = place(vms, hs)
-    assert {str(a.gpu) for a in got} == {"0000:3b:00.0"}
-    with pytest.raises(NoCapacity):  # 16 GiB total: 4G + 2G + 16G does not fit
-        place([VmRequest("c", gpus=(VgpuRequest(type="nvidia-234"),))], hs)
+def test_heterogeneous_is_refused_on_a_gpu_without_mixed_size_mode():
+    # A T4 (vGPU <= 16, no SR-IOV) runs equal-size mode only: --heterogeneous cannot mix sizes on it, and
+    # the refusal says so instead of planning what the driver refuses.
+    from vgpuvirt.provision.plan import plan
+    from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
+
+    inv = t4_host(gpus=(("0000:3b:00.0", 0),))
+    facts = NvidiaGpuFacts("nvidia-smi", inv.gpus[0].address, memory_total_mib=16384, host_vgpu_mode="Non SR-IOV",
+                           vgpu_heterogeneous_mode="Disabled")
+    inv = replace(inv, gpus=[replace(inv.gpus[0], nvidia=facts)])
+    vms = [VmRequest("a", gpus=(VgpuRequest(type="nvidia-232"),), start=False), VmRequest("b", gpus=(Q2,), start=False)]
+    with pytest.raises(NoCapacity) as ei:
+        plan([inv], vms, heterogeneous=True)
+    msg = str(ei.value)
+    assert "b: no GPU can serve" in msg and "equal-size mode" in msg and "no mixed-size mode" in msg
 
 
 def test_numa_preference_and_strictness():

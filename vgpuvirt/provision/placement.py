@@ -18,7 +18,6 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import GpuState, HostState, Slot
-from vgpuvirt.services.capacity import may_place
 
 Policy = Literal["binpack", "spread"]
 POLICIES = ("binpack", "spread")
@@ -63,6 +62,42 @@ def _fit(req: VgpuRequest, t: TypeProfile) -> str | None:
     return fit(req, t)
 
 
+def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> _Option | str:
+    whole = next((s for s in g.slots if s.kind == "whole"), None)
+    if whole is None:
+        return "cannot be passed through whole"
+    if g.whole_taken:
+        return f"whole GPU {g.whole_taken}"
+    if g.boot_vga and not req.allow_boot_vga:
+        return "boot VGA device (the host's console): not taken unless asked (boot_vga=yes)"
+    if g.residents:
+        return f"PF/VF exclusivity: {g.residents} vGPU(s) exist or are planned on it"
+    if g.vfs_in_use:
+        return f"PF/VF exclusivity: {g.vfs_in_use} of its VFs are in use"
+    if g.whole_blocked:
+        return f"not passed through whole: {g.whole_blocked}"
+    along = [str(a) for a in whole.functions if a != g.address]
+    return _Option(g, whole, whole.profiles["passthrough"], numa_penalty,
+                   "whole GPU is free, IOMMU group viable" + (f"; {', '.join(along)} go along" if along else ""))
+
+
+def _fitting_types(req: VgpuRequest, g: GpuState) -> tuple[dict[str, TypeProfile], list[str]]:
+    types: dict[str, TypeProfile] = {}
+    misfit: list[str] = []
+    for s in g.slots:
+        if s.kind not in ("mdev", "vendor-vf"):
+            continue
+        for tid, prof in s.profiles.items():
+            if tid in types:
+                continue
+            why = _fit(req, prof)
+            if why is None:
+                types[tid] = prof
+            elif len(misfit) < 2 and not any(m.startswith(f"{tid} ") for m in misfit):
+                misfit.append(f"{tid} {why}")
+    return types, misfit
+
+
 def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
     """The best way ``g`` can serve ``req``, or why it cannot."""
     if vm.host is not None and g.host != vm.host:
@@ -75,20 +110,7 @@ def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
             return f"NUMA node {g.numa_node}, VM needs node {vm.numa_node}"
         numa_penalty = 1
     if req.mode == "passthrough":
-        whole = next((s for s in g.slots if s.kind == "whole"), None)
-        if whole is None:
-            return "cannot be passed through whole"
-        if g.whole_taken:
-            return f"whole GPU {g.whole_taken}"
-        if g.whole_blocked:
-            return f"not passed through whole: {g.whole_blocked}"
-        if g.residents:
-            return f"PF/VF exclusivity: {len(g.residents)} vGPU(s) exist on it"
-        if g.vfs_in_use:
-            return f"PF/VF exclusivity: {g.vfs_in_use} of its VFs are in use"
-        if g.vfs_enabled:
-            return f"PF/VF exclusivity: SR-IOV is on ({g.vfs_enabled} VFs); disable it to pass the whole GPU"
-        return _Option(g, whole, whole.profiles["passthrough"], numa_penalty, "whole GPU is free")
+        return _passthrough(req, g, numa_penalty)
     if g.whole_taken:
         return f"whole GPU {g.whole_taken}"
     if req.mode == "vf":
@@ -96,49 +118,35 @@ def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
             if s.kind == "vf" and s.available.get("vf", 0) > 0:
                 return _Option(g, s, s.profiles["vf"], numa_penalty, f"free VF {s.address}")
         return "no free VF" if any(s.kind == "vf" for s in g.slots) else "has no plain VFs"
-    # vGPU: every fitting type, smallest first, checked against the GPU's rules and free slots.
-    types: dict[str, TypeProfile] = {}
-    misfit: list[str] = []
-    seen: set[str] = set()
-    for s in g.slots:
-        if s.kind not in ("mdev", "vendor-vf"):
-            continue
-        for tid, prof in s.profiles.items():
-            if tid in seen:
-                continue
-            seen.add(tid)
-            why = _fit(req, prof)
-            if why is None:
-                types[tid] = prof
-            elif len(misfit) < 2:
-                misfit.append(f"{tid} {why}")
+    # vGPU: every fitting type, smallest first, counted by the GPU's budget.
+    types, misfit = _fitting_types(req, g)
     if not types:
         if not any(s.kind in ("mdev", "vendor-vf") for s in g.slots):
+            if g.sriov_capable:
+                return (f"offers no vGPU types yet: SR-IOV is off ({g.sriov_capable} VFs possible; "
+                        "its vGPU types appear on the VFs once enabled)")
             return "offers no vGPU types"
         return "no type fits (" + "; ".join(misfit) + ("; ..." if misfit else "") + ")"
     # Why each fitting type was refused, smallest first: the smallest is what the user asked for, so its
     # reason leads the message; the larger ones are counted, not listed.
     refused: list[str] = []
+    allowed = {str(s.address) for s in g.slots if s.kind in ("mdev", "vendor-vf") and s.blocked is None}
     for prof in sorted(types.values(), key=smallest_key):
-        if prof.id in g.mig_budget:
-            # MIG-backed: each vGPU lives in its own GPU instance; the equal-size rule does not apply.
-            if g.mig_budget[prof.id] <= 0:
-                refused.append(f"{prof.id}: MIG-backed: no free GPU instance of this profile")
-                continue
-        else:
-            ok, why = may_place(prof.framebuffer_mib, prof.max_instances, g.residents,
-                                heterogeneous=g.heterogeneous, total_fb_mib=g.total_fb_mib)
-            if not ok:
-                refused.append(f"{prof.id}: {why}")
-                continue
-        for s in g.slots:
-            if s.blocked is None and s.available.get(prof.id, 0) > 0:
-                return _Option(g, s, prof, numa_penalty, f"{prof.id} free on {s.address}")
-        refused.append(f"{prof.id}: no free instance")
+        f = g.budget.fit(prof.id)
+        if f.fits_now <= 0:
+            refused.append(f"{prof.id}: {f.reason}")
+            continue
+        place = g.budget.free_place(prof.id, among=allowed)
+        if place is None:
+            refused.append(f"{prof.id}: {f.reason}, but no free place offers it")
+            continue
+        slot = next(s for s in g.slots if str(s.address) == place.address and s.kind in ("mdev", "vendor-vf"))
+        return _Option(g, slot, prof, numa_penalty, f"{f.reason}; {f.fits_now - 1} left after this one")
     if not refused:
         return "no free instance"
     more = f" (and {len(refused) - 1} larger fitting type(s) refused)" if len(refused) > 1 else ""
-    return refused[0] + more
+    notes = f" [{'; '.join(g.budget.notes)}]" if g.budget.notes else ""
+    return refused[0] + more + notes
 
 
 def _policy_key(o: _Option, host: HostState, policy: Policy) -> tuple[int, ...]:
@@ -151,22 +159,15 @@ def _commit(o: _Option) -> None:
     g, s, t = o.gpu, o.slot, o.type
     if s.kind == "whole":
         g.whole_taken = "planned for passthrough"
+        g.budget = g.budget.whole_taken("(planned)")
         return
     if s.kind == "vf":
         s.available["vf"] = 0
         g.vfs_in_use += 1
         return
-    g.residents.append(t.framebuffer_mib)
-    if t.id in g.mig_budget:
-        g.mig_budget[t.id] -= 1
+    g.budget = g.budget.with_vgpu(t.id, str(s.address))
     if s.is_vf:
-        # one vGPU per VF: the VF is full now
-        for k in s.available:
-            s.available[k] = 0
-    else:
-        for k, p in s.profiles.items():
-            if k == t.id or (p.framebuffer_mib is not None and p.framebuffer_mib == t.framebuffer_mib):
-                s.available[k] = max(0, s.available[k] - 1)
+        s.blocked = "VF holds a planned vGPU"
     g.planned += 1
 
 

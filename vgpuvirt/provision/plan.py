@@ -19,7 +19,7 @@ from vgpuvirt.errors import AlreadyExists, InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId, parse_cpulist
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.state import HostState, host_states
+from vgpuvirt.provision.state import HostState, allow_mixed_size, host_states
 from vgpuvirt.provision.steps import (
     CreateMdev,
     DefineDomain,
@@ -180,7 +180,11 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise InvalidSpec("VM names", sorted(dup), "unique names")
-    hs = dict(states) if states is not None else host_states(inventories, domains, heterogeneous=heterogeneous)
+    # Placement accounts for what it plans in the states it is given: work on copies (plan is pure).
+    hs = ({k: v.clone() for k, v in states.items()} if states is not None
+          else host_states(inventories, domains))
+    if heterogeneous:
+        allow_mixed_size(hs.values())
     if not hs:
         raise InvalidSpec("hosts", [], "at least one host inventory")
     steps: list[Step] = []

@@ -74,6 +74,7 @@ class VgpuRequest:
     mode: Mode = "vgpu"
     display: bool = True
     with_audio: bool = True                  # passthrough: take the GPU's other functions along
+    allow_boot_vga: bool = False             # passthrough: the host's console GPU may be taken
 
     def __post_init__(self) -> None:
         if self.mode not in ("vgpu", "passthrough", "vf"):
@@ -129,8 +130,11 @@ class VgpuRequest:
                 kw["type"] = val
             elif key == "mode":
                 kw["mode"] = val
+            elif key == "boot_vga":
+                kw["allow_boot_vga"] = val.lower() in ("1", "yes", "true", "on")
             else:
-                raise InvalidSpec("GPU request key", key, "fb>=, heads>=, res>=, series=, mig=, vendor=, type=, mode=")
+                raise InvalidSpec("GPU request key", key,
+                                  "fb>=, heads>=, res>=, series=, mig=, vendor=, type=, mode=, boot_vga=")
         return cls(**kw)  # type: ignore[arg-type]
 
     def describe(self) -> str:

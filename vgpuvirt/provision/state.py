@@ -1,23 +1,28 @@
-"""What placement works on: each physical GPU of each host, with the places a vGPU (or the whole
-GPU, or a VF) can go, built from an :class:`~vgpuvirt.services.inventory.Inventory`.
+"""What placement works on: each physical GPU of each host as its capacity budget
+(:class:`~vgpuvirt.services.gpu_capacity.GpuBudget`) plus the places a request can take (vGPU
+parents and VFs, plain VFs, the whole GPU), built from an :class:`~vgpuvirt.services.inventory.Inventory`.
 
-The kernel's numbers (``available_instances``, ``creatable_vgpu_types``) are the starting truth;
-placement then subtracts what the plan itself will create, following the same rules
-(:func:`vgpuvirt.services.capacity.may_place`), so a plan of 64 VMs never counts one free
-instance twice.
+The budget answers "how many more of this type fit"; placement asks it, and on each choice replaces
+it with ``budget.with_vgpu(...)``, so a plan of 64 VMs never counts one free instance twice and never
+proposes what the driver refuses. Whole-GPU candidates carry the verdict of the IOMMU pre-flight
+(:mod:`vgpuvirt.services.iommu_inventory`, the rules of ``vgpuvirt iommu check``).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.provision.request import VENDOR_IDS, TypeProfile, parse_resolution
-from vgpuvirt.services.inventory import Inventory, MdevType, VendorType
-from vgpuvirt.services.parsers import classify_vgpu_name, domain_device_refs
+from vgpuvirt.services.gpu_capacity import GpuBudget, VgpuType
+from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
+from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
+from vgpuvirt.services.iommu_inventory import check_from_inventory
+from vgpuvirt.services.parsers import classify_vgpu_name
+from vgpuvirt.xml.refs import domain_device_refs
 
 SlotKind = Literal["mdev", "vendor-vf", "vf", "whole"]
 
@@ -29,10 +34,18 @@ class Slot:
     address: PciAddress
     kind: SlotKind
     is_vf: bool = False
-    available: dict[str, int] = field(default_factory=dict)     # type id -> instances creatable now
+    available: dict[str, int] = field(default_factory=dict)     # as the kernel showed it when read
     profiles: dict[str, TypeProfile] = field(default_factory=dict)
     functions: tuple[PciAddress, ...] = ()                      # whole GPU: every function to pass
     blocked: str | None = None                                  # why nothing may go here
+
+
+@dataclass
+class Prep:
+    """Host preparation a GPU needs before it can serve a request (planned as steps)."""
+
+    kind: Literal["enable-sriov", "mixed-size"]
+    detail: str
 
 
 @dataclass
@@ -42,23 +55,30 @@ class GpuState:
     vendor: str
     numa_node: int | None
     backend: str
+    budget: GpuBudget
     slots: list[Slot] = field(default_factory=list)
-    residents: list[int | None] = field(default_factory=list)  # framebuffer per vGPU on it (existing + planned)
-    vfs_in_use: int = 0                                         # plain VFs handed to domains (existing + planned)
-    heterogeneous: bool = False
-    total_fb_mib: int | None = None
-    whole_taken: str | None = None                              # why the whole GPU is not free
-    vfs_enabled: int = 0                                        # SR-IOV VFs present on this PF
-    whole_blocked: str | None = None                            # why it must not be passed through whole
+    whole_blocked: str | None = None        # why it must not be passed through whole (IOMMU, boot VGA, ...)
+    boot_vga: bool = False
+    companions: tuple[PciAddress, ...] = ()  # same-slot functions in its IOMMU group: they go along
+    whole_taken: str | None = None          # why the whole GPU is not free
+    vfs_in_use: int = 0                     # plain VFs handed to domains (existing + planned)
     planned: int = 0
-    # MIG-backed types on VFs: every VF says "1" while a free GPU instance of that profile remains, so
-    # the GPU-wide count is the largest per-VF figure, not the sum (the GI table is not in sysfs):
-    # conservative, a rerun places more once the kernel shows them.
-    mig_budget: dict[str, int] = field(default_factory=dict)
+    sriov_capable: int = 0                  # VFs a PF with SR-IOV off could enable (vGPU boards)
+    prep: list[Prep] = field(default_factory=list)
+
+    @property
+    def residents(self) -> int:
+        return len(self.budget.residents)
 
     @property
     def used(self) -> int:
-        return len(self.residents) + self.vfs_in_use + (1 if self.whole_taken else 0)
+        return self.residents + self.vfs_in_use + (1 if self.whole_taken else 0)
+
+    def profile(self, type_id: str) -> TypeProfile | None:
+        for s in self.slots:
+            if type_id in s.profiles:
+                return s.profiles[type_id]
+        return None
 
 
 @dataclass
@@ -82,89 +102,74 @@ def _vendor(v: str | None) -> str:
     return VENDOR_IDS.get((v or "").lower(), "other")
 
 
-def _profile(t: MdevType, vendor: str) -> TypeProfile:
+def _profile(t: MdevType, vendor: str, vt: VgpuType | None) -> TypeProfile:
     cls = classify_vgpu_name(t.name) if vendor == "nvidia" else None
-    fb = t.framebuffer_mib
-    if fb is None and cls is not None and cls.framebuffer_gib:
-        fb = cls.framebuffer_gib * 1024
     series = t.series or (cls.series if cls else None)
     mig: bool | None = t.mig_backed or (cls.mig_backed if cls is not None and cls.series else None)
     if mig is None and vendor == "nvidia" and series:
         mig = False
-    return TypeProfile(id=str(t.id), name=str(t.name or t.id), vendor=vendor, framebuffer_mib=fb,
-                       num_heads=t.num_heads, max_resolution=parse_resolution(t.max_resolution),
-                       series=series, mig_backed=mig, max_instances=t.max_instances)
+    return TypeProfile(id=str(t.id), name=str(t.name or t.id), vendor=vendor,
+                       framebuffer_mib=vt.framebuffer_mib if vt else t.framebuffer_mib, num_heads=t.num_heads,
+                       max_resolution=parse_resolution(t.max_resolution), series=series, mig_backed=mig,
+                       max_instances=t.max_instances)
 
 
-def _vendor_profile(vt: VendorType) -> TypeProfile:
+def _vendor_profile(vt: VgpuType) -> TypeProfile:
     cls = classify_vgpu_name(vt.name)
-    return TypeProfile(id=f"nvidia-{int(vt.id)}", name=str(vt.name), vendor="nvidia",
-                       framebuffer_mib=cls.framebuffer_gib * 1024 if cls.framebuffer_gib else None,
+    return TypeProfile(id=vt.id, name=str(vt.name or vt.id), vendor="nvidia", framebuffer_mib=vt.framebuffer_mib,
                        series=cls.series, mig_backed=cls.mig_backed if cls.series else None)
 
 
-def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = (), *, heterogeneous: bool = False) -> HostState:
+def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
+    parents = {p.address: p for p in inv.mdev_parents}
+    slots: list[Slot] = []
+    for place in b.places:
+        a = PciAddress.parse(place.address)
+        if place.kind == "mdev":
+            p = parents[place.address]
+            slots.append(Slot(a, "mdev", place.is_vf, dict(place.kernel),
+                              {t.id: _profile(t, vendor, b.types.get(t.id)) for t in p.types}))
+        else:
+            profiles = {tid: _vendor_profile(b.types[tid]) for tid in place.kernel}
+            slots.append(Slot(a, "vendor-vf", True, dict(place.kernel), profiles,
+                              blocked="VF holds a vGPU" if place.occupied else None))
+    return slots
+
+
+def _whole(inv: Inventory, g: Gpu, used_pci: Mapping[PciAddress, str]) -> tuple[str | None, tuple[PciAddress, ...]]:
+    """Why ``g`` cannot be passed through whole (None: it can), and the functions that go along."""
+    if not inv.iommu_enabled:
+        return "IOMMU is off on this host", ()
+    users = {a: [d] for a, d in used_pci.items()}
+    check = check_from_inventory(inv, [g.address], users)[0]
+    if check.blocking:
+        return "IOMMU check: " + "; ".join(check.blocking), check.must_include
+    return None, check.must_include
+
+
+def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostState:
     """Normalize one Inventory (+ the host's libvirt domains) for placement."""
     doms = dict(domains)
     used_pci: dict[PciAddress, str] = {}
     for name, xml in doms.items():
-        refs = domain_device_refs(xml)
-        for a in refs.pci:
+        for a in domain_device_refs(xml).pci:
             used_pci[a] = name
     pci = {d.address: d for d in inv.pci_devices}
-    parents = {str(p.address): p for p in inv.mdev_parents}
-    vendor_vfs = {v.address: v for v in inv.vendor_vgpu}
-    gpu_addrs = {g.address for g in inv.gpus}
     existing = {m.uuid: (str(m.parent), str(m.type)) for m in inv.mdevs if m.parent}
     hs = HostState(inv.host, [], existing_mdevs=existing, domains=doms,
                    vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu})
-    for g in inv.gpus:
+    for g in physical_gpus(inv):
         dev = pci.get(g.address)
-        if dev is not None and dev.physfn is not None and dev.physfn in gpu_addrs:
-            continue  # a VF listed as a GPU: it is a slot of its PF, not a GPU of its own
         vendor = _vendor(g.vendor)
+        budget = gpu_budget(inv, g)
+        holder = next((used_pci[a] for a in (g.address, *g.functions) if a in used_pci), None)
+        if holder is not None and budget.whole_holder is None:
+            budget = budget.whole_taken(holder)
         gs = GpuState(host=inv.host, address=g.address, vendor=vendor, numa_node=g.numa_node,
-                      backend=g.backend, heterogeneous=heterogeneous)
+                      backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga))
+        gs.slots = _vgpu_slots(inv, budget, vendor)
         vfs = list(dev.virtfns) if dev is not None else []
-        gs.vfs_enabled = len(vfs)
-        if g.boot_vga:
-            gs.whole_blocked = "boot VGA device (the host's console)"
-        elif not inv.iommu_enabled:
-            gs.whole_blocked = "IOMMU is off on this host"
-        parent_addrs = [a for a in [g.address, *vfs] if str(a) in parents]
-        fbs: list[int] = []
-        for pa in parent_addrs:
-            slot = Slot(pa, "mdev", is_vf=pa != g.address)
-            for t in parents[str(pa)].types:
-                prof = _profile(t, vendor)
-                slot.profiles[prof.id] = prof
-                slot.available[prof.id] = int(t.available_instances or 0)
-                if prof.framebuffer_mib and prof.max_instances:
-                    fbs.append(prof.framebuffer_mib * prof.max_instances)
-            gs.slots.append(slot)
-        parent_names = {str(a) for a in parent_addrs}
-        prof_by_id = {pid: p for s in gs.slots for pid, p in s.profiles.items()}
-        for m in inv.mdevs:
-            if m.parent in parent_names:
-                p = prof_by_id.get(str(m.type))
-                gs.residents.append(p.framebuffer_mib if p else None)
-        for va in vfs:
-            vv = vendor_vfs.get(va)
-            if vv is None:
-                continue
-            slot = Slot(va, "vendor-vf", is_vf=True)
-            for vt in vv.creatable_types:
-                prof = _vendor_profile(vt)
-                slot.profiles[prof.id] = prof
-                slot.available[prof.id] = 1 if int(vv.current_type) == 0 else 0
-                if prof.framebuffer_mib:
-                    fbs.append(prof.framebuffer_mib)
-            if int(vv.current_type) != 0:
-                cls = classify_vgpu_name(vv.current_type_name)
-                gs.residents.append(cls.framebuffer_gib * 1024 if cls.framebuffer_gib else None)
-                slot.blocked = f"VF has vGPU type {vv.current_type}"
-            gs.slots.append(slot)
-        if g.backend == "sriov-vf" or (not parent_addrs and not any(a in vendor_vfs for a in vfs) and vfs):
+        if g.backend == "sriov-vf" or (not budget.places and vfs):
             for va in vfs:
                 slot = Slot(va, "vf", is_vf=True, available={"vf": 1},
                             profiles={"vf": TypeProfile("vf", f"VF of {g.address}", vendor)})
@@ -173,33 +178,43 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = (), *, heter
                     slot.blocked = f"used by domain {used_pci[va]}"
                     gs.vfs_in_use += 1
                 gs.slots.append(slot)
-        for slot in gs.slots:
-            if slot.is_vf:
-                for tid, prof in slot.profiles.items():
-                    if prof.mig_backed:
-                        gs.mig_budget[tid] = max(gs.mig_budget.get(tid, 0), slot.available.get(tid, 0))
-        funcs = tuple(sorted({g.address, *g.functions}))
-        whole = Slot(g.address, "whole", available={"passthrough": 1}, functions=funcs or (g.address,),
-                     profiles={"passthrough": TypeProfile("passthrough", f"whole GPU {g.address}", vendor)})
-        holder = next((used_pci[a] for a in whole.functions if a in used_pci), None)
+        gs.whole_blocked, gs.companions = _whole(inv, g, used_pci)
+        funcs = tuple(sorted({g.address, *g.functions, *gs.companions}))
+        gs.slots.append(Slot(g.address, "whole", available={"passthrough": 1}, functions=funcs,
+                             profiles={"passthrough": TypeProfile("passthrough", f"whole GPU {g.address}", vendor)}))
         if holder:
             gs.whole_taken = f"passed through to domain {holder}"
-        gs.slots.append(whole)
-        gs.total_fb_mib = (max(fbs) + (sum(r or 0 for r in gs.residents) if not parent_addrs else 0)) if fbs else None
+        if (vendor == "nvidia" and not vfs and not budget.places and g.driver == "nvidia"
+                and (g.sriov_totalvfs or 0) > 0):
+            gs.sriov_capable = int(g.sriov_totalvfs or 0)
         hs.gpus.append(gs)
     for d in inv.pci_devices:
-        cls_hex = (d.pci_class or "")
-        if cls_hex.startswith("0x02") and d.physfn is not None and d.address not in used_pci:
+        if (d.pci_class or "").startswith("0x02") and d.physfn is not None and d.address not in used_pci:
             hs.free_nic_vfs.append((d.address, d.physfn))
     hs.gpus.sort(key=lambda g: g.address)
     return hs
 
 
 def host_states(inventories: Mapping[str, Inventory] | Iterable[Inventory],
-                domains: Mapping[str, Iterable[tuple[str, str]]] | None = None, *,
-                heterogeneous: bool = False) -> dict[str, HostState]:
+                domains: Mapping[str, Iterable[tuple[str, str]]] | None = None) -> dict[str, HostState]:
     invs = list(inventories.values()) if isinstance(inventories, Mapping) else list(inventories)
     out: dict[str, HostState] = {}
     for inv in invs:
-        out[inv.host] = host_state(inv, (domains or {}).get(inv.host, ()), heterogeneous=heterogeneous)
+        out[inv.host] = host_state(inv, (domains or {}).get(inv.host, ()))
     return out
+
+
+def allow_mixed_size(hosts: Iterable[HostState]) -> None:
+    """``--heterogeneous``: count idle GPUs that support mixed-size mode in that mode; the plan then
+    switches those it uses (``nvidia-smi vgpu -i GPU -shm 1`` is refused while a GPU holds a vGPU)."""
+    for h in hosts:
+        for g in h.gpus:
+            b = g.budget
+            if b.sizing == "equal" and not b.residents and b.mixed_size_supported:
+                g.budget = replace(b, sizing="mixed")
+                g.prep.append(Prep("mixed-size", f"switch {g.address} to mixed-size mode"))
+            elif b.sizing == "equal" and b.residents and b.mixed_size_supported:
+                g.budget = replace(b, notes=(*b.notes, "equal-size mode with vGPUs: it can switch to mixed-size "
+                                                       "mode only once it holds none"))
+            elif b.sizing == "equal" and b.mixed_size_supported is False:
+                g.budget = replace(b, notes=(*b.notes, "this GPU has no mixed-size mode (equal-size only)"))

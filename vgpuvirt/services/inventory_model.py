@@ -248,6 +248,16 @@ class Inventory:
         key = str(a) if a else name
         return next((p for p in self.mdev_parents if p.address == key), None)
 
+    def capacity(self) -> list[Any]:
+        """One :class:`~vgpuvirt.services.gpu_capacity.GpuBudget` per physical GPU (the capacity model)."""
+        from vgpuvirt.services.gpu_capacity_build import gpu_budgets  # it builds on this module
+
+        return gpu_budgets(self)
+
+    def _gpus_with_capacity(self) -> list[dict[str, Any]]:
+        budgets = {b.address: b.to_dict() for b in self.capacity()}
+        return [{**g.to_dict(), "capacity": budgets.get(g.address)} for g in self.gpus]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host,
@@ -257,7 +267,7 @@ class Inventory:
             "mdev_parents": [p.to_dict() for p in self.mdev_parents],
             "mdevs": [m.to_dict() for m in self.mdevs],
             "vendor_vgpu": [v.to_dict() for v in self.vendor_vgpu],
-            "gpus": [g.to_dict() for g in self.gpus],
+            "gpus": self._gpus_with_capacity(),
             "warnings": list(self.warnings),
             "iommu_units": list(self.iommu_units),
             "nvidia_driver_version": self.nvidia_driver_version,

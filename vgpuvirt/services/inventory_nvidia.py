@@ -5,14 +5,14 @@ vendor-specific VFs (``nvidia/current_vgpu_type``) with their type names.
 from __future__ import annotations
 
 import errno as _errno
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.inventory_model import PciDevice, VendorType, VendorVf
 from vgpuvirt.services.inventory_parse import Index, Usage, entry_int, entry_text, errno_text, pci_key
-from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_nvidia_smi_xml
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_mig_lgi, parse_nvidia_smi_xml
 from vgpuvirt.services.nvml import NvmlReport
 
 
@@ -25,8 +25,18 @@ class NvidiaFacts:
     type_names: dict[int, str] = field(default_factory=dict)
 
 
-def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, str]
-               ) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
+def _with_gpu_instances(gpus: list[NvidiaGpuFacts], lgi: OpResult | None) -> list[NvidiaGpuFacts]:
+    """Attach ``nvidia-smi mig -lgi``'s rows to the MIG-enabled GPUs (its GPU index is the -q -x order).
+    Exit 6 means no GPU instance anywhere; any other failure leaves the table unknown (None)."""
+    if lgi is None or not (lgi.ok or lgi.rc == 6):
+        return gpus
+    rows = parse_mig_lgi(lgi.stdout) if lgi.ok else {}
+    return [replace(g, gpu_instances=sorted(rows.get(i, []))) if g.mig_mode_current == "Enabled" else g
+            for i, g in enumerate(gpus)]
+
+
+def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, str],
+               lgi: OpResult | None = None) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
     if result is None:
         sources["nvidia_smi"] = "not run"
         return {}, None
@@ -44,13 +54,14 @@ def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, 
         warnings.append(f"nvidia-smi -q -x: {report.error}")
         return {}, None
     sources["nvidia_smi"] = "ok"
-    return {g.address: g for g in report.gpus if g.address is not None}, report.driver_version
+    gpus = _with_gpu_instances(report.gpus, lgi)
+    return {g.address: g for g in gpus if g.address is not None}, report.driver_version
 
 
 def nvidia_facts(nvidia_smi: OpResult | None, nvml: NvmlReport | None, type_names: dict[int, str],
-                 warnings: list[str], sources: dict[str, str]) -> NvidiaFacts:
+                 warnings: list[str], sources: dict[str, str], mig_lgi: OpResult | None = None) -> NvidiaFacts:
     """Merge nvidia-smi's and NVML's per-GPU facts; ``type_names`` (from the VFs) is completed in place."""
-    smi_by_addr, smi_driver = _smi_facts(nvidia_smi, warnings, sources)
+    smi_by_addr, smi_driver = _smi_facts(nvidia_smi, warnings, sources, mig_lgi)
     facts: dict[PciAddress, NvidiaGpuFacts] = dict(smi_by_addr)
     if nvml is not None:
         sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"

@@ -185,6 +185,9 @@ class _Facts:
         c = self.pci_class(a)
         return c is not None and c >> 16 == 0x06
 
+    def reset_methods(self, a: PciAddress) -> list[str] | None:
+        return parse_reset_methods(self.snap.text(f"{sysfs.PCI}/{a}/reset_method"))
+
 
 def _describe(f: _Facts, a: PciAddress) -> str:
     c = f.pci_class(a)
@@ -253,7 +256,7 @@ def _check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
         blocking.append(f"group {group} also holds {_describe(f, m)}, bound to a host driver that uses DMA; "
                         "pass it through too, unbind it, or move the card to a slot with its own group")
         members.append(Member(m, drv, cls, "blocking", f"host driver {drv}"))
-    resets = parse_reset_methods(f.snap.text(f"{sysfs.PCI}/{a}/reset_method"))
+    resets = f.reset_methods(a)
     if not resets:
         warnings.append("no reset method (reset_method absent or empty): the device may keep state between VMs")
     return DeviceCheck(a, True, group, f.driver(a), f.pci_class(a), tuple(members), tuple(must), pf, nvfs,

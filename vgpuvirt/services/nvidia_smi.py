@@ -16,6 +16,10 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 
 NVIDIA_SMI_ARGV = ("nvidia-smi", "-q", "-x")
+#: The GPU instances of every MIG-enabled GPU (rows "|   0  MIG 1g.12gb   19   13   6:1   |", NVIDIA MIG user
+#: guide; exit 6 "No GPU instances found" when there are none).
+NVIDIA_SMI_LGI_ARGV = ("nvidia-smi", "mig", "-lgi")
+_LGI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+:\d+\s*\|\s*$")
 
 _UNKNOWN = {"", "n/a", "not available", "[n/a]", "unknown error", "[unknown error]"}
 
@@ -37,6 +41,7 @@ class NvidiaGpuFacts:
     mig_mode_current: str | None = None       # "Enabled" | "Disabled"
     mig_mode_pending: str | None = None
     mig_devices: int | None = None
+    gpu_instances: list[tuple[int, str]] | None = None   # (GI id, MIG profile) from ``nvidia-smi mig -lgi``
     supported_vgpu_types: list[dict[str, Any]] | None = None
     creatable_vgpu_types: list[dict[str, Any]] | None = None
     active_vgpus: list[dict[str, Any]] | None = None
@@ -55,6 +60,8 @@ class NvidiaGpuFacts:
             "vgpu_heterogeneous_mode": self.vgpu_heterogeneous_mode,
             "mig_mode": {"current": self.mig_mode_current, "pending": self.mig_mode_pending},
             "mig_devices": self.mig_devices,
+            "gpu_instances": ([{"id": i, "profile": p} for i, p in self.gpu_instances]
+                              if self.gpu_instances is not None else None),
             "supported_vgpu_types": self.supported_vgpu_types,
             "creatable_vgpu_types": self.creatable_vgpu_types,
             "active_vgpus": self.active_vgpus,
@@ -133,3 +140,13 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
     cuda = root.find("cuda_version")
     return NvidiaSmiReport(_clean(drv.text) if drv is not None else None,
                            _clean(cuda.text) if cuda is not None else None, gpus)
+
+
+def parse_mig_lgi(text: str | None) -> dict[int, list[tuple[int, str]]]:
+    """``nvidia-smi mig -lgi`` -> GPU index -> [(GI id, profile name)]; lines that are not rows are ignored."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for line in (text or "").splitlines():
+        m = _LGI_ROW.match(line.strip())
+        if m:
+            out.setdefault(int(m[1]), []).append((int(m[4]), m[2]))
+    return out
