@@ -15,15 +15,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import AlreadyExists, InvalidSpec
+from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId, parse_cpulist
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.state import HostState, allow_mixed_size, host_states
+from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps import (
     CreateMdev,
     DefineDomain,
     HostStep,
+    SetMixedSize,
     SetVfType,
     StartDomain,
     Step,
@@ -75,16 +76,21 @@ class Plan:
     hosts: list[str]
     # mdev UUIDs / VF addresses absent when planned: the only devices a rollback may remove.
     absent_before: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Host preparation that must happen (and be read back) before ``pending`` VMs can be placed.
+    prep: list[SriovPrep] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    unmet: str = ""                           # why the pending VMs cannot be placed before the preparation
 
     @property
     def empty(self) -> bool:
-        return not self.steps
+        return not self.steps and not self.prep
 
     def for_host(self, host: str) -> list[Step]:
         return [s for s in self.steps if s.host == host]
 
     def to_dict(self) -> dict[str, Any]:
         return {"hosts": self.hosts, "steps": [s.to_dict() for s in self.steps],
+                "prep": [p.to_dict() for p in self.prep], "pending": list(self.pending),
                 "kept": [k.to_dict() for k in self.kept],
                 "assignments": [{"vm": a.vm, "host": a.host, "gpu": str(a.gpu), "slot": str(a.slot),
                                  "kind": a.kind, "type": a.type.id, "type_name": a.type.name,
@@ -96,11 +102,17 @@ class Plan:
         lines: list[str] = []
         for h in self.hosts:
             lines.append(f"{h}:")
+            for pr in self.prep:
+                if pr.host == h:
+                    lines.append(f"  + {pr.describe()}")
             for s in self.for_host(h):
                 lines.append(f"  + {s.describe()}")
             for k in self.kept:
                 if k.host == h:
                     lines.append(f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})"))
+        if self.pending:
+            lines.append(f"then, once the VFs show their vGPU types, place {len(self.pending)} VM(s): "
+                         + ", ".join(self.pending[:8]) + (" ..." if len(self.pending) > 8 else ""))
         if self.empty:
             lines.append("nothing to do: every VM is in place")
         return "\n".join(lines)
@@ -217,8 +229,17 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
             want(StartDomain(h.name, vm.name))
     ready = _adopt_lost(todo, hs, kept)
     to_place = [vm for vm in todo if vm.name not in {a.vm for a in ready}]
-    placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
+    try:
+        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
+    except NoCapacity as exc:
+        prep = sriov_preparation(hs, to_place)
+        if not prep:
+            raise
+        # Nothing can be placed until the VFs exist and show their types: the plan is the preparation.
+        return Plan([], kept, [], [], list(requests), list(hs), {}, prep=prep,
+                    pending=[vm.name for vm in to_place], unmet=str(exc))
     assignments = ready + placed
+    steps.extend(_mixed_size_steps(hs, placed))
     by_vm: dict[str, list[Assignment]] = {}
     for a in assignments:
         by_vm.setdefault(a.vm, []).append(a)
@@ -305,3 +326,15 @@ def _adopt(vm: VmRequest, index: int, h: HostState, parent: str, type_id: str) -
             if s.address == p and s.kind == "mdev" and type_id in s.profiles:
                 return Assignment(vm.name, index, h.name, g.address, p, "mdev", s.profiles[type_id], (), g.numa_node)
     return None
+
+
+def _mixed_size_steps(hs: Mapping[str, HostState], placed: Sequence[Assignment]) -> list[Step]:
+    """A mixed-size switch for each GPU counted in that mode (``--heterogeneous``) that gets a vGPU,
+    before its vGPUs (host steps keep their order in the host's one batch)."""
+    out: list[Step] = []
+    for h in hs.values():
+        for g in h.gpus:
+            first = next((a for a in placed if a.host == h.name and a.gpu == g.address), None)
+            if first is not None and any(p.kind == "mixed-size" for p in g.prep):
+                out.append(SetMixedSize(h.name, first.vm, g.address))
+    return out

@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from vgpuvirt.errors import NoCapacity, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by_name, apply
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
@@ -81,7 +83,53 @@ def provision(hosts: Host | Sequence[Host] | Mapping[str, Host],
     t1 = time.monotonic()
     p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
     t2 = time.monotonic()
+    if p.prep and not dry_run:
+        return _prepare_then_provision(p, by_name, conn, requests, policy=policy, heterogeneous=heterogeneous,
+                                       progress=progress, on_plan=on_plan, wait_timeout=wait_timeout, t0=t0)
     if on_plan is not None:
         on_plan(p)
     applied = None if dry_run else apply(p, by_name, conn, progress=progress, wait_timeout=wait_timeout)
+    return ProvisionResult(p, applied, t1 - t0, t2 - t1)
+
+
+def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
+                            conn: LibvirtConnection | Mapping[str, LibvirtConnection], requests: Sequence[VmRequest],
+                            *, policy: Policy, heterogeneous: bool, progress: Progress | None,
+                            on_plan: Callable[[Plan], None] | None, wait_timeout: float, t0: float) -> ProvisionResult:
+    """Enable the VFs the plan asks for, read the hosts again, plan and apply; any failure disables
+    exactly the VFs this call enabled (the hosts are left as they were)."""
+    from vgpuvirt.services.sriov import SriovService
+
+    enabled: list[tuple[str, PciAddress]] = []
+    try:
+        for pr in prep_plan.prep:
+            change = SriovService(hosts[pr.host]).enable(pr.pf)
+            if change.changed:
+                enabled.append((pr.host, pr.pf))
+        invs, doms = gather(hosts, conn)
+        t1 = time.monotonic()
+        p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
+        t2 = time.monotonic()
+        if p.prep:
+            raise NoCapacity(", ".join(hosts), ", ".join(p.pending),
+                             f"still nothing fits after enabling VFs: {p.unmet}")
+        if on_plan is not None:
+            on_plan(p)
+        applied = apply(p, hosts, conn, progress=progress, wait_timeout=wait_timeout)
+    except BaseException as exc:
+        undone = []
+        for host, pf in reversed(enabled):
+            try:
+                SriovService(hosts[host]).enable(pf, 0)
+                undone.append(f"{host}: disabled the VFs of {pf} again")
+            except VgpuvirtError as err:
+                undone.append(f"{host}: FAILED to disable the VFs of {pf}: {err}")
+        made = [f"{h}: enabled VFs on {pf}" for h, pf in enabled]
+        if isinstance(exc, ProvisioningError):
+            raise ProvisioningError(str(exc.args[0]).split(" (completed:")[0], completed=[*made, *exc.completed],
+                                    rollback=[*exc.rollback, *undone], cause=exc.cause) from exc
+        if undone and isinstance(exc, VgpuvirtError):
+            raise ProvisioningError(f"after enabling SR-IOV: {exc}", completed=made, rollback=undone,
+                                    cause=exc) from exc
+        raise
     return ProvisionResult(p, applied, t1 - t0, t2 - t1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.provision.request import VENDOR_IDS, TypeProfile, parse_resolution
+from vgpuvirt.provision.request import VENDOR_IDS, TypeProfile, VmRequest, parse_resolution
 from vgpuvirt.services.gpu_capacity import GpuBudget, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
@@ -218,3 +218,34 @@ def allow_mixed_size(hosts: Iterable[HostState]) -> None:
                                                        "mode only once it holds none"))
             elif b.sizing == "equal" and b.mixed_size_supported is False:
                 g.budget = replace(b, notes=(*b.notes, "this GPU has no mixed-size mode (equal-size only)"))
+
+
+@dataclass(frozen=True)
+class SriovPrep:
+    """Enable the VFs of an NVIDIA vGPU board whose SR-IOV is off: its vGPU types live on the VFs."""
+
+    host: str
+    pf: PciAddress
+    vfs: int
+
+    def describe(self) -> str:
+        return f"enable {self.vfs} SR-IOV VFs on {self.pf} (its vGPU types appear on the VFs)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"action": "enable-sriov", "host": self.host, "pf": str(self.pf), "vfs": self.vfs}
+
+
+def sriov_preparation(hosts: Mapping[str, HostState], vms: Iterable[VmRequest]) -> list[SriovPrep]:
+    """The VF enablements that could let vGPU requests be placed (NVIDIA boards with SR-IOV off), or []."""
+    wanted = [vm for vm in vms if any(r.mode == "vgpu" for r in vm.gpus)]
+    if not wanted:
+        return []
+    pinned = {vm.host for vm in wanted}
+    out = []
+    for h in hosts.values():
+        if None not in pinned and h.name not in pinned:
+            continue
+        for g in h.gpus:
+            if g.sriov_capable and not g.whole_taken:
+                out.append(SriovPrep(h.name, g.address, g.sriov_capable))
+    return out

@@ -29,7 +29,7 @@ from vgpuvirt.errors import XmlError
 from vgpuvirt.host.base import Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.services import mdev as mdev_svc
-from vgpuvirt.services import sysfs, vendor_vgpu
+from vgpuvirt.services import nvidia_modes, sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Planned
 from vgpuvirt.xml.domain import Domain, parse_xml
 
@@ -310,3 +310,45 @@ class StartDomain(DomainStep):
     def undo(self, conn: LibvirtConnection) -> str:
         conn.destroy(self.vm)
         return f"destroyed domain {self.vm}"
+
+
+@dataclass(frozen=True)
+class SetMixedSize(HostStep):
+    """Switch an idle NVIDIA GPU to mixed-size mode (``--heterogeneous``), before the vGPUs planned on it.
+
+    The mode is not in sysfs, so a batch cut mid-flight cannot tell whether it happened (``happened`` is
+    False: the rollback leaves the GPU's mode, which holds no device, and says so). It leaves no
+    provenance entry: teardown keeps the mode (equal-size sizes fit a mixed-size GPU too)."""
+
+    kind: ClassVar[str] = "mixed-size"
+    host: str
+    vm: str
+    gpu: PciAddress
+
+    @property
+    def target(self) -> str:
+        return str(self.gpu)
+
+    def describe(self) -> str:
+        return f"switch GPU {self.gpu} to mixed-size mode (nvidia-smi vgpu -shm 1; it holds no vGPU)"
+
+    def details(self) -> dict[str, str]:
+        return {"gpu": str(self.gpu)}
+
+    def done_in(self, state: HostState) -> bool:
+        return any(g.address == self.gpu and g.budget.sizing == "mixed" and not g.prep for g in state.gpus)
+
+    def item(self, wait_timeout: float) -> Planned:
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, True)
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, False)
+
+    def state_path(self) -> str:
+        return sysfs.pci(self.gpu, "class")
+
+    def happened(self, snap: Snapshot) -> bool:
+        return False
+
+    def undone(self) -> str:
+        return f"switched GPU {self.gpu} back to equal-size mode"

@@ -170,7 +170,7 @@ class Outcome:
     @property
     def wrote(self) -> bool:
         """A write of this item went through: the host may hold something this item made."""
-        return any(r.ok and r.op.op == "write" for r in self.results)
+        return any(r.ok and r.op.mutates for r in self.results)
 
     @property
     def error(self) -> DeviceError | None:

@@ -88,8 +88,24 @@ def _xml(model: SimModel) -> str:
     return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
 
 
+def _bus_key(text: str) -> tuple[int, int, int, int] | None:
+    parts = text.strip().split(":")
+    try:
+        dom = int(parts[0], 16) if len(parts) == 3 else 0
+        bus, rest = parts[-2], parts[-1]
+        slot, func = rest.split(".")
+        return dom, int(bus, 16), int(slot, 16), int(func, 16)
+    except (ValueError, IndexError):
+        return None
+
+
 def _pick_gpu(model: SimModel, index: str) -> tuple[Dev, Gpu | None] | None:
+    """``-i``: an index, or a PCI bus id (``00000000:3D:00.0`` as nvidia-smi prints it, or ``3d:00.0``)."""
     gpus = nvidia_gpus(model)
+    if ":" in index:
+        key = _bus_key(index)
+        d = next((g for g in gpus if key is not None and _bus_key(_bus_id(g)) == key), None)
+        return (d, d.gpu) if d is not None else None
     try:
         d = gpus[int(index)]
     except (ValueError, IndexError):
