@@ -123,8 +123,10 @@ def test_a10_transcript_mdev_on_sriov_vfs(tmp_path: Path) -> None:
     assert vf0.types[0].name == "NVIDIA A10-4Q" and vf0.types[0].instances == 1
     assert inv.mdevs[0].parent == "0000:41:00.4" and inv.mdevs[0].orphan is True
     rows = {r.id: r for r in type_capacity(inv)}
-    assert rows["nvidia-593"].parent == "0000:41:00.0" and not rows["nvidia-593"].exact
+    # The capacity model counts it exactly: 24 GiB equal-size, 4 GiB type: 6 - 1 in use = 5, one free VF left.
+    assert rows["nvidia-593"].parent == "0000:41:00.0" and rows["nvidia-593"].exact
     assert rows["nvidia-593"].free_vfs == 1 and rows["nvidia-593"].available == 1   # min(1 VF, 6 - 1)
+    assert "max 6 per GPU, 1 in use: 5 fit; 1 free VF(s) offer it" in (rows["nvidia-593"].reason or "")
     assert rows["nvidia-591"].available == 0
     per_vf = type_capacity(inv, parent="41:00.5")
     assert {r.id for r in per_vf} == {"nvidia-593", "nvidia-601", "nvidia-610", "nvidia-591", "nvidia-597"}

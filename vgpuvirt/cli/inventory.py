@@ -71,11 +71,11 @@ def render(console: Any, inv: Inventory) -> None:
 
     rows = type_capacity(inv)
     if rows:
-        tt = Table(title="vGPU types (free/max per GPU; ~ = upper bound from VFs)", title_justify="left")
+        tt = Table(title="vGPU types (fit now/max per GPU; * = the host's own figure, the rules cannot count it)", title_justify="left")
         for col in ("parent", "type", "name", "free/max", "in use", "FB MiB", "series"):
             tt.add_column(col, no_wrap=col in ("parent", "type", "free/max"))
         for r in rows:
-            free = f"{'' if r.exact else '~'}{r.available}/{_opt(r.max_instances)}"
+            free = f"{r.available}{'' if r.exact else '*'}/{_opt(r.max_instances)}"
             style = "dim" if r.available == 0 else None
             series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
             tt.add_row(r.parent, r.id, _opt(r.name), free, str(r.in_use), _opt(r.framebuffer_mib), series,

@@ -42,7 +42,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         t.add_column(col, no_wrap=col in ("parent", "type"))
     for r in rows:
         series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
-        t.add_row(r.parent, r.backend, r.id, r.name or "-", ("" if r.exact else "~") + str(r.available),
+        t.add_row(r.parent, r.backend, r.id, r.name or "-", str(r.available) + ("" if r.exact else " (host)"),
                   "-" if r.max_instances is None else str(r.max_instances), str(r.in_use),
                   "-" if r.framebuffer_mib is None else str(r.framebuffer_mib), series,
                   style="dim" if r.available == 0 else None)

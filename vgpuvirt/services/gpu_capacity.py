@@ -137,7 +137,7 @@ class GpuBudget:
         n, exact, why = self._place_cap(t, n, exact, why)
         return TypeFit(type_id, max(0, n), exact, why)
 
-    def _max_of(self, t: VgpuType) -> tuple[int | None, str]:
+    def max_of(self, t: VgpuType) -> tuple[int | None, str]:
         if t.max_instances is not None:
             return t.max_instances, f"max {t.max_instances} per GPU"
         if self.framebuffer_mib and t.framebuffer_mib:
@@ -149,7 +149,7 @@ class GpuBudget:
         return None, "max unknown"
 
     def _time_sliced_fit(self, t: VgpuType) -> tuple[int, bool, str]:
-        mx, mx_why = self._max_of(t)
+        mx, mx_why = self.max_of(t)
         here = [r for r in self.residents if r.mig_profile is None]
         if self.sizing == "mixed":
             same = sum(1 for r in here if r.type_id == t.id)

@@ -4,7 +4,7 @@ mdev parent) can still take, folded from an :class:`~vgpuvirt.services.inventory
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vgpuvirt.services import parsers as P
@@ -16,9 +16,9 @@ from vgpuvirt.services.inventory_parse import type_sort_key
 class TypeCapacity:
     """How many vGPUs of one type one GPU (or one mdev parent) can still take.
 
-    ``exact`` is True for legacy mdev parents (the kernel's own ``available_instances``). On SR-IOV boards
-    each VF offers 0 or 1, so the GPU-level figure is the number of free VFs offering the type, capped by
-    ``max_instances`` minus the vGPUs already on the GPU when the maximum is known: an upper bound.
+    GPU-level rows (a legacy mdev parent, or a PF with its VFs folded in) count with the capacity model:
+    ``exact`` when the rules give the number, False where only the host's own figure is known. A VF's own
+    rows (``parent=VF``) say what that VF offers (0 or 1).
     """
 
     parent: str
@@ -34,12 +34,14 @@ class TypeCapacity:
     series: str | None = None
     mig_backed: bool = False
     gi_profile: str | None = None
+    reason: str | None = None                # the capacity model's arithmetic (GPU-level rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {"parent": self.parent, "backend": self.backend, "id": self.id, "name": self.name,
                 "available_instances": self.available, "max_instances": self.max_instances, "in_use": self.in_use,
                 "exact": self.exact, "free_vfs": self.free_vfs, "framebuffer_mib": self.framebuffer_mib,
-                "series": self.series, "mig_backed": self.mig_backed, "gi_profile": self.gi_profile}
+                "series": self.series, "mig_backed": self.mig_backed, "gi_profile": self.gi_profile,
+                "reason": self.reason}
 
 
 def _row_of(parent: str, backend: str, t: MdevType) -> TypeCapacity:
@@ -93,9 +95,31 @@ def type_capacity(inv: Inventory, *, parent: str | None = None, available_only: 
     for pf, vvs in sorted(vendor_by_pf.items()):
         if want is None or want == pf:
             rows.extend(_vendor_pf_rows(inv, pf, vvs))
+    rows = _counted_by_budget(inv, rows)
     if available_only:
         rows = [r for r in rows if r.available > 0]
     return rows
+
+
+def _counted_by_budget(inv: Inventory, rows: list[TypeCapacity]) -> list[TypeCapacity]:
+    """GPU-level rows take their count from the capacity model (:mod:`.gpu_capacity`): exact where the
+    rules give a number, the kernel's own figure (``exact`` False) where the host is the only authority.
+    A single VF's rows keep what that VF's sysfs says."""
+    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+
+    budgets = {str(b.address): b for b in gpu_budgets(inv)}
+    out = []
+    for r in rows:
+        b = budgets.get(r.parent)
+        tid = f"nvidia-{r.id}" if r.backend == "vendor-vfio" else r.id
+        if b is None or tid not in b.types:
+            out.append(r)
+            continue
+        f = b.fit(tid)
+        mx, _ = b.max_of(b.types[tid])
+        out.append(replace(r, available=f.fits_now, exact=f.exact, reason=f.reason,
+                           max_instances=r.max_instances if r.max_instances is not None else mx))
+    return out
 
 
 
