@@ -71,7 +71,7 @@ def render(console: Any, inv: Inventory) -> None:
 
     rows = type_capacity(inv)
     if rows:
-        tt = Table(title="vGPU types (fit now/max per GPU; * = the host's own figure, the rules cannot count it)", title_justify="left")
+        tt = Table(title="vGPU types (fit now/max per GPU; * = the host's own figure)", title_justify="left")
         for col in ("parent", "type", "name", "free/max", "in use", "FB MiB", "series"):
             tt.add_column(col, no_wrap=col in ("parent", "type", "free/max"))
         for r in rows:
