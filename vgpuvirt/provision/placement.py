@@ -239,7 +239,10 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
                 notes.append(Candidate(vm.name, o.gpu.host, str(o.gpu.address), "skipped",
                                        f"{o.reason}, but the VM's other GPUs do not fit on {o.gpu.host}"))
             explain.extend(notes)
-            reasons = "; ".join(f"{c.host} {c.gpu}: {c.reason}" for c in notes[:6])
+            # Every GPU considered, with its budget's reason (the first 16; --explain lists them all).
+            reasons = "; ".join(f"{c.host} {c.gpu}: {c.reason}" for c in notes[:16])
+            if len(notes) > 16:
+                reasons += f"; and {len(notes) - 16} more GPU(s) (--explain lists them all)"
             raise NoCapacity(", ".join(hosts) or "no host", vm.name,
                              f"no GPU can serve {vm.gpus[0].describe()}: {reasons or 'no GPUs at all'}")
         explain.append(Candidate(vm.name, chosen[0].gpu.host, str(chosen[0].gpu.address), "chosen",
