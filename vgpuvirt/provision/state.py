@@ -123,12 +123,18 @@ def _vendor_profile(vt: VgpuType) -> TypeProfile:
 def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
     parents = {p.address: p for p in inv.mdev_parents}
     slots: list[Slot] = []
+    made: dict[str, TypeProfile] = {}           # a GPU's VFs repeat one type table: one profile per type
     for place in b.places:
         a = PciAddress.parse(place.address)
         if place.kind == "mdev":
             p = parents[place.address]
-            slots.append(Slot(a, "mdev", place.is_vf, dict(place.kernel),
-                              {t.id: _profile(t, vendor, b.types.get(t.id)) for t in p.types}))
+            profiles = {}
+            for t in p.types:
+                prof = made.get(t.id)
+                if prof is None:
+                    prof = made[t.id] = _profile(t, vendor, b.types.get(t.id))
+                profiles[t.id] = prof
+            slots.append(Slot(a, "mdev", place.is_vf, dict(place.kernel), profiles))
         else:
             profiles = {tid: _vendor_profile(b.types[tid]) for tid in place.kernel}
             slots.append(Slot(a, "vendor-vf", True, dict(place.kernel), profiles,

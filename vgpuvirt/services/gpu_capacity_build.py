@@ -134,8 +134,9 @@ def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
         p = parents.get(str(a))
         if p is not None:
             for t in p.types:
-                types.setdefault(t.id, _mdev_type(t))
-                mdev_types.append(t)
+                if t.id not in types:            # a GPU's VFs repeat the same table: build each type once
+                    types[t.id] = _mdev_type(t)
+                    mdev_types.append(t)
             places.append(Place(p.address, "mdev", a != g.address,
                                 {t.id: int(t.available_instances or 0) for t in p.types},
                                 occupied=sum(t.instances for t in p.types) > 0))
