@@ -54,6 +54,7 @@ from vgpuvirt.services.mutation import (
     Outcome,
     Planned,
     apply_items,
+    apply_slots,
     dry_results,
     note,
     require_unique,
@@ -284,11 +285,7 @@ class MdevService:
             slots.append(remove_item(host, u, wait_timeout=self.wait_timeout, remove=a is not None,
                                      undefine=[self._mdevctl_argv("undefine", "-u", str(u), "-p", d.parent)
                                                for d in my_defs], action=action, data=data))
-        items = [x for x in slots if isinstance(x, Planned)]
-        if dry_run or not items:
-            return dry_results(host, slots)
-        results = {o.item.target: self._removed(o) for o in apply_items(self.host, items, on_error="continue")}
-        return [x if isinstance(x, ItemResult) else results[x.target] for x in slots]
+        return apply_slots(self.host, slots, self._removed, dry_run=dry_run)
 
     def _removed(self, o: Outcome) -> ItemResult:
         host, it, bad = self.host.name, o.item, o.failure
