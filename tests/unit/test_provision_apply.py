@@ -19,6 +19,7 @@ from vgpuvirt.provision.run import gather
 from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
+from vgpuvirt.xml import Domain
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -130,6 +131,9 @@ def test_passthrough_vf_and_mig_profiles(profile, gpu, template, conn):
     xml = conn.xml(vms[0].name)
     a = r.plan.assignments[0]
     assert str(a.slot).split(":")[1] in xml or str(mdev_uuid_for(vms[0].name, 0)) in xml
+    # ... and in a <hostdev> of the domain, not only in the provenance metadata
+    devs = Domain.from_xml(xml).gpu_devices()
+    assert a.slot in devs.pci_addresses or mdev_uuid_for(vms[0].name, 0) in devs.mdev_uuids
     assert teardown(host, conn, [v.name for v in vms]).ok
     assert _state(host, conn) == before
 
@@ -184,6 +188,21 @@ def test_define_or_start_failure_rolls_back_and_rerun_converges(method, conn):
     mdevs, _, doms = _state(host, conn)
     assert FOREIGN_UUID in mdevs and foreign in doms and len(mdevs) == 5
     assert all(doms[v.name] for v in vms)
+
+
+def test_rollback_undoes_in_reverse_order(conn):
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 3, gpu=Q2)
+    conn.fail = ("start", vms[2].name)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    conn.fail = None
+    undone = [r.split(": ", 1)[1] for r in ei.value.rollback if "domain" in r]
+    # all defined, then vms[0] and vms[1] started: the last step done is undone first
+    names = [v.name for v in vms]
+    assert undone == [f"destroyed domain {names[1]}", f"destroyed domain {names[0]}",
+                      f"undefined domain {names[2]}", f"undefined domain {names[1]}", f"undefined domain {names[0]}"]
+    assert any("removed vGPU" in r for r in ei.value.rollback)
 
 
 def test_foreign_domain_with_our_name_is_refused_and_survives(conn):

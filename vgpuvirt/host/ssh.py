@@ -11,18 +11,18 @@
 * Commands are argv lists; every element is shell-quoted, so no value is ever interpreted by the
   remote shell. ``sudo=True`` prefixes ``sudo -n --`` (never prompts).
 * Transport failures are retried (tenacity, policy injectable) for idempotent operations only.
+
+Opening a connection (host keys, error translation) is :mod:`.ssh_connect`; the agent's command line and
+the resident agent's frames are :mod:`.ssh_agent`.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import importlib.resources
 import json
 import logging
 import select
 import shlex
-import socket
 import struct
 import threading
 import time
@@ -41,6 +41,10 @@ from vgpuvirt.errors import (
     TransportError,
 )
 from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+from vgpuvirt.host.ssh_agent import _read_frame, agent_command
+from vgpuvirt.host.ssh_connect import open_client
+
+__all__ = ["ARGV_REQUEST_MAX", "RetryFactory", "SSHHost", "agent_command", "default_retry", "no_retry"]
 
 log = logging.getLogger(__name__)
 
@@ -60,67 +64,8 @@ def default_retry() -> tenacity.Retrying:
         reraise=True,
     )
 
-
-def _abandon(client: paramiko.SSHClient, sock: socket.socket) -> None:
-    # Stop paramiko's transport thread before closing its socket; closing the socket first makes the
-    # thread log "Socket exception: Bad file descriptor" on stderr.
-    client.close()
-    sock.close()
-
-
-class _AcceptUnknownOnce(paramiko.MissingHostKeyPolicy):
-    """The explicit insecure opt-in: let an unknown host key through for this connection, say so.
-
-    Unlike paramiko's AutoAddPolicy it writes nothing: AutoAddPolicy saves the key into the
-    known_hosts file the client loaded, turning one ``--insecure-accept-unknown-host-key`` into
-    trust for good.
-    """
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-        log.warning("%s: accepting UNKNOWN %s host key SHA256:%s for this connection only "
-                    "(allow_unknown_hosts; not added to known_hosts)", hostname, key.get_name(), digest)
-
-
 def no_retry() -> tenacity.Retrying:
     return tenacity.Retrying(stop=tenacity.stop_after_attempt(1), reraise=True)
-
-
-def _read_frame(chan: paramiko.Channel) -> bytes | None:
-    """One ``length + bytes`` frame from the resident agent; None if its output ended first."""
-    buf = bytearray()
-    need = 4
-    length: int | None = None
-    while len(buf) < need:
-        data = chan.recv(max(need - len(buf), 1 << 16))
-        if not data:
-            return None
-        buf += data
-        if length is None and len(buf) >= 4:
-            length = struct.unpack(">I", bytes(buf[:4]))[0]
-            need = 4 + length
-    if len(buf) != need:
-        raise paramiko.SSHException(f"the resident agent sent {len(buf) - need} bytes more than its answer")
-    return bytes(buf[4:])
-
-
-def _agent_bootstrap() -> str:
-    src = importlib.resources.files("vgpuvirt.host").joinpath("agent.py").read_bytes()
-    blob = base64.b64encode(zlib.compress(src, 9)).decode("ascii")
-    # binascii, not base64: base64 imports re, a third of the agent's start
-    return ("import zlib,binascii;exec(compile(zlib.decompress(binascii.a2b_base64('" + blob + "')),"
-            "'vgpuvirt-agent','exec'))")
-
-
-_BOOTSTRAP: str | None = None
-
-
-def agent_command(python: str = "python3") -> list[str]:
-    global _BOOTSTRAP
-    if _BOOTSTRAP is None:
-        _BOOTSTRAP = _agent_bootstrap()
-    # -I: no PYTHON* variables or user site from the host; -S: no site import (stdlib only, ~5 ms per exec)
-    return [python, "-I", "-S", "-c", _BOOTSTRAP]
 
 
 class SSHHost(BaseHost):
@@ -191,52 +136,10 @@ class SSHHost(BaseHost):
                     return self._client
                 self._client.close()
                 self._client = None
-            try:
-                sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
-            except OSError as exc:
-                raise TransportError(self.name, f"cannot connect: {exc}") from exc
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client = paramiko.SSHClient()
-            if self.known_hosts:
-                try:
-                    client.load_host_keys(self.known_hosts)
-                except OSError as exc:
-                    sock.close()
-                    raise HostKeyError(self.name, f"cannot read known_hosts {self.known_hosts}: {exc}") from exc
-            else:
-                client.load_system_host_keys()
-            policy: paramiko.MissingHostKeyPolicy = (
-                _AcceptUnknownOnce() if self.allow_unknown_hosts else paramiko.RejectPolicy())
-            client.set_missing_host_key_policy(policy)
-            try:
-                client.connect(
-                    self.hostname, port=self.port, username=self.username, key_filename=self.key_filename,
-                    sock=sock, timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout, look_for_keys=self.key_filename is None,
-                    allow_agent=True,
-                )
-            except paramiko.BadHostKeyException as exc:
-                _abandon(client, sock)
-                raise HostKeyError(self.name, f"host key CHANGED (got {exc.key.get_name()} "
-                                              f"{exc.key.get_base64()[:16]}...): refusing to connect; "
-                                              "check the host and update known_hosts") from exc
-            except paramiko.AuthenticationException as exc:
-                _abandon(client, sock)
-                raise HostError(self.name, f"authentication failed: {exc}") from exc
-            except paramiko.SSHException as exc:
-                _abandon(client, sock)
-                if "not found in known_hosts" in str(exc):
-                    raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
-                                                  "add it with ssh-keyscan after checking its fingerprint, "
-                                                  "or opt in explicitly (allow_unknown_hosts=True, CLI "
-                                                  "--insecure-accept-unknown-host-key)") from exc
-                raise TransportError(self.name, f"SSH handshake failed: {exc}") from exc
-            except OSError as exc:
-                _abandon(client, sock)
-                raise TransportError(self.name, f"connection failed: {exc}") from exc
-            transport = client.get_transport()
-            assert transport is not None
-            transport.set_keepalive(self.keepalive)
+            client = open_client(self.name, self.hostname, self.port, username=self.username,
+                                 key_filename=self.key_filename, known_hosts=self.known_hosts,
+                                 allow_unknown_hosts=self.allow_unknown_hosts,
+                                 connect_timeout=self.connect_timeout, keepalive=self.keepalive)
             self._client = client
             return client
 

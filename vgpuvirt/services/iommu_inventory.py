@@ -1,7 +1,7 @@
 """The IOMMU pre-flight of :mod:`.iommu` over an inventory instead of a fresh read (pure).
 
 Placement checks every passthrough candidate with the very rules ``vgpuvirt iommu check`` applies
-(one function, :func:`vgpuvirt.services.iommu._check_one`), fed from the inventory it already holds:
+(one function, :func:`vgpuvirt.services.iommu_check._check_one`), fed from the inventory it already holds:
 the plan never proposes a GPU that ``iommu check`` would call BLOCKED.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.inventory_model import Inventory, PciDevice
-from vgpuvirt.services.iommu import DeviceCheck, _check_one
+from vgpuvirt.services.iommu_check import DeviceCheck, _check_one
 
 
 class InventoryFacts:

@@ -14,16 +14,18 @@ Persistence: ``persist="transient"`` writes sysfs only; ``persist="persistent"``
 defined-but-inactive devices on demand). The mdevctl command is injectable: ``MdevService(host,
 mdevctl=["unshare", "-m", ..., "mdevctl"])`` runs it through a prefix (tests use a mount
 namespace that binds a simulated sysfs over /sys).
+
+The service decides here; what exists (active and defined mdevs) is read in :mod:`.mdev_state`, the
+locked ops of one create or remove are built in :mod:`.mdev_ops` (their names are re-exported here).
 """
 
 from __future__ import annotations
 
 import errno as _errno
-import json
 import posixpath
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from vgpuvirt.errors import (
@@ -35,17 +37,25 @@ from vgpuvirt.errors import (
     NoCapacity,
     RemoteRequirementMissing,
 )
-from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
+from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.services import capacity, sysfs
+from vgpuvirt.services.mdev_ops import MdevSpec, _create_patterns, _type_dir, create_item, remove_item
+from vgpuvirt.services.mdev_state import (
+    Definition,
+    MdevRecord,
+    active_from_snapshot,
+    device_path,
+    parse_mdevctl_defined,
+)
 from vgpuvirt.services.mutation import (
     Change,
     ItemResult,
     Outcome,
     Planned,
     apply_items,
+    apply_slots,
     dry_results,
-    error_for,
     note,
     require_unique,
     result_of,
@@ -53,170 +63,15 @@ from vgpuvirt.services.mutation import (
 from vgpuvirt.services.parsers import parse_nvidia_description
 from vgpuvirt.xml.refs import domain_device_refs
 
+__all__ = ["PERSIST_CHOICES", "Definition", "MdevRecord", "MdevService", "MdevSpec", "Persist", "State",
+           "active_from_snapshot", "create_item", "device_path", "parse_mdevctl_defined", "remove_item"]
+
 Persist = Literal["transient", "persistent"]
 State = Literal["present", "absent"]
 PERSIST_CHOICES = ("transient", "persistent")
 # MdevService has a method named ``list``: these names keep the builtin usable in its annotations.
 Results = list[ItemResult]
 Slots = list[Planned | ItemResult]
-
-
-@dataclass(frozen=True)
-class MdevRecord:
-    """One mediated device as the host knows it (active in sysfs and/or defined in mdevctl)."""
-
-    uuid: MdevUuid
-    parent: str
-    type: str
-    active: bool
-    defined: bool = False
-    start: str | None = None          # mdevctl "auto" | "manual" when defined
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"uuid": str(self.uuid), "parent": self.parent, "type": self.type, "active": self.active,
-                "defined": self.defined, "start": self.start}
-
-
-@dataclass(frozen=True)
-class Definition:
-    parent: str
-    type: str
-    start: str
-
-
-def _type_dir(parent: PciAddress, type_id: MdevTypeId) -> str:
-    return sysfs.mdev_type(parent, type_id)
-
-
-def device_path(uuid: MdevUuid) -> str:
-    """An mdev's directory (a link) on the mdev bus: it exists exactly while the mdev is active."""
-    return sysfs.mdev(uuid)
-
-
-def active_from_snapshot(snap: Snapshot) -> dict[MdevUuid, tuple[str, str]]:
-    """{uuid: (parent, type)} for every ``/sys/bus/mdev/devices/<uuid>`` link in the snapshot."""
-    out: dict[MdevUuid, tuple[str, str]] = {}
-    for path in snap.glob(f"{sysfs.MDEV_DEVICES}/*"):
-        name = posixpath.basename(path)
-        try:
-            uuid = MdevUuid.parse(name)
-        except InvalidSpec:
-            continue
-        target = snap.link(path)
-        # ../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/<uuid> -> parent is the dir above
-        parent = posixpath.basename(posixpath.dirname(target.rstrip("/"))) if target else ""
-        out[uuid] = (parent, snap.link_name(f"{path}/mdev_type") or "")
-    return out
-
-
-def parse_mdevctl_defined(text: str) -> dict[MdevUuid, list[Definition]]:
-    """``mdevctl list --defined --dumpjson``: ``[{parent: [{uuid: {mdev_type, start, attrs}}]}]``."""
-    text = text.strip()
-    if not text:
-        return {}
-    data = json.loads(text)
-    out: dict[MdevUuid, list[Definition]] = {}
-    if not isinstance(data, list):
-        return out
-    for block in data:
-        if not isinstance(block, dict):
-            continue
-        for parent, devices in block.items():
-            for dev in devices if isinstance(devices, list) else []:
-                if not isinstance(dev, dict):
-                    continue
-                for uuid_text, cfg in dev.items():
-                    try:
-                        uuid = MdevUuid.parse(uuid_text)
-                    except InvalidSpec:
-                        continue
-                    cfg = cfg if isinstance(cfg, dict) else {}
-                    out.setdefault(uuid, []).append(
-                        Definition(str(parent), str(cfg.get("mdev_type", "")), str(cfg.get("start", "manual"))))
-    return out
-
-
-@dataclass(frozen=True)
-class MdevSpec:
-    """One mdev to create: where, of which type, under which UUID."""
-
-    parent: PciAddress
-    type: MdevTypeId
-    uuid: MdevUuid
-
-    @classmethod
-    def of(cls, parent: str | PciAddress, type_id: str | MdevTypeId, uuid: str | MdevUuid | None = None) -> MdevSpec:
-        """Validated; a fresh random UUID when none is given."""
-        return cls(PciAddress.parse(parent), MdevTypeId.parse(type_id),
-                   MdevUuid.parse(uuid) if uuid is not None else MdevUuid.generate())
-
-
-def _create_patterns(specs: Iterable[MdevSpec]) -> list[str]:
-    """What a create decides on: the UUIDs' device links and their parents' type directories."""
-    out: list[str] = []
-    for p in sorted({s.parent for s in specs}):
-        types = sysfs.mdev_types(p)
-        out += [f"{sysfs.MDEV_BUS}/{p}", types, f"{types}/*", f"{types}/*/available_instances",
-                f"{types}/*/description", f"{types}/*/name", f"{types}/*/devices/*"]
-    for s in specs:
-        out += [device_path(s.uuid), f"{device_path(s.uuid)}/mdev_type"]
-    return out
-
-
-def create_item(host: str, spec: MdevSpec, *, wait_timeout: float, create: bool = True,
-                define: Sequence[str] | None = None, action: str = "mdev.create",
-                data: Mapping[str, Any] | None = None, intent: str = "") -> Planned:
-    """The locked ops that create one mdev (and define it with the mdevctl argv ``define``). The
-    capacity check sits in the create's group, right before its write: concurrent callers
-    cannot both take the last instance."""
-    p, t, u = spec.parent, spec.type, spec.uuid
-    g, dev, tdir = f"create:{u}", device_path(u), _type_dir(p, t)
-    ops: list[Op] = []
-    if create:
-        ops += [Op.check_absent(dev, group=g),
-                Op.check_int(f"{tdir}/available_instances", 1, group=g),
-                Op.write(f"{tdir}/create", str(u), group=g),
-                Op.wait(dev, "exists", timeout=wait_timeout, group=g)]
-    if define is not None:
-        ops.append(Op.exec(define, group=g))
-
-    def explain(bad: OpResult) -> DeviceError:
-        op = bad.op
-        if op.op == "check_absent":
-            return AlreadyExists(host, str(u), f"device {u} appeared concurrently (EEXIST)")
-        if op.op == "check_int":
-            return NoCapacity(host, str(p), f"no free instance of {t} on {p}: taken by a concurrent caller "
-                                            f"since it was read (available_instances now {bad.value})")
-        if op.op == "wait":
-            return DeviceError(host, str(u), f"wrote the create of {t} on {p} but {dev} did not appear "
-                                             f"within {wait_timeout} s")
-        if op.op == "exec":
-            return error_for(host, str(u), bad, what=f"mdevctl define of {u}")
-        # The UUID is validated, so EINVAL on create comes from the vendor driver refusing the type.
-        return error_for(host, str(p), bad, what=f"creating {t} ({u}) on {p}", overrides={_errno.EINVAL: NoCapacity})
-
-    return Planned(action, str(u), tuple(ops), explain,
-                   data if data is not None else {"uuid": str(u), "parent": str(p), "type": str(t)},
-                   intent=intent or f"create {t} on {p}", message="created" if create else "defined",
-                   dry_message="would create" if create else "would define")
-
-
-def remove_item(host: str, uuid: MdevUuid, *, wait_timeout: float, remove: bool = True,
-                undefine: Sequence[Sequence[str]] = (), action: str = "mdev.remove",
-                data: Mapping[str, Any] | None = None) -> Planned:
-    """The locked ops that remove one active mdev (and run each mdevctl argv in ``undefine``)."""
-    g, dev = f"remove:{uuid}", device_path(uuid)
-    ops: list[Op] = []
-    if remove:
-        ops += [Op.write(f"{dev}/remove", "1", group=g), Op.wait(dev, "absent", timeout=wait_timeout, group=g)]
-    ops += [Op.exec(argv, group=g) for argv in undefine]
-
-    def explain(bad: OpResult) -> DeviceError:
-        return error_for(host, str(uuid), bad, what=f"removing mdev {uuid}", overrides={_errno.EAGAIN: DeviceBusy})
-
-    return Planned(action, str(uuid), tuple(ops), explain, data if data is not None else {"uuid": str(uuid)},
-                   intent="remove" + (" and undefine" if undefine else ""), message="removed",
-                   dry_message="would remove")
 
 
 class MdevService:
@@ -430,11 +285,7 @@ class MdevService:
             slots.append(remove_item(host, u, wait_timeout=self.wait_timeout, remove=a is not None,
                                      undefine=[self._mdevctl_argv("undefine", "-u", str(u), "-p", d.parent)
                                                for d in my_defs], action=action, data=data))
-        items = [x for x in slots if isinstance(x, Planned)]
-        if dry_run or not items:
-            return dry_results(host, slots)
-        results = {o.item.target: self._removed(o) for o in apply_items(self.host, items, on_error="continue")}
-        return [x if isinstance(x, ItemResult) else results[x.target] for x in slots]
+        return apply_slots(self.host, slots, self._removed, dry_run=dry_run)
 
     def _removed(self, o: Outcome) -> ItemResult:
         host, it, bad = self.host.name, o.item, o.failure

@@ -229,6 +229,18 @@ def dry_results(host: str, slots: Sequence[Planned | ItemResult]) -> list[ItemRe
             for x in slots]
 
 
+def apply_slots(host: Host, slots: Sequence[Planned | ItemResult], finish: Callable[[Outcome], ItemResult], *,
+                dry_run: bool) -> list[ItemResult]:
+    """Apply the planned slots in ONE batch that goes on past a failed item, and give one result per
+    slot in order: the slots already settled as they are, each outcome through ``finish``. A dry run
+    (or nothing to apply) is :func:`dry_results`."""
+    items = [x for x in slots if isinstance(x, Planned)]
+    if dry_run or not items:
+        return dry_results(host.name, slots)
+    done = {o.item.target: finish(o) for o in apply_items(host, items, on_error="continue")}
+    return [x if isinstance(x, ItemResult) else done[x.target] for x in slots]
+
+
 def require_unique(what: str, keys: Iterable[object]) -> None:
     """A device may appear once per batch: two groups acting on one device would undo each other."""
     seen: set[object] = set()

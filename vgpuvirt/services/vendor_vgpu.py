@@ -26,6 +26,7 @@ from vgpuvirt.services.mutation import (
     Outcome,
     Planned,
     apply_items,
+    apply_slots,
     dry_results,
     error_for,
     require_unique,
@@ -246,11 +247,7 @@ class VendorVgpuService:
                 raise DeviceBusy(host, str(a), f"VF is used by domain(s) {', '.join(users)}")
             slots.append(release_item(host, a, wait_timeout=self.wait_timeout, data=data,
                                       intent=f"release type {v.current_type}"))
-        items = [x for x in slots if isinstance(x, Planned)]
-        if dry_run or not items:
-            return dry_results(host, slots)
-        done = {o.item.target: self._released(o) for o in apply_items(self.host, items, on_error="continue")}
-        return [x if isinstance(x, ItemResult) else done[x.target] for x in slots]
+        return apply_slots(self.host, slots, self._released, dry_run=dry_run)
 
     def _released(self, o: Outcome) -> ItemResult:
         bad = o.failure

@@ -3,7 +3,9 @@
 Every front-end (SimHost, a materialized tree, the FUSE mount, the emulated tools) reads and
 mutates a :class:`SimModel`; the sysfs view (:mod:`vgpuvirt.sim.fs`) is computed from it. Each
 operation fails with the errno the kernel or driver would return (``OSError``), changes nothing
-on failure, and bumps :attr:`SimModel.version` on success.
+on failure, and bumps :attr:`SimModel.version` on success. The objects live in
+:mod:`.devices`; driver binding, SR-IOV and the NVIDIA GPU-wide switches are mixins
+(:mod:`.driver_binding`, :mod:`.sriov_vfs`, :mod:`.nvidia_switches`); vGPU capacity and mdevs stay here.
 """
 
 from __future__ import annotations
@@ -11,82 +13,22 @@ from __future__ import annotations
 import errno
 import threading
 import uuid as _uuid
-from dataclasses import dataclass, field, replace
 
 from vgpuvirt.sim import kstrto
+from vgpuvirt.sim.devices import Dev, Gpu, Mdev, uuid_is_valid
+from vgpuvirt.sim.driver_binding import DriverBinding
 from vgpuvirt.sim.kstrto import oserror
-from vgpuvirt.sim.profiles import DeviceSpec, Profile, ProfileError, TypeTable, VgpuSpec, VgpuType, vf_address
+from vgpuvirt.sim.nvidia_switches import NvidiaSwitches
+from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType
+from vgpuvirt.sim.sriov_vfs import SriovVfs
+
+__all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 
 # Drivers that implement sriov_configure in this simulation: a PF's own driver, and vfio-pci.
 _ALWAYS_LOADED = ("vfio-pci", "pci-stub", "pcieport")
-_UUID_HEX = set("0123456789abcdefABCDEF")
 
 
-def uuid_is_valid(s: str) -> bool:
-    """lib/uuid.c uuid_is_valid(): 36 chars, dashes at 8/13/18/23, hex elsewhere."""
-    if len(s) < 36:
-        return False
-    for i in range(36):
-        if i in (8, 13, 18, 23):
-            if s[i] != "-":
-                return False
-        elif s[i] not in _UUID_HEX:
-            return False
-    return True
-
-
-@dataclass
-class Gpu:
-    """A physical GPU: the capacity domain for NVIDIA vGPU rules (PF plus its VFs) or a GVT-g pool."""
-
-    pf: str
-    spec: VgpuSpec
-    heterogeneous: bool = False
-    mig_enabled: bool = False
-    gpu_instances: dict[int, str] = field(default_factory=dict)   # GI id -> MIG profile name
-
-    @property
-    def table(self) -> TypeTable:
-        return self.spec.table
-
-
-@dataclass
-class Dev:
-    addr: str
-    spec: DeviceSpec
-    sysfs_dir: str                      # canonical /sys/devices/... path
-    driver: str | None
-    numa_node: int
-    group: int | None
-    reset_method: str
-    override: str | None = None
-    physfn: str | None = None
-    vf_index: int | None = None
-    numvfs: int = 0
-    autoprobe: bool = True
-    gpu: Gpu | None = None
-    vendor_type: int = 0                # NVIDIA vGPU 17+ current_vgpu_type on a VF
-    vendor_gi: int | None = None
-
-    @property
-    def native_driver(self) -> str | None:
-        if self.physfn is not None:
-            return None if self.spec.sriov is None else self.spec.sriov.vf_driver
-        return self.spec.driver
-
-
-@dataclass
-class Mdev:
-    uuid: str
-    parent: str
-    type: VgpuType
-    group: int
-    gi: int | None = None
-    vgpu_params: str = ""
-    gvt_id: int = 0
-
-
-class SimModel:
+class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
     """State of one simulated host. Thread-safe: callers hold :attr:`lock` around compound work."""
 
     def __init__(self, profile: Profile) -> None:
@@ -321,196 +263,6 @@ class SimModel:
             raise oserror(errno.EIO)           # RM refuses the create request
         vf.vendor_gi = self._free_gi(vf.gpu, t.mig_profile) if t.mig_profile else None
         vf.vendor_type = value
-        self.bump()
-
-    # ------------------------------------------------------------------ drivers
-
-    def _matches(self, drv: str, dev: Dev) -> bool:
-        if dev.override is not None:
-            return drv == dev.override
-        if drv == dev.native_driver:
-            return True
-        return (dev.spec.vendor, self.device_id(dev)) in self.dynids.get(drv, set())
-
-    def device_id(self, dev: Dev) -> int:
-        if dev.physfn is not None and dev.spec.sriov is not None:
-            return dev.spec.sriov.vf_device
-        return dev.spec.device
-
-    def _attach(self, drv: str, dev: Dev) -> None:
-        dev.driver = drv
-        dev.vendor_type = 0
-        dev.vendor_gi = None
-        self.bump()
-
-    def _detach(self, dev: Dev) -> None:
-        # The driver's remove(): an mdev parent unregisters (its mdevs go), a PF disables its VFs.
-        for m in self.mdevs_of(dev.addr):
-            del self.mdevs[m.uuid]
-        if dev.numvfs:
-            self._disable_vfs(dev)
-        dev.driver = None
-        dev.vendor_type = 0
-        dev.vendor_gi = None
-        self.bump()
-
-    def bind(self, drv: str, raw: str) -> None:
-        """``/sys/bus/pci/drivers/<drv>/bind`` (bus.c bind_store)."""
-        dev = self.devices.get(kstrto.sysfs_streq(raw))
-        if dev is None or not self._matches(drv, dev):
-            raise oserror(errno.ENODEV)
-        if dev.driver is not None:
-            raise oserror(errno.EBUSY)
-        self._attach(drv, dev)
-
-    def unbind(self, drv: str, raw: str) -> None:
-        dev = self.devices.get(kstrto.sysfs_streq(raw))
-        if dev is None or dev.driver != drv:
-            raise oserror(errno.ENODEV)
-        self._detach(dev)
-
-    def probe(self, raw: str) -> None:
-        """``/sys/bus/pci/drivers_probe``: attach the first matching loaded driver; none is not an error."""
-        dev = self.devices.get(kstrto.sysfs_streq(raw))
-        if dev is None:
-            raise oserror(errno.ENODEV)
-        if dev.driver is not None:
-            return
-        candidates = [dev.override] if dev.override is not None else [dev.native_driver, *sorted(self.dynids)]
-        for drv in candidates:
-            if drv is not None and drv in self.drivers and self._matches(drv, dev):
-                self._attach(drv, dev)
-                return
-
-    def set_override(self, dev: Dev, raw: str) -> None:
-        """driver_set_override(): cut at the first newline; empty clears; the device is not rebound."""
-        if len(raw.encode("utf-8")) >= 4095:
-            raise oserror(errno.EINVAL)
-        value = raw.split("\n", 1)[0]
-        dev.override = value or None
-        self.bump()
-
-    def new_id(self, drv: str, raw: str) -> None:
-        """``new_id``: "vendor device [...]" in hex; then the driver attaches to matching unbound devices."""
-        fields = raw.split()
-        try:
-            vendor, device = int(fields[0], 16), int(fields[1], 16)
-        except (IndexError, ValueError):
-            raise oserror(errno.EINVAL) from None
-        self.dynids.setdefault(drv, set()).add((vendor, device))
-        self.bump()
-        for dev in self.devices.values():
-            if dev.driver is None and self._matches(drv, dev):
-                self._attach(drv, dev)
-
-    def remove_id(self, drv: str, raw: str) -> None:
-        fields = raw.split()
-        try:
-            key = (int(fields[0], 16), int(fields[1], 16))
-        except (IndexError, ValueError):
-            raise oserror(errno.EINVAL) from None
-        ids = self.dynids.get(drv, set())
-        if key not in ids:
-            raise oserror(errno.ENODEV)
-        ids.discard(key)
-        self.bump()
-
-    # ------------------------------------------------------------------ SR-IOV
-
-    def set_numvfs(self, pf: Dev, raw: str) -> None:
-        """sriov_numvfs_store (drivers/pci/iov.c), in the kernel's order of checks."""
-        n = kstrto.kstrtou16(raw, 0)
-        assert pf.spec.sriov is not None
-        if n > pf.spec.sriov.totalvfs:
-            raise oserror(errno.ERANGE)
-        if n == pf.numvfs:
-            return
-        if pf.driver is None:
-            raise oserror(errno.ENOENT)        # "no driver bound to device; cannot configure SR-IOV"
-        if pf.driver not in (pf.spec.driver, "vfio-pci"):
-            raise oserror(errno.ENOENT)        # "driver does not support SR-IOV configuration via sysfs"
-        if n == 0:
-            if pf.gpu is not None and pf.gpu.table.driver == "nvidia" and self.gpu_has_vgpus(pf.gpu):
-                raise oserror(errno.EBUSY)     # INFERRED: the NVIDIA driver refuses while vGPUs exist
-            self._disable_vfs(pf)
-            return
-        if pf.numvfs:
-            raise oserror(errno.EBUSY)         # "%d VFs already enabled. Disable before enabling %d VFs"
-        self._enable_vfs(pf, n)
-
-    def _enable_vfs(self, pf: Dev, n: int) -> None:
-        sriov = pf.spec.sriov
-        assert sriov is not None
-        parent_dir = pf.sysfs_dir.rsplit("/", 1)[0]
-        for i in range(n):
-            a = vf_address(pf.spec.address, sriov, i)
-            vspec = replace(pf.spec, address=a, device=sriov.vf_device,
-                            pci_class=sriov.vf_class if sriov.vf_class is not None else pf.spec.pci_class,
-                            sriov=sriov, vgpu=None, iommu_group=None, boot_vga=False,
-                            reset_method="flr" if pf.spec.reset_method else "")
-            vf = Dev(addr=str(a), spec=vspec, sysfs_dir=f"{parent_dir}/{a}", driver=None, numa_node=pf.numa_node,
-                     group=None, reset_method=vspec.reset_method, physfn=pf.addr, vf_index=i, gpu=pf.gpu)
-            if self.iommu:
-                vf.group = self._alloc_group()
-            self.devices[vf.addr] = vf
-            if pf.autoprobe and sriov.vf_driver and sriov.vf_driver in self.drivers:
-                vf.driver = sriov.vf_driver
-        pf.numvfs = n
-        self.devices = dict(sorted(self.devices.items()))
-        self.bump()
-
-    def _disable_vfs(self, pf: Dev) -> None:
-        for vf in self.vfs(pf):
-            for m in self.mdevs_of(vf.addr):
-                del self.mdevs[m.uuid]
-            del self.devices[vf.addr]
-        pf.numvfs = 0
-        self.bump()
-
-    # ------------------------------------------------------------------ NVIDIA GPU-wide switches
-
-    def set_heterogeneous(self, gpu: Gpu, on: bool) -> None:
-        if on and not gpu.table.heterogeneous:
-            raise oserror(errno.EOPNOTSUPP)
-        if self.gpu_has_vgpus(gpu) or gpu.mig_enabled:
-            raise oserror(errno.EBUSY)
-        gpu.heterogeneous = on
-        self.bump()
-
-    def set_mig(self, gpu: Gpu, on: bool) -> None:
-        if not gpu.table.mig_profiles:
-            raise oserror(errno.EOPNOTSUPP)
-        if self.gpu_has_vgpus(gpu):
-            raise oserror(errno.EBUSY)
-        gpu.mig_enabled = on
-        if not on:
-            gpu.gpu_instances.clear()
-        self.bump()
-
-    def create_gi(self, gpu: Gpu, profile_id: int) -> int:
-        prof = next((p for p in gpu.table.mig_profiles if p.id == profile_id), None)
-        if prof is None:
-            raise oserror(errno.EINVAL)
-        if not gpu.mig_enabled:
-            raise oserror(errno.EOPNOTSUPP)
-        slices = {p.name: p.slices for p in gpu.table.mig_profiles}
-        used = sum(slices[p] for p in gpu.gpu_instances.values())
-        same = sum(1 for p in gpu.gpu_instances.values() if p == prof.name)
-        if used + prof.slices > 7 or same >= prof.max:
-            raise oserror(errno.ENOSPC)
-        gi = 1
-        while gi in gpu.gpu_instances:
-            gi += 1
-        gpu.gpu_instances[gi] = prof.name
-        self.bump()
-        return gi
-
-    def destroy_gi(self, gpu: Gpu, gi: int) -> None:
-        if gi not in gpu.gpu_instances:
-            raise oserror(errno.ENOENT)
-        if any(g == gi for _, g in self._gpu_vgpus(gpu)):
-            raise oserror(errno.EBUSY)
-        del gpu.gpu_instances[gi]
         self.bump()
 
     # ------------------------------------------------------------------ hugepages

@@ -4,328 +4,47 @@ A profile names PCI devices (with their bridges, drivers, IOMMU groups and NUMA 
 capabilities, and for GPUs the vGPU mode and type table. Type tables live in ``profiles/_types.yaml``
 and may be extended by a profile's own ``type_tables``. The format is documented in docs/sim.md.
 A malformed file is refused with :class:`ProfileError` naming the file, the key and the reason.
+This module loads a profile; the specs are in :mod:`.profile_spec`, the field checks in
+:mod:`.profile_fields`, the type tables in :mod:`.type_tables` (their public names are re-exported here).
 """
 
 from __future__ import annotations
 
-import errno as _errno
-import importlib.resources
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from vgpuvirt.errors import InvalidSpec, VgpuvirtError
+from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress, parse_cpulist
+from vgpuvirt.sim.profile_fields import _Ctx
+from vgpuvirt.sim.profile_spec import (
+    VGPU_MODES,
+    DeviceSpec,
+    GpuInstanceSpec,
+    InitialVgpu,
+    MigProfile,
+    NodeSpec,
+    Profile,
+    ProfileError,
+    SriovSpec,
+    TypeTable,
+    VgpuSpec,
+    VgpuType,
+    vf_address,
+)
+from vgpuvirt.sim.type_tables import _parse_table, _profiles_dir, builtin_type_tables
 
-VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg")
-_TYPES_FILE = "_types.yaml"
-
-
-class ProfileError(VgpuvirtError, ValueError):
-    """A profile file is malformed: carries the file, the key path and the reason."""
-
-    def __init__(self, file: str, key: str, reason: str) -> None:
-        self.file = file
-        self.key = key
-        self.reason = reason
-        super().__init__(f"simulator profile {file}: {key or '<top>'}: {reason}")
-
-
-@dataclass(frozen=True)
-class VgpuType:
-    """One mdev / vGPU type. ``sysfs_id`` is the type directory name (``nvidia-231``)."""
-
-    sysfs_id: str
-    name: str
-    number: int | None = None          # NVIDIA numeric id (creatable_vgpu_types, current_vgpu_type)
-    framebuffer_mib: int = 0
-    num_heads: int = 0
-    frl: int = 0
-    max_resolution: str = ""
-    max_instance: int = 0
-    mig_profile: str | None = None     # GPU-instance profile a MIG-backed type consumes
-    low_gm: int = 0                    # GVT-g resources (MiB, MiB, fences)
-    high_gm: int = 0
-    fence: int = 0
-    weight: int = 0
-    description: str = ""
-    device_api: str = "vfio-pci"
-
-
-@dataclass(frozen=True)
-class MigProfile:
-    id: int
-    name: str
-    max: int
-    slices: int
-
-
-@dataclass(frozen=True)
-class TypeTable:
-    name: str
-    driver: str                        # the parent's driver that registers these types
-    mdev_driver: str                   # the driver mdev devices bind to
-    types: tuple[VgpuType, ...]
-    framebuffer_mib: int = 0
-    heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
-    mig_profiles: tuple[MigProfile, ...] = ()
-    create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
-
-    def get(self, sysfs_id: str) -> VgpuType | None:
-        for t in self.types:
-            if t.sysfs_id == sysfs_id:
-                return t
-        return None
-
-    def by_number(self, number: int) -> VgpuType | None:
-        for t in self.types:
-            if t.number == number:
-                return t
-        return None
-
-
-@dataclass(frozen=True)
-class GpuInstanceSpec:
-    id: int
-    profile: str
-
-
-@dataclass(frozen=True)
-class InitialVgpu:
-    type: str                          # nvidia-231 / i915-GVTg_V5_4 / 1155 (vendor mode)
-    uuid: str | None = None
-    vf: int | None = None
-
-
-@dataclass(frozen=True)
-class VgpuSpec:
-    mode: str
-    table: TypeTable
-    heterogeneous: bool = False
-    mig_enabled: bool = False
-    gpu_instances: tuple[GpuInstanceSpec, ...] = ()
-    pool: Mapping[str, int] = field(default_factory=dict)   # GVT-g: low_gm, high_gm, fences available
-    vgpus: tuple[InitialVgpu, ...] = ()
-
-
-@dataclass(frozen=True)
-class SriovSpec:
-    totalvfs: int
-    numvfs: int = 0
-    offset: int = 1
-    stride: int = 1
-    vf_device: int = 0
-    vf_driver: str | None = None
-    vf_class: int | None = None
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    address: PciAddress
-    parent: PciAddress | None
-    vendor: int
-    device: int
-    pci_class: int
-    subsystem_vendor: int = 0
-    subsystem_device: int = 0
-    revision: int = 0
-    driver: str | None = None
-    numa_node: int = -1
-    iommu_group: int | None = None
-    reset_method: str = ""
-    product: str = ""
-    boot_vga: bool = False
-    sriov: SriovSpec | None = None
-    vgpu: VgpuSpec | None = None
-
-    @property
-    def is_bridge(self) -> bool:
-        return (self.pci_class >> 8) == 0x0604
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    id: int
-    cpus: frozenset[int]
-    memory_mib: int
-    hugepages: Mapping[int, int]       # page size kB -> count
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    description: str
-    iommu: bool
-    nodes: tuple[NodeSpec, ...]
-    threads_per_core: int
-    devices: tuple[DeviceSpec, ...]
-    drivers: tuple[str, ...]
-    source: str = ""
-
-    def device(self, address: str) -> DeviceSpec | None:
-        a = PciAddress.parse(address)
-        for d in self.devices:
-            if d.address == a:
-                return d
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# loading
-
-
-def _profiles_dir() -> Any:
-    return importlib.resources.files("vgpuvirt.sim").joinpath("profiles")
+__all__ = ["VGPU_MODES", "DeviceSpec", "GpuInstanceSpec", "InitialVgpu", "MigProfile", "NodeSpec", "Profile",
+           "ProfileError", "SriovSpec", "TypeTable", "VgpuSpec", "VgpuType", "builtin_type_tables", "list_profiles",
+           "load_profile", "vf_address"]
 
 
 def list_profiles() -> list[str]:
     """Names of the profiles shipped with vgpuvirt."""
     return sorted(p.name[:-5] for p in _profiles_dir().iterdir()
                   if p.name.endswith(".yaml") and not p.name.startswith("_"))
-
-
-class _Ctx:
-    """Where we are in the file, so every error names the key."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def fail(self, key: str, reason: str) -> ProfileError:
-        return ProfileError(self.file, key, reason)
-
-    def mapping(self, value: Any, key: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected a mapping, got {type(value).__name__}")
-        return value
-
-    def integer(self, value: Any, key: str, lo: int | None = None, hi: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise self.fail(key, f"expected an integer, got {value!r}")
-        try:
-            n = value if isinstance(value, int) else int(value, 0)
-        except ValueError:
-            raise self.fail(key, f"expected an integer, got {value!r}") from None
-        if (lo is not None and n < lo) or (hi is not None and n > hi):
-            raise self.fail(key, f"{n} is out of range {lo}..{hi}")
-        return n
-
-    def text(self, value: Any, key: str) -> str:
-        if not isinstance(value, str) or not value or "\n" in value or "\0" in value:
-            raise self.fail(key, f"expected a one-line string, got {value!r}")
-        return value
-
-    def boolean(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(key, f"expected true or false, got {value!r}")
-        return value
-
-    def addr(self, value: Any, key: str) -> PciAddress:
-        try:
-            return PciAddress.parse(self.text(value, key))
-        except InvalidSpec as exc:
-            raise self.fail(key, exc.expected) from None
-
-    def keys(self, m: dict[str, Any], key: str, allowed: set[str], required: set[str] | None = None) -> None:
-        for k in m:
-            if k not in allowed:
-                raise self.fail(f"{key}.{k}" if key else str(k),
-                                "unknown key (allowed: " + ", ".join(sorted(allowed)) + ")")
-        for k in sorted(required or ()):
-            if k not in m:
-                raise self.fail(f"{key}.{k}" if key else k, "required key is missing")
-
-
-def _errno_value(ctx: _Ctx, value: Any, key: str) -> int:
-    name = ctx.text(value, key)
-    code = getattr(_errno, name, None)
-    if not isinstance(code, int):
-        raise ctx.fail(key, f"{name!r} is not an errno name (e.g. EINVAL, ENOSPC)")
-    return code
-
-
-def _nvidia_description(t: dict[str, Any]) -> str:
-    return (f"num_heads={t['heads']}, frl_config={t['frl']}, framebuffer={t['fb']}M, "
-            f"max_resolution={t['res']}, max_instance={t['max']}\n")
-
-
-def _gvt_description(t: dict[str, Any]) -> str:
-    return (f"low_gm_size: {t['low_gm']}MB\nhigh_gm_size: {t['high_gm']}MB\nfence: {t['fence']}\n"
-            f"resolution: {t['res']}\nweight: {t['weight']}\n")
-
-
-def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
-    m = ctx.mapping(raw, key)
-    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "types",
-                      "create_errno"}, {"driver", "mdev_driver", "types"})
-    driver = ctx.text(m["driver"], f"{key}.driver")
-    if not isinstance(m["types"], list) or not m["types"]:
-        raise ctx.fail(f"{key}.types", "expected a non-empty list")
-    types: list[VgpuType] = []
-    seen: set[str] = set()
-    for i, row in enumerate(m["types"]):
-        rk = f"{key}.types[{i}]"
-        r = ctx.mapping(row, rk)
-        if driver == "i915":
-            ctx.keys(r, rk, {"id", "low_gm", "high_gm", "fence", "weight", "res", "name"},
-                     {"id", "low_gm", "high_gm", "fence", "weight", "res"})
-            sid = ctx.text(r["id"], f"{rk}.id")
-            vals = {k: ctx.integer(r[k], f"{rk}.{k}", 1) for k in ("low_gm", "high_gm", "fence", "weight")}
-            t = VgpuType(sysfs_id=f"i915-{sid}", name=str(r.get("name", sid)), low_gm=vals["low_gm"],
-                         high_gm=vals["high_gm"], fence=vals["fence"], weight=vals["weight"],
-                         max_resolution=ctx.text(r["res"], f"{rk}.res"),
-                         description=_gvt_description({**r, **vals}))
-        else:
-            ctx.keys(r, rk, {"id", "name", "fb", "heads", "frl", "res", "max", "mig"},
-                     {"id", "name", "fb", "heads", "frl", "res", "max"})
-            num = ctx.integer(r["id"], f"{rk}.id", 1, 1 << 30)
-            vals = {k: ctx.integer(r[k], f"{rk}.{k}", 0) for k in ("fb", "heads", "frl", "max")}
-            if vals["fb"] <= 0 or vals["max"] <= 0:
-                raise ctx.fail(f"{rk}", "fb and max must be positive")
-            t = VgpuType(sysfs_id=f"{driver}-{num}", number=num, name=ctx.text(r["name"], f"{rk}.name"),
-                         framebuffer_mib=vals["fb"], num_heads=vals["heads"], frl=vals["frl"],
-                         max_resolution=ctx.text(r["res"], f"{rk}.res"), max_instance=vals["max"],
-                         mig_profile=ctx.text(r["mig"], f"{rk}.mig") if "mig" in r else None,
-                         description=_nvidia_description({**r, **vals}))
-        if t.sysfs_id in seen:
-            raise ctx.fail(f"{rk}.id", f"duplicate type {t.sysfs_id}")
-        seen.add(t.sysfs_id)
-        types.append(t)
-    migs: list[MigProfile] = []
-    for i, row in enumerate(m.get("mig_profiles") or []):
-        rk = f"{key}.mig_profiles[{i}]"
-        r = ctx.mapping(row, rk)
-        ctx.keys(r, rk, {"id", "name", "max", "slices"}, {"id", "name", "max", "slices"})
-        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), ctx.text(r["name"], f"{rk}.name"),
-                               ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8)))
-    names = {p.name for p in migs}
-    for t in types:
-        if t.mig_profile and t.mig_profile not in names:
-            raise ctx.fail(f"{key}.types", f"{t.sysfs_id} uses MIG profile {t.mig_profile!r} not in mig_profiles")
-    return TypeTable(name=name, driver=driver, mdev_driver=ctx.text(m["mdev_driver"], f"{key}.mdev_driver"),
-                     types=tuple(types),
-                     framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
-                     heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
-                     mig_profiles=tuple(migs),
-                     create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
-                     if "create_errno" in m else _errno.EINVAL)
-
-
-_BUILTIN_TABLES: dict[str, TypeTable] | None = None
-
-
-def builtin_type_tables() -> dict[str, TypeTable]:
-    global _BUILTIN_TABLES
-    if _BUILTIN_TABLES is None:
-        f = _profiles_dir().joinpath(_TYPES_FILE)
-        raw = yaml.safe_load(f.read_text(encoding="utf-8"))
-        ctx = _Ctx(_TYPES_FILE)
-        tables = ctx.mapping(ctx.mapping(raw, "")["tables"], "tables")
-        _BUILTIN_TABLES = {n: _parse_table(ctx, n, t, f"tables.{n}") for n, t in tables.items()}
-    return _BUILTIN_TABLES
-
 
 def _parse_vgpu(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> VgpuSpec:
     m = ctx.mapping(raw, key)
@@ -428,12 +147,6 @@ def _parse_device(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]
         boot_vga=ctx.boolean(m.get("boot_vga", False), f"{key}.boot_vga"),
         sriov=sriov, vgpu=vgpu)
 
-
-def vf_address(pf: PciAddress, sriov: SriovSpec, index: int) -> PciAddress:
-    """The routing ID arithmetic of drivers/pci/iov.c (pci_iov_virtfn_bus/devfn)."""
-    rid = (pf.bus << 8) | (pf.slot << 3) | pf.function
-    rid += sriov.offset + sriov.stride * index
-    return PciAddress(pf.domain, (rid >> 8) & 0xFF, (rid >> 3) & 0x1F, rid & 7)
 
 
 def _parse_profile(raw: Any, file: str) -> Profile:

@@ -71,9 +71,12 @@ def parse_int(value: str | None, what: str) -> int:
         raise InvalidSpec(what, value, "an integer") from None
 
 
-def expect_tag(el: Element, tag: str) -> None:
+def expect_tag(el: Element, tag: str, type_: str | None = None, what: str | None = None) -> None:
+    """``el`` is a ``<tag>`` (and, with ``type_``, has ``type='type_'``; ``what`` names that attribute in the error)."""
     if el.tag != tag:
         raise InvalidSpec("XML element", el.tag, f"<{tag}>")
+    if type_ is not None and el.get("type") != type_:
+        raise InvalidSpec(what or f"{tag} type", el.get("type"), type_)
 
 
 def pci_from_address(el: Element | None, what: str) -> PciAddress:
@@ -99,9 +102,7 @@ class GuestAddress:
 
     @classmethod
     def from_element(cls, el: Element) -> GuestAddress:
-        expect_tag(el, "address")
-        if el.get("type") != "pci":
-            raise InvalidSpec("guest address type", el.get("type"), "pci")
+        expect_tag(el, "address", "pci", "guest address type")
         return cls(pci_from_address(el, "guest PCI address"),
                    multifunction=parse_flag(el.get("multifunction"), "multifunction"))
 

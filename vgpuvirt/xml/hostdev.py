@@ -72,9 +72,7 @@ class MdevHostdev:
 
     @classmethod
     def from_element(cls, el: Element) -> MdevHostdev:
-        expect_tag(el, "hostdev")
-        if el.get("type") != "mdev":
-            raise InvalidSpec("hostdev type", el.get("type"), "mdev")
+        expect_tag(el, "hostdev", "mdev")
         addr = el.find("source/address")
         if addr is None or addr.get("uuid") is None:
             raise InvalidSpec("mdev hostdev", "no <source><address uuid=...>", "a source UUID")
@@ -142,9 +140,7 @@ class PciHostdev:
 
     @classmethod
     def from_element(cls, el: Element) -> PciHostdev:
-        expect_tag(el, "hostdev")
-        if el.get("type") != "pci":
-            raise InvalidSpec("hostdev type", el.get("type"), "pci")
+        expect_tag(el, "hostdev", "pci")
         rom = el.find("rom")
         return cls(pci_from_address(el.find("source/address"), "hostdev source address"),
                    managed=parse_flag(el.get("managed"), "hostdev managed"),
@@ -193,9 +189,7 @@ class HostdevInterface:
 
     @classmethod
     def from_element(cls, el: Element) -> HostdevInterface:
-        expect_tag(el, "interface")
-        if el.get("type") != "hostdev":
-            raise InvalidSpec("interface type", el.get("type"), "hostdev")
+        expect_tag(el, "interface", "hostdev")
         mac = el.find("mac")
         tag = el.find("vlan/tag")
         return cls(pci_from_address(el.find("source/address"), "interface source address"),

@@ -1,0 +1,105 @@
+"""The simulated host's objects (GPUs, PCI functions, mdevs) and the view of the model its parts share.
+
+:class:`SimModel` (:mod:`vgpuvirt.sim.model`) owns these objects; its kernel semantics are split by
+concern into mixins (:mod:`.driver_binding`, :mod:`.sriov_vfs`, :mod:`.nvidia_switches`) whose
+methods take ``self`` as a :class:`ModelCore`: the state and helpers they rely on, which
+:class:`SimModel` provides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from vgpuvirt.sim.profiles import DeviceSpec, TypeTable, VgpuSpec, VgpuType
+
+_UUID_HEX = set("0123456789abcdefABCDEF")
+
+
+def uuid_is_valid(s: str) -> bool:
+    """lib/uuid.c uuid_is_valid(): 36 chars, dashes at 8/13/18/23, hex elsewhere."""
+    if len(s) < 36:
+        return False
+    for i in range(36):
+        if i in (8, 13, 18, 23):
+            if s[i] != "-":
+                return False
+        elif s[i] not in _UUID_HEX:
+            return False
+    return True
+
+
+@dataclass
+class Gpu:
+    """A physical GPU: the capacity domain for NVIDIA vGPU rules (PF plus its VFs) or a GVT-g pool."""
+
+    pf: str
+    spec: VgpuSpec
+    heterogeneous: bool = False
+    mig_enabled: bool = False
+    gpu_instances: dict[int, str] = field(default_factory=dict)   # GI id -> MIG profile name
+
+    @property
+    def table(self) -> TypeTable:
+        return self.spec.table
+
+
+@dataclass
+class Dev:
+    addr: str
+    spec: DeviceSpec
+    sysfs_dir: str                      # canonical /sys/devices/... path
+    driver: str | None
+    numa_node: int
+    group: int | None
+    reset_method: str
+    override: str | None = None
+    physfn: str | None = None
+    vf_index: int | None = None
+    numvfs: int = 0
+    autoprobe: bool = True
+    gpu: Gpu | None = None
+    vendor_type: int = 0                # NVIDIA vGPU 17+ current_vgpu_type on a VF
+    vendor_gi: int | None = None
+
+    @property
+    def native_driver(self) -> str | None:
+        if self.physfn is not None:
+            return None if self.spec.sriov is None else self.spec.sriov.vf_driver
+        return self.spec.driver
+
+
+@dataclass
+class Mdev:
+    uuid: str
+    parent: str
+    type: VgpuType
+    group: int
+    gi: int | None = None
+    vgpu_params: str = ""
+    gvt_id: int = 0
+
+
+
+class ModelCore(Protocol):
+    """What the mixins of :class:`~vgpuvirt.sim.model.SimModel` use of the model (it provides all of it)."""
+
+    iommu: bool
+    devices: dict[str, Dev]
+    mdevs: dict[str, Mdev]
+    drivers: set[str]
+    dynids: dict[str, set[tuple[int, int]]]
+
+    def bump(self) -> None: ...
+    def vfs(self, pf: Dev) -> list[Dev]: ...
+    def mdevs_of(self, parent: str) -> list[Mdev]: ...
+    def _alloc_group(self) -> int: ...
+    def _gpu_vgpus(self, gpu: Gpu) -> list[tuple[VgpuType, int | None]]: ...
+    def gpu_has_vgpus(self, gpu: Gpu) -> bool: ...
+    # from the mixins themselves
+    def _matches(self, drv: str, dev: Dev) -> bool: ...
+    def device_id(self, dev: Dev) -> int: ...
+    def _attach(self, drv: str, dev: Dev) -> None: ...
+    def _detach(self, dev: Dev) -> None: ...
+    def _enable_vfs(self, pf: Dev, n: int) -> None: ...
+    def _disable_vfs(self, pf: Dev) -> None: ...

@@ -1,0 +1,93 @@
+"""The nodes of the simulated sysfs (attributes, links, directories) and the rules of opening them."""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from collections.abc import Callable
+
+from vgpuvirt.sim.kstrto import oserror
+
+PAGE_SIZE = 4096
+MAX_LINKS = 40
+
+
+class Attr:
+    """A sysfs attribute: ``show()`` returns its text, ``store(text)`` applies a write."""
+
+    __slots__ = ("mode", "show", "store")
+
+    def __init__(self, show: Callable[[], str] | None = None, store: Callable[[str], None] | None = None,
+                 mode: int | None = None) -> None:
+        self.show = show
+        self.store = store
+        self.mode = mode if mode is not None else (0o644 if show and store else 0o444 if show else 0o200)
+
+
+class Link:
+    __slots__ = ("target",)
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+
+class Dir:
+    __slots__ = ("fill",)
+
+    def __init__(self, fill: Callable[[], dict[str, Node]]) -> None:
+        self.fill = fill
+
+
+Node = Attr | Link | Dir
+
+
+def _rel(link_dir: str, target: str) -> str:
+    return posixpath.relpath(target, link_dir)
+
+
+def _const(text: str) -> Attr:
+    return Attr(show=lambda: text)
+
+
+def _noop(_: str) -> None:
+    return None
+
+
+def _bitmap(cpus: frozenset[int], nbits: int) -> str:
+    """The kernel's %*pb cpumask format: 32-bit hex words, most significant first, comma separated."""
+    words = max(1, (nbits + 31) // 32)
+    value = sum(1 << c for c in cpus)
+    return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
+
+
+class _Fail(Exception):
+    """A failed resolution: the errno and how many links were followed before it (for ELOOP accounting)."""
+
+    def __init__(self, code: int, links: int, cacheable: bool = True) -> None:
+        self.code = code
+        self.links = links
+        self.cacheable = cacheable
+
+
+# A resolution: the node, its canonical path, and the number of symlinks followed to reach it.
+_Res = tuple[Node, str, int]
+
+
+def _norm(path: str) -> str:
+    """Drop empty components ('//', a trailing '/'): the walk ignores them, so keys need not tell them apart."""
+    if "//" in path or (path.endswith("/") and path != "/"):
+        return "/" + "/".join(p for p in path.split("/") if p)
+    return path
+
+
+def _attr_for(node: object, read: bool, write: bool) -> Attr:
+    """The attribute an open for ``read``/``write`` reaches: EISDIR on a directory, EACCES when the
+    attribute lacks the mode bits or the operation (sysfs's open-time checks)."""
+    if isinstance(node, Dir):
+        raise oserror(errno.EISDIR)
+    assert isinstance(node, Attr)
+    if read and (node.show is None or not node.mode & 0o444):
+        raise oserror(errno.EACCES)
+    if write and (node.store is None or not node.mode & 0o222):
+        raise oserror(errno.EACCES)
+    return node

@@ -1,0 +1,173 @@
+"""The values a simulator profile holds: frozen specs of devices, SR-IOV, vGPU types and NUMA nodes."""
+
+from __future__ import annotations
+
+import errno as _errno
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vgpuvirt.errors import VgpuvirtError
+from vgpuvirt.model import PciAddress
+
+VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg")
+
+
+
+class ProfileError(VgpuvirtError, ValueError):
+    """A profile file is malformed: carries the file, the key path and the reason."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file = file
+        self.key = key
+        self.reason = reason
+        super().__init__(f"simulator profile {file}: {key or '<top>'}: {reason}")
+
+
+@dataclass(frozen=True)
+class VgpuType:
+    """One mdev / vGPU type. ``sysfs_id`` is the type directory name (``nvidia-231``)."""
+
+    sysfs_id: str
+    name: str
+    number: int | None = None          # NVIDIA numeric id (creatable_vgpu_types, current_vgpu_type)
+    framebuffer_mib: int = 0
+    num_heads: int = 0
+    frl: int = 0
+    max_resolution: str = ""
+    max_instance: int = 0
+    mig_profile: str | None = None     # GPU-instance profile a MIG-backed type consumes
+    low_gm: int = 0                    # GVT-g resources (MiB, MiB, fences)
+    high_gm: int = 0
+    fence: int = 0
+    weight: int = 0
+    description: str = ""
+    device_api: str = "vfio-pci"
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    id: int
+    name: str
+    max: int
+    slices: int
+
+
+@dataclass(frozen=True)
+class TypeTable:
+    name: str
+    driver: str                        # the parent's driver that registers these types
+    mdev_driver: str                   # the driver mdev devices bind to
+    types: tuple[VgpuType, ...]
+    framebuffer_mib: int = 0
+    heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
+    mig_profiles: tuple[MigProfile, ...] = ()
+    create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
+
+    def get(self, sysfs_id: str) -> VgpuType | None:
+        for t in self.types:
+            if t.sysfs_id == sysfs_id:
+                return t
+        return None
+
+    def by_number(self, number: int) -> VgpuType | None:
+        for t in self.types:
+            if t.number == number:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class GpuInstanceSpec:
+    id: int
+    profile: str
+
+
+@dataclass(frozen=True)
+class InitialVgpu:
+    type: str                          # nvidia-231 / i915-GVTg_V5_4 / 1155 (vendor mode)
+    uuid: str | None = None
+    vf: int | None = None
+
+
+@dataclass(frozen=True)
+class VgpuSpec:
+    mode: str
+    table: TypeTable
+    heterogeneous: bool = False
+    mig_enabled: bool = False
+    gpu_instances: tuple[GpuInstanceSpec, ...] = ()
+    pool: Mapping[str, int] = field(default_factory=dict)   # GVT-g: low_gm, high_gm, fences available
+    vgpus: tuple[InitialVgpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class SriovSpec:
+    totalvfs: int
+    numvfs: int = 0
+    offset: int = 1
+    stride: int = 1
+    vf_device: int = 0
+    vf_driver: str | None = None
+    vf_class: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    address: PciAddress
+    parent: PciAddress | None
+    vendor: int
+    device: int
+    pci_class: int
+    subsystem_vendor: int = 0
+    subsystem_device: int = 0
+    revision: int = 0
+    driver: str | None = None
+    numa_node: int = -1
+    iommu_group: int | None = None
+    reset_method: str = ""
+    product: str = ""
+    boot_vga: bool = False
+    sriov: SriovSpec | None = None
+    vgpu: VgpuSpec | None = None
+
+    @property
+    def is_bridge(self) -> bool:
+        return (self.pci_class >> 8) == 0x0604
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: int
+    cpus: frozenset[int]
+    memory_mib: int
+    hugepages: Mapping[int, int]       # page size kB -> count
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    iommu: bool
+    nodes: tuple[NodeSpec, ...]
+    threads_per_core: int
+    devices: tuple[DeviceSpec, ...]
+    drivers: tuple[str, ...]
+    source: str = ""
+
+    def device(self, address: str) -> DeviceSpec | None:
+        a = PciAddress.parse(address)
+        for d in self.devices:
+            if d.address == a:
+                return d
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def vf_address(pf: PciAddress, sriov: SriovSpec, index: int) -> PciAddress:
+    """The routing ID arithmetic of drivers/pci/iov.c (pci_iov_virtfn_bus/devfn)."""
+    rid = (pf.bus << 8) | (pf.slot << 3) | pf.function
+    rid += sriov.offset + sriov.stride * index
+    return PciAddress(pf.domain, (rid >> 8) & 0xFF, (rid >> 3) & 0x1F, rid & 7)

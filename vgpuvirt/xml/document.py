@@ -1,0 +1,79 @@
+"""The one door for domain XML: the safe parser, libvirt's element order, and the tree a Domain edits.
+
+:func:`parse_xml` is the only way domain XML is parsed in this package (no entities, no network).
+:func:`insert_ordered` puts a new element where libvirt itself writes it, so output is stable.
+:class:`DomainTree` holds the parsed ``<domain>`` and finds or creates its top-level children;
+:class:`~vgpuvirt.xml.domain.Domain` builds on it.
+"""
+
+from __future__ import annotations
+
+from lxml import etree
+
+from vgpuvirt.errors import XmlError
+from vgpuvirt.xml.element import Element, make
+
+# The order libvirt formats a domain in; we insert new elements at their place in it.
+DOMAIN_ORDER = ("name", "uuid", "genid", "title", "description", "metadata", "maxMemory", "memory",
+                "currentMemory", "blkiotune", "memtune", "memoryBacking", "vcpu", "vcpus", "iothreads",
+                "iothreadids", "cputune", "numatune", "resource", "sysinfo", "bootloader", "bootloader_args",
+                "os", "idmap", "features", "cpu", "clock", "on_poweroff", "on_reboot", "on_crash", "pm", "perf",
+                "devices", "seclabel", "keywrap", "launchSecurity")
+DEVICE_ORDER = ("emulator", "disk", "controller", "lease", "filesystem", "interface", "smartcard", "serial",
+                "parallel", "console", "channel", "input", "tpm", "graphics", "sound", "audio", "video", "hostdev",
+                "redirdev", "redirfilter", "hub", "watchdog", "memballoon", "rng", "panic", "shmem", "memory",
+                "iommu", "vsock", "crypto", "pstore")
+
+_PARSER = etree.XMLParser(remove_blank_text=True, resolve_entities=False, no_network=True)
+
+_RANKS: dict[tuple[str, ...], dict[str, int]] = {o: {t: i for i, t in enumerate(o)}
+                                                 for o in (DOMAIN_ORDER, DEVICE_ORDER)}
+
+
+def insert_ordered(parent: Element, child: Element, order: tuple[str, ...]) -> Element:
+    """Insert ``child`` after the last sibling that libvirt writes before (or with) it."""
+    ranks = _RANKS.get(order) or {t: i for i, t in enumerate(order)}
+    last = len(order)
+    r = ranks.get(child.tag, last) if isinstance(child.tag, str) else last
+    pos = 0
+    for i, existing in enumerate(parent):
+        tag = existing.tag
+        if isinstance(tag, str) and ranks.get(tag, last) <= r:
+            pos = i + 1
+    parent.insert(pos, child)
+    return child
+
+def parse_xml(text: str | bytes) -> Element:
+    """Parse XML text safely (no entities, no network); a syntax error becomes an XmlError."""
+    try:
+        data = text.encode() if isinstance(text, str) else text
+        return etree.fromstring(data, _PARSER)
+    except etree.XMLSyntaxError as exc:
+        raise XmlError(f"not well-formed XML: {exc}") from exc
+
+
+
+class DomainTree:
+    """One ``<domain>`` tree and its top-level children, created in libvirt's order when asked for."""
+
+    def __init__(self, root: Element) -> None:
+        if root.tag != "domain":
+            raise XmlError(f"expected a <domain> document, got <{root.tag}>")
+        self.root = root
+
+    # -- plain values ---------------------------------------------------------------------------------------
+    def child(self, tag: str, create: bool = False) -> Element | None:
+        el = self.root.find(tag)
+        if el is None and create:
+            el = insert_ordered(self.root, make(tag), DOMAIN_ORDER)
+        return el
+
+    def _ensure(self, tag: str) -> Element:
+        el = self.child(tag, create=True)
+        assert el is not None
+        return el
+
+    @property
+    def devices(self) -> Element:
+        return self._ensure("devices")
+
