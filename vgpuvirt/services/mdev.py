@@ -39,7 +39,8 @@ from vgpuvirt.errors import (
 )
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.services import capacity, sysfs
+from vgpuvirt.services import sysfs
+from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
 from vgpuvirt.services.mdev_ops import MdevSpec, _create_patterns, _type_dir, create_item, remove_item
 from vgpuvirt.services.mdev_state import (
     Definition,
@@ -239,14 +240,20 @@ class MdevService:
 
     @staticmethod
     def _why_zero(snap: Snapshot, p: PciAddress, t: MdevTypeId) -> str:
-        types = sysfs.mdev_types(p)
-        desc = parse_nvidia_description(snap.text(f"{_type_dir(p, t)}/description"))
-        existing: list[tuple[str, int | None]] = []
-        for link in snap.glob(f"{types}/*/devices/*"):
-            tid = link.split("/")[-3]
-            fb = parse_nvidia_description(snap.text(f"{types}/{tid}/description")).framebuffer_mib
-            existing.append((tid, fb))
-        return capacity.explain_zero(str(t), desc.framebuffer_mib, desc.max_instances, existing)
+        """Why the kernel shows 0: the capacity model's reason for this parent as read."""
+        types_dir = sysfs.mdev_types(p)
+        types: dict[str, VgpuType] = {}
+        for d in snap.glob(f"{types_dir}/*"):
+            tid = posixpath.basename(d)
+            desc = parse_nvidia_description(snap.text(f"{d}/description"))
+            types[tid] = VgpuType(tid, None, desc.framebuffer_mib, desc.max_instances)
+        held = [link.split("/")[-3] for link in snap.glob(f"{types_dir}/*/devices/*")]
+        residents = tuple(Resident(tid, types[tid].framebuffer_mib if tid in types else None, str(p)) for tid in held)
+        sizes = {r.framebuffer_mib for r in residents if r.framebuffer_mib}
+        budget = GpuBudget("", p, "nvidia", "mdev-vgpu" if residents else "free", types,
+                           (Place(str(p), "mdev", False, {str(t): 0}),), residents,
+                           sizing="mixed" if len(sizes) > 1 else "equal")
+        return budget.fit(str(t)).reason
 
     # -- remove ------------------------------------------------------------------------------
     def remove(self, uuid: str | MdevUuid, *, undefine: bool = True, dry_run: bool = False,
