@@ -59,14 +59,15 @@ def render(console: Any, inv: Inventory) -> None:
     console.print(f"[bold]{inv.host}[/]: {len(inv.gpus)} GPU(s), IOMMU {iommu}{drv}")
 
     t = Table(title="GPUs", title_justify="left")
-    for col in ("address", "vendor / name", "driver", "backend", "NUMA", "group", "VFs", "vGPUs", "reset"):
+    for col in ("address", "vendor / name", "driver", "backend", "mode", "NUMA", "group", "VFs", "vGPUs", "reset"):
         t.add_column(col, no_wrap=col in ("address", "backend"))
+    modes = {b.address: b.mode + (f" ({b.sizing}-size)" if b.sizing and b.residents else "") for b in inv.capacity()}
     for g in inv.gpus:
         name = g.name or f"{g.vendor_name or g.vendor} {g.device}"
         vfs = f"{g.sriov_numvfs or 0}/{g.sriov_totalvfs}" if g.sriov_totalvfs else "-"
         use = str(g.vgpus_in_use) if g.backend not in ("passthrough", "sriov-vf") else (g.domain or "-")
-        t.add_row(str(g.address), name, _opt(g.driver), g.backend, _opt(g.numa_node), _opt(g.iommu_group), vfs,
-                  use, " ".join(g.reset_methods or []) or "-")
+        t.add_row(str(g.address), name, _opt(g.driver), g.backend, modes.get(g.address, "-"), _opt(g.numa_node),
+                  _opt(g.iommu_group), vfs, use, " ".join(g.reset_methods or []) or "-")
     console.print(t)
 
     rows = type_capacity(inv)
