@@ -72,6 +72,7 @@ class TypeTable:
     framebuffer_mib: int = 0
     heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
     mig_profiles: tuple[MigProfile, ...] = ()
+    compute_slices: int = 7            # MIG compute slices of one GPU (A100/H100: 7, A30: 4)
     create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
 
     def get(self, sysfs_id: str) -> VgpuType | None:
@@ -258,8 +259,8 @@ def _gvt_description(t: dict[str, Any]) -> str:
 
 def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
-    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "types",
-                      "create_errno"}, {"driver", "mdev_driver", "types"})
+    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
+                      "types", "create_errno"}, {"driver", "mdev_driver", "types"})
     driver = ctx.text(m["driver"], f"{key}.driver")
     if not isinstance(m["types"], list) or not m["types"]:
         raise ctx.fail(f"{key}.types", "expected a non-empty list")
@@ -300,6 +301,10 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
         ctx.keys(r, rk, {"id", "name", "max", "slices"}, {"id", "name", "max", "slices"})
         migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), ctx.text(r["name"], f"{rk}.name"),
                                ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8)))
+    slices = ctx.integer(m.get("compute_slices", 7), f"{key}.compute_slices", 1, 8)
+    for i, p in enumerate(migs):
+        if p.slices > slices:
+            raise ctx.fail(f"{key}.mig_profiles[{i}].slices", f"{p.slices} is more than compute_slices ({slices})")
     names = {p.name for p in migs}
     for t in types:
         if t.mig_profile and t.mig_profile not in names:
@@ -308,7 +313,7 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      types=tuple(types),
                      framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
                      heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
-                     mig_profiles=tuple(migs),
+                     mig_profiles=tuple(migs), compute_slices=slices,
                      create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
                      if "create_errno" in m else _errno.EINVAL)
 
@@ -364,6 +369,10 @@ def _parse_vgpu(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) 
             raise ctx.fail(f"{mk}.instances", "GPU instances need mig.enabled: true")
         if len({g.id for g in gis}) != len(gis):
             raise ctx.fail(f"{mk}.instances", "duplicate GPU instance id")
+        slices = {p.name: p.slices for p in table.mig_profiles}
+        if sum(slices[g.profile] for g in gis) > table.compute_slices:
+            raise ctx.fail(f"{mk}.instances", f"the GPU instances need more than the GPU's {table.compute_slices} "
+                                              "compute slices")
     pool: dict[str, int] = {}
     if mode == "gvtg":
         pk = f"{key}.pool"
