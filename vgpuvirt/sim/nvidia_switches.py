@@ -38,7 +38,7 @@ class NvidiaSwitches:
         slices = {p.name: p.slices for p in gpu.table.mig_profiles}
         used = sum(slices[p] for p in gpu.gpu_instances.values())
         same = sum(1 for p in gpu.gpu_instances.values() if p == prof.name)
-        if used + prof.slices > 7 or same >= prof.max:
+        if used + prof.slices > gpu.table.compute_slices or same >= prof.max:
             raise oserror(errno.ENOSPC)
         gi = 1
         while gi in gpu.gpu_instances:

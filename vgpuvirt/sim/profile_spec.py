@@ -61,6 +61,7 @@ class TypeTable:
     framebuffer_mib: int = 0
     heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
     mig_profiles: tuple[MigProfile, ...] = ()
+    compute_slices: int = 7            # MIG compute slices of one GPU (A100/H100: 7, A30: 4)
     create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
 
     def get(self, sysfs_id: str) -> VgpuType | None:

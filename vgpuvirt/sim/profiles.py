@@ -83,6 +83,10 @@ def _parse_vgpu(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) 
             raise ctx.fail(f"{mk}.instances", "GPU instances need mig.enabled: true")
         if len({g.id for g in gis}) != len(gis):
             raise ctx.fail(f"{mk}.instances", "duplicate GPU instance id")
+        slices = {p.name: p.slices for p in table.mig_profiles}
+        if sum(slices[g.profile] for g in gis) > table.compute_slices:
+            raise ctx.fail(f"{mk}.instances", f"the GPU instances need more than the GPU's {table.compute_slices} "
+                                              "compute slices")
     pool: dict[str, int] = {}
     if mode == "gvtg":
         pk = f"{key}.pool"

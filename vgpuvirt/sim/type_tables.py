@@ -30,8 +30,8 @@ def _gvt_description(t: dict[str, Any]) -> str:
 
 def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
-    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "types",
-                      "create_errno"}, {"driver", "mdev_driver", "types"})
+    ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
+                      "types", "create_errno"}, {"driver", "mdev_driver", "types"})
     driver = ctx.text(m["driver"], f"{key}.driver")
     if not isinstance(m["types"], list) or not m["types"]:
         raise ctx.fail(f"{key}.types", "expected a non-empty list")
@@ -72,6 +72,10 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
         ctx.keys(r, rk, {"id", "name", "max", "slices"}, {"id", "name", "max", "slices"})
         migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), ctx.text(r["name"], f"{rk}.name"),
                                ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8)))
+    slices = ctx.integer(m.get("compute_slices", 7), f"{key}.compute_slices", 1, 8)
+    for i, p in enumerate(migs):
+        if p.slices > slices:
+            raise ctx.fail(f"{key}.mig_profiles[{i}].slices", f"{p.slices} is more than compute_slices ({slices})")
     names = {p.name for p in migs}
     for t in types:
         if t.mig_profile and t.mig_profile not in names:
@@ -80,7 +84,7 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      types=tuple(types),
                      framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
                      heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
-                     mig_profiles=tuple(migs),
+                     mig_profiles=tuple(migs), compute_slices=slices,
                      create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
                      if "create_errno" in m else _errno.EINVAL)
 
