@@ -42,7 +42,7 @@ from vgpuvirt import inventory
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.provision import VgpuRequest, VmRequest, plan
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.provision.steps import CreateMdev, SetVfType
+from vgpuvirt.provision.steps import CreateMdev, SetMixedSize, SetVfType
 from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 from vgpuvirt.sim.model import SimModel
 
@@ -110,14 +110,16 @@ def profile_of(name: str) -> Profile:
 @dataclass(frozen=True)
 class Scenario:
     profile: str
-    heterogeneous: bool
+    heterogeneous: bool                           # the planner's flag (--heterogeneous)
     policy: str
     existing: tuple[tuple[str, str], ...]         # vGPUs created first (the simulator may refuse some)
     vms: tuple[VmRequest, ...]
+    host_mixed: bool = False                      # the host's GPUs start in mixed-size mode where they can
 
     def describe(self) -> str:
         vms = "; ".join(f"{vm.name}: " + " + ".join(g.describe() for g in vm.gpus) for vm in self.vms)
-        return (f"{self.profile}, heterogeneous={self.heterogeneous}, policy={self.policy}, "
+        return (f"{self.profile}, heterogeneous={self.heterogeneous}, host_mixed={self.host_mixed}, "
+                f"policy={self.policy}, "
                 f"existing={list(self.existing)}, vms=[{vms}]")
 
 
@@ -153,15 +155,16 @@ def scenarios(draw: Callable, profile: str, max_kinds: int, max_gpus: int) -> Sc
         for _ in range(draw(st.integers(1, room))):
             vms.append(VmRequest(f"vm-{len(vms) + 1:03d}", gpus=gpus))
     return Scenario(profile, draw(st.booleans()), draw(st.sampled_from(("binpack", "spread"))), tuple(existing),
-                    tuple(vms))
+                    tuple(vms), host_mixed=draw(st.booleans()))
 
 
 def prepared_host(sc: Scenario) -> SimHost:
     """A fresh simulated host in the scenario's state, reached through the simulated kernel itself."""
     host = SimHost(profile_of(sc.profile))
     model = host.model
-    if sc.heterogeneous:
-        # The caller says "mixed-size mode": switch it on wherever the board has it (EBUSY while vGPUs exist).
+    if sc.host_mixed:
+        # The host starts in mixed-size mode wherever the board has it (EBUSY once vGPUs exist). Independently,
+        # the planner's --heterogeneous flag lets it switch idle GPUs itself (its SetMixedSize steps below).
         for gpu in model.gpus.values():
             if gpu.table.heterogeneous:
                 try:
@@ -210,6 +213,15 @@ def refusals_of(model: SimModel, p: Plan, vms: tuple[VmRequest, ...]) -> list[st
         elif a.kind in ("whole", "vf") and req.mode != {"whole": "passthrough", "vf": "vf"}[a.kind]:
             out.append(f"{a.vm} gpu {a.index}: asked {req.describe()}, planned {a.kind} {a.slot}")
     for s in p.steps:
+        if isinstance(s, SetMixedSize):
+            gpu = model.gpus.get(str(s.gpu))
+            try:
+                if gpu is None:
+                    raise OSError(errno.ENODEV, "no such GPU")
+                model.set_heterogeneous(gpu, True)     # what `nvidia-smi vgpu -shm 1` does in the simulator
+            except OSError as exc:
+                out.append(f"{s.describe()}: simulator says {_errno_name(exc)}")
+            continue
         if not isinstance(s, (CreateMdev, SetVfType)):
             continue
         addr = str(s.parent if isinstance(s, CreateMdev) else s.vf)

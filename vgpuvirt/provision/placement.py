@@ -9,30 +9,17 @@ VM, a :class:`Candidate` line for every GPU it looked at (chosen / skipped and w
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from vgpuvirt.errors import NoCapacity
+from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.model import PciAddress
-from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
-from vgpuvirt.provision.state import GpuState, HostState, Slot
+from vgpuvirt.provision.options import POLICIES, Candidate, Option, Policy, commit, rank
+from vgpuvirt.provision.request import TypeProfile, VmRequest
+from vgpuvirt.provision.search import DEFAULT_LIMIT, search
+from vgpuvirt.provision.state import HostState
 
-Policy = Literal["binpack", "spread"]
-POLICIES = ("binpack", "spread")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    vm: str
-    host: str
-    gpu: str
-    verdict: Literal["chosen", "eligible", "skipped"]
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"vm": self.vm, "host": self.host, "gpu": self.gpu, "verdict": self.verdict, "reason": self.reason}
+__all__ = ["POLICIES", "Assignment", "Candidate", "Policy", "place"]
 
 
 @dataclass(frozen=True)
@@ -48,146 +35,7 @@ class Assignment:
     numa_node: int | None = None
 
 
-@dataclass(frozen=True)
-class _Option:
-    gpu: GpuState
-    slot: Slot
-    type: TypeProfile
-    numa_penalty: int
-    reason: str
-
-
-@functools.lru_cache(maxsize=4096)
-def _fit(req: VgpuRequest, t: TypeProfile) -> str | None:
-    return fit(req, t)
-
-
-def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> _Option | str:
-    whole = next((s for s in g.slots if s.kind == "whole"), None)
-    if whole is None:
-        return "cannot be passed through whole"
-    if g.whole_taken:
-        return f"whole GPU {g.whole_taken}"
-    if g.boot_vga and not req.allow_boot_vga:
-        return "boot VGA device (the host's console): not taken unless asked (boot_vga=yes)"
-    if g.residents:
-        return f"PF/VF exclusivity: {g.residents} vGPU(s) exist or are planned on it"
-    if g.vfs_in_use:
-        return f"PF/VF exclusivity: {g.vfs_in_use} of its VFs are in use"
-    if g.whole_blocked:
-        return f"not passed through whole: {g.whole_blocked}"
-    along = [str(a) for a in whole.functions if a != g.address]
-    return _Option(g, whole, whole.profiles["passthrough"], numa_penalty,
-                   "whole GPU is free, IOMMU group viable" + (f"; {', '.join(along)} go along" if along else ""))
-
-
-def _fitting_types(req: VgpuRequest, g: GpuState) -> tuple[dict[str, TypeProfile], list[str]]:
-    types: dict[str, TypeProfile] = {}
-    misfit: list[str] = []
-    for s in g.slots:
-        if s.kind not in ("mdev", "vendor-vf"):
-            continue
-        for tid, prof in s.profiles.items():
-            if tid in types:
-                continue
-            why = _fit(req, prof)
-            if why is None:
-                types[tid] = prof
-            elif len(misfit) < 2 and not any(m.startswith(f"{tid} ") for m in misfit):
-                misfit.append(f"{tid} {why}")
-    return types, misfit
-
-
-def _evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> _Option | str:
-    """The best way ``g`` can serve ``req``, or why it cannot."""
-    if vm.host is not None and g.host != vm.host:
-        return f"VM is pinned to host {vm.host}"
-    if req.vendor and g.vendor != req.vendor:
-        return f"vendor {g.vendor}, not {req.vendor}"
-    numa_penalty = 0
-    if vm.numa_node is not None and g.numa_node is not None and g.numa_node != vm.numa_node:
-        if vm.numa_strict:
-            return f"NUMA node {g.numa_node}, VM needs node {vm.numa_node}"
-        numa_penalty = 1
-    if req.mode == "passthrough":
-        return _passthrough(req, g, numa_penalty)
-    if g.whole_taken:
-        return f"whole GPU {g.whole_taken}"
-    if req.mode == "vf":
-        for s in g.slots:
-            if s.kind == "vf" and s.available.get("vf", 0) > 0:
-                return _Option(g, s, s.profiles["vf"], numa_penalty, f"free VF {s.address}")
-        return "no free VF" if any(s.kind == "vf" for s in g.slots) else "has no plain VFs"
-    # vGPU: every fitting type, smallest first, counted by the GPU's budget.
-    types, misfit = _fitting_types(req, g)
-    if not types:
-        if not any(s.kind in ("mdev", "vendor-vf") for s in g.slots):
-            if g.sriov_capable:
-                return (f"offers no vGPU types yet: SR-IOV is off ({g.sriov_capable} VFs possible; "
-                        "its vGPU types appear on the VFs once enabled)")
-            return "offers no vGPU types"
-        return "no type fits (" + "; ".join(misfit) + ("; ..." if misfit else "") + ")"
-    # Why each fitting type was refused, smallest first: the smallest is what the user asked for, so its
-    # reason leads the message; the larger ones are counted, not listed.
-    refused: list[str] = []
-    allowed = {str(s.address) for s in g.slots if s.kind in ("mdev", "vendor-vf") and s.blocked is None}
-    for prof in sorted(types.values(), key=smallest_key):
-        f = g.budget.fit(prof.id)
-        if f.fits_now <= 0:
-            refused.append(f"{prof.id}: {f.reason}")
-            continue
-        place = g.budget.free_place(prof.id, among=allowed)
-        if place is None:
-            refused.append(f"{prof.id}: {f.reason}, but no free place offers it")
-            continue
-        slot = next(s for s in g.slots if str(s.address) == place.address and s.kind in ("mdev", "vendor-vf"))
-        return _Option(g, slot, prof, numa_penalty, f"{f.reason}; {f.fits_now - 1} left after this one")
-    if not refused:
-        return "no free instance"
-    more = f" (and {len(refused) - 1} larger fitting type(s) refused)" if len(refused) > 1 else ""
-    notes = f" [{'; '.join(g.budget.notes)}]" if g.budget.notes else ""
-    return refused[0] + more + notes
-
-
-def _policy_key(o: _Option, host: HostState, policy: Policy) -> tuple[int, ...]:
-    if policy == "spread":
-        return (host.used, o.gpu.used)
-    return (-o.gpu.used, -host.used)
-
-
-def _commit(o: _Option) -> None:
-    g, s, t = o.gpu, o.slot, o.type
-    if s.kind == "whole":
-        g.whole_taken = "planned for passthrough"
-        g.budget = g.budget.whole_taken("(planned)")
-        return
-    if s.kind == "vf":
-        s.available["vf"] = 0
-        g.vfs_in_use += 1
-        return
-    g.budget = g.budget.with_vgpu(t.id, str(s.address))
-    if s.is_vf:
-        s.blocked = "VF holds a planned vGPU"
-    g.planned += 1
-
-
-def _rank(vm: VmRequest, req: VgpuRequest, hosts: Sequence[HostState], policy: Policy,
-          order: Mapping[str, int]) -> tuple[list[tuple[tuple[object, ...], _Option]], list[Candidate]]:
-    options: list[tuple[tuple[object, ...], _Option]] = []
-    notes: list[Candidate] = []
-    for h in hosts:
-        for g in h.gpus:
-            r = _evaluate(vm, req, g)
-            if isinstance(r, str):
-                notes.append(Candidate(vm.name, h.name, str(g.address), "skipped", r))
-            else:
-                key = (r.numa_penalty, r.type.framebuffer_mib or 0, _policy_key(r, h, policy), order[h.name], g.address)
-                options.append((key, r))
-    options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
-    return options, notes
-
-
-def _why_best(o: _Option, policy: Policy, vm: VmRequest) -> str:
+def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
     bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind in ("mdev", "vendor-vf") else "",
             f"{policy}: {o.gpu.used - 1} already on this GPU"]
     if vm.numa_node is not None:
@@ -196,20 +44,55 @@ def _why_best(o: _Option, policy: Policy, vm: VmRequest) -> str:
     return "; ".join(b for b in bits if b)
 
 
-def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: Policy = "binpack"
-          ) -> tuple[list[Assignment], list[Candidate]]:
-    """Assign every GPU request of every VM, in order. Raises NoCapacity (with the explanation of
-    the VM that did not fit) when one cannot be placed; ``hosts`` is updated as it goes."""
+def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: Policy = "binpack",
+          search_limit: int = DEFAULT_LIMIT) -> tuple[list[Assignment], list[Candidate]]:
+    """Assign every GPU request of every VM: each VM takes its best-ranked option; when that leaves a later
+    VM without room, a bounded search (:mod:`.search`) looks for a placement that fits everything. Raises
+    NoCapacity (every GPU considered for the VM that did not fit, with its reason) when none is found.
+    ``hosts`` is updated to account for what is placed."""
     if policy not in POLICIES:
-        from vgpuvirt.errors import InvalidSpec
         raise InvalidSpec("placement policy", policy, "binpack or spread")
+    work = {k: v.clone() for k, v in hosts.items()}
+    try:
+        assignments, explain = _greedy(vms, work, policy)
+    except NoCapacity:
+        work = {k: v.clone() for k, v in hosts.items()}
+        found = search(vms, work, policy=policy, limit=search_limit)
+        if found is None:
+            raise
+        assignments, explain = _searched(vms, found, policy)
+    for name, h in hosts.items():
+        h.gpus[:] = work[name].gpus
+        h.free_nic_vfs[:] = work[name].free_nic_vfs
+    return assignments, explain
+
+
+def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Policy
+              ) -> tuple[list[Assignment], list[Candidate]]:
+    assignments: list[Assignment] = []
+    explain: list[Candidate] = []
+    for vm, picks in zip(vms, found, strict=True):
+        first = picks[0]
+        explain.append(Candidate(vm.name, first.gpu.host, str(first.gpu.address), "chosen",
+                                 _why_best(first, policy, vm) + "; found by search (each VM's first choice "
+                                 "left no room for a later one)"))
+        for i, o in enumerate(picks):
+            assignments.append(Assignment(vm.name, i, o.gpu.host, o.gpu.address, o.slot.address, o.slot.kind,
+                                          o.type, o.slot.functions, o.gpu.numa_node))
+    return assignments, explain
+
+
+def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Policy
+            ) -> tuple[list[Assignment], list[Candidate]]:
+    """Each VM in order takes its best-ranked option. Raises NoCapacity (with the explanation of the VM that
+    did not fit) when one cannot be placed; ``hosts`` is updated as it goes."""
     order = {name: i for i, name in enumerate(hosts)}
     host_list = list(hosts.values())
     assignments: list[Assignment] = []
     explain: list[Candidate] = []
     for vm in vms:
-        first, notes = _rank(vm, vm.gpus[0], host_list, policy, order)
-        chosen: list[_Option] | None = None
+        first, notes = rank(vm, vm.gpus[0], host_list, policy, order)
+        chosen: list[Option] | None = None
         for _, opt in first:
             # Every GPU of one VM sits on one host: try the remaining requests on the same host.
             trial = hosts[opt.gpu.host].clone() if len(vm.gpus) > 1 else None
@@ -217,21 +100,21 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
             if trial is not None:
                 tgpu = next(g for g in trial.gpus if g.address == opt.gpu.address)
                 tslot = next(s for s in tgpu.slots if s.address == opt.slot.address and s.kind == opt.slot.kind)
-                topt = _Option(tgpu, tslot, opt.type, opt.numa_penalty, opt.reason)
-                _commit(topt)
+                topt = Option(tgpu, tslot, opt.type, opt.numa_penalty, opt.reason)
+                commit(topt)
                 picks = [topt]
                 for req in vm.gpus[1:]:
-                    more, _ = _rank(vm, req, [trial], policy, order)
+                    more, _ = rank(vm, req, [trial], policy, order)
                     if not more:
                         break
-                    _commit(more[0][1])
+                    commit(more[0][1])
                     picks.append(more[0][1])
                 if len(picks) != len(vm.gpus):
                     continue
                 hosts[opt.gpu.host].gpus[:] = trial.gpus  # adopt the trial's accounting
                 hosts[opt.gpu.host].free_nic_vfs[:] = trial.free_nic_vfs
             else:
-                _commit(opt)
+                commit(opt)
             chosen = picks
             break
         if chosen is None:

@@ -10,7 +10,6 @@ proposes what the driver refuses. Whole-GPU candidates carry the verdict of the 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -74,6 +73,10 @@ class GpuState:
     def used(self) -> int:
         return self.residents + self.vfs_in_use + (1 if self.whole_taken else 0)
 
+    def clone(self) -> GpuState:
+        return replace(self, slots=[replace(s, available=dict(s.available)) for s in self.slots],
+                       prep=list(self.prep))
+
     def profile(self, type_id: str) -> TypeProfile | None:
         for s in self.slots:
             if type_id in s.profiles:
@@ -95,7 +98,10 @@ class HostState:
         return sum(g.used for g in self.gpus)
 
     def clone(self) -> HostState:
-        return copy.deepcopy(self)
+        """A copy placement may change: GPU states and slots are copied; budgets and type profiles are
+        immutable and shared (a deep copy of a large host cost ~30 ms, this ~1 ms)."""
+        return HostState(self.name, [g.clone() for g in self.gpus], list(self.free_nic_vfs),
+                         dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types))
 
 
 def _vendor(v: str | None) -> str:

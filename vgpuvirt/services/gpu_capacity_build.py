@@ -69,6 +69,8 @@ def _mixed_supported(facts: NvidiaGpuFacts | None) -> bool | None:
         return None
     if (facts.vgpu_heterogeneous_mode or "").lower() == "enabled":
         return True
+    if facts.mixed_size_capable is not None:      # the driver says so (newer drivers)
+        return facts.mixed_size_capable
     return (facts.host_vgpu_mode or "").lower() == "sr-iov" and facts.mig_mode_current in (None, "N/A")
 
 

@@ -38,6 +38,7 @@ class NvidiaGpuFacts:
     virtualization_mode: str | None = None    # "None", "Pass-Through", "VGPU", "Host VGPU", "Host VSGA"
     host_vgpu_mode: str | None = None         # "Non SR-IOV" | "SR-IOV"
     vgpu_heterogeneous_mode: str | None = None
+    mixed_size_capable: bool | None = None    # "Heterogeneous Time-Slice Sizes: Supported" (newer drivers)
     mig_mode_current: str | None = None       # "Enabled" | "Disabled"
     mig_mode_pending: str | None = None
     mig_devices: int | None = None
@@ -57,7 +58,7 @@ class NvidiaGpuFacts:
             "source": self.source, "product_name": self.product_name, "product_brand": self.product_brand,
             "architecture": self.architecture, "uuid": self.uuid, "memory_total_mib": self.memory_total_mib,
             "virtualization_mode": self.virtualization_mode, "host_vgpu_mode": self.host_vgpu_mode,
-            "vgpu_heterogeneous_mode": self.vgpu_heterogeneous_mode,
+            "vgpu_heterogeneous_mode": self.vgpu_heterogeneous_mode, "mixed_size_capable": self.mixed_size_capable,
             "mig_mode": {"current": self.mig_mode_current, "pending": self.mig_mode_pending},
             "mig_devices": self.mig_devices,
             "gpu_instances": ([{"id": i, "profile": p} for i, p in self.gpu_instances]
@@ -92,6 +93,12 @@ def _mib(text: str | None) -> int | None:
         return None
     m = re.fullmatch(r"(\d+)\s*MiB", t)
     return int(m[1]) if m else None
+
+
+def _supported(text: str | None) -> bool | None:
+    if text is None:
+        return None
+    return {"supported": True, "not supported": False}.get(" ".join(text.split()).lower())
 
 
 def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
@@ -132,6 +139,8 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
             virtualization_mode=t("gpu_virtualization_mode/virtualization_mode"),
             host_vgpu_mode=t("gpu_virtualization_mode/host_vgpu_mode"),
             vgpu_heterogeneous_mode=t("gpu_virtualization_mode/vgpu_heterogeneous_mode"),
+            mixed_size_capable=_supported(g.findtext("gpu_virtualization_mode/vgpu_device_capability/"
+                                                     "heterogeneous_timeslice_sizes")),
             mig_mode_current=t("mig_mode/current_mig"),
             mig_mode_pending=t("mig_mode/pending_mig"),
             mig_devices=mig_count,

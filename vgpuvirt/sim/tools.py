@@ -80,6 +80,11 @@ def _xml(model: SimModel) -> str:
             ET.SubElement(virt, "virtualization_mode").text = "Host VGPU"
             ET.SubElement(virt, "host_vgpu_mode").text = "SR-IOV" if d.spec.sriov else "Non SR-IOV"
             ET.SubElement(virt, "vgpu_heterogeneous_mode").text = "Enabled" if g.heterogeneous else "Disabled"
+            # Newer drivers list the GPU's vGPU capabilities (hostdata nvml_nvidia_smi.txt: "Heterogeneous
+            # Time-Slice Sizes : Supported"); the XML element names are INFERRED from nvidia-smi's naming.
+            cap = ET.SubElement(virt, "vgpu_device_capability")
+            ET.SubElement(cap, "heterogeneous_timeslice_sizes").text = (
+                "Supported" if g.table.heterogeneous else "Not Supported")
         fb = ET.SubElement(e, "fb_memory_usage")
         total = g.table.framebuffer_mib if g is not None else 0
         for tag, mib in (("total", total), ("reserved", 0), ("used", 0), ("free", total)):

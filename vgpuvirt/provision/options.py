@@ -1,0 +1,194 @@
+"""The ways one GPU can serve one GPU request, ranked, and what choosing one does to the GPU's state.
+
+Shared by the greedy placement (:mod:`.placement`) and the exhaustive fallback (:mod:`.search`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
+from vgpuvirt.provision.state import GpuState, HostState, Slot
+
+Policy = Literal["binpack", "spread"]
+POLICIES = ("binpack", "spread")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    vm: str
+    host: str
+    gpu: str
+    verdict: Literal["chosen", "eligible", "skipped"]
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"vm": self.vm, "host": self.host, "gpu": self.gpu, "verdict": self.verdict, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Option:
+    gpu: GpuState
+    slot: Slot
+    type: TypeProfile
+    numa_penalty: int
+    reason: str
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit(req: VgpuRequest, t: TypeProfile) -> str | None:
+    return fit(req, t)
+
+
+def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> Option | str:
+    whole = next((s for s in g.slots if s.kind == "whole"), None)
+    if whole is None:
+        return "cannot be passed through whole"
+    if g.whole_taken:
+        return f"whole GPU {g.whole_taken}"
+    if g.boot_vga and not req.allow_boot_vga:
+        return "boot VGA device (the host's console): not taken unless asked (boot_vga=yes)"
+    if g.residents:
+        return f"PF/VF exclusivity: {g.residents} vGPU(s) exist or are planned on it"
+    if g.vfs_in_use:
+        return f"PF/VF exclusivity: {g.vfs_in_use} of its VFs are in use"
+    if g.whole_blocked:
+        return f"not passed through whole: {g.whole_blocked}"
+    along = [str(a) for a in whole.functions if a != g.address]
+    return Option(g, whole, whole.profiles["passthrough"], numa_penalty,
+                   "whole GPU is free, IOMMU group viable" + (f"; {', '.join(along)} go along" if along else ""))
+
+
+def _fitting_types(req: VgpuRequest, g: GpuState) -> tuple[dict[str, TypeProfile], list[str]]:
+    types: dict[str, TypeProfile] = {}
+    misfit: list[str] = []
+    for s in g.slots:
+        if s.kind not in ("mdev", "vendor-vf"):
+            continue
+        for tid, prof in s.profiles.items():
+            if tid in types:
+                continue
+            why = _fit(req, prof)
+            if why is None:
+                types[tid] = prof
+            elif len(misfit) < 2 and not any(m.startswith(f"{tid} ") for m in misfit):
+                misfit.append(f"{tid} {why}")
+    return types, misfit
+
+
+def evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> Option | str:
+    """The best way ``g`` can serve ``req``, or why it cannot."""
+    if vm.host is not None and g.host != vm.host:
+        return f"VM is pinned to host {vm.host}"
+    if req.vendor and g.vendor != req.vendor:
+        return f"vendor {g.vendor}, not {req.vendor}"
+    numa_penalty = 0
+    if vm.numa_node is not None and g.numa_node is not None and g.numa_node != vm.numa_node:
+        if vm.numa_strict:
+            return f"NUMA node {g.numa_node}, VM needs node {vm.numa_node}"
+        numa_penalty = 1
+    if req.mode == "passthrough":
+        return _passthrough(req, g, numa_penalty)
+    if g.whole_taken:
+        return f"whole GPU {g.whole_taken}"
+    if req.mode == "vf":
+        for s in g.slots:
+            if s.kind == "vf" and s.available.get("vf", 0) > 0:
+                return Option(g, s, s.profiles["vf"], numa_penalty, f"free VF {s.address}")
+        return "no free VF" if any(s.kind == "vf" for s in g.slots) else "has no plain VFs"
+    opts = _vgpu_options(req, g, numa_penalty)
+    return opts[0] if isinstance(opts, list) else opts
+
+
+def options_for(vm: VmRequest, req: VgpuRequest, g: GpuState) -> list[Option]:
+    """Every way ``g`` can serve ``req`` now (each fitting vGPU type, smallest first); [] when none."""
+    first = evaluate(vm, req, g)
+    if isinstance(first, str):
+        return []
+    if req.mode != "vgpu":
+        return [first]
+    opts = _vgpu_options(req, g, first.numa_penalty)
+    return opts if isinstance(opts, list) else []
+
+
+def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Option] | str:
+    """Every fitting type the GPU's budget still takes, smallest first, or why none."""
+    types, misfit = _fitting_types(req, g)
+    if not types:
+        if not any(s.kind in ("mdev", "vendor-vf") for s in g.slots):
+            if g.sriov_capable:
+                return (f"offers no vGPU types yet: SR-IOV is off ({g.sriov_capable} VFs possible; "
+                        "its vGPU types appear on the VFs once enabled)")
+            return "offers no vGPU types"
+        return "no type fits (" + "; ".join(misfit) + ("; ..." if misfit else "") + ")"
+    # Why each fitting type was refused, smallest first: the smallest is what the user asked for, so its
+    # reason leads the message; the larger ones are counted, not listed.
+    refused: list[str] = []
+    found: list[Option] = []
+    allowed = {str(s.address) for s in g.slots if s.kind in ("mdev", "vendor-vf") and s.blocked is None}
+    for prof in sorted(types.values(), key=smallest_key):
+        f = g.budget.fit(prof.id)
+        if f.fits_now <= 0:
+            refused.append(f"{prof.id}: {f.reason}")
+            continue
+        place = g.budget.free_place(prof.id, among=allowed)
+        if place is None:
+            refused.append(f"{prof.id}: {f.reason}, but no free place offers it")
+            continue
+        slot = next(s for s in g.slots if str(s.address) == place.address and s.kind in ("mdev", "vendor-vf"))
+        found.append(Option(g, slot, prof, numa_penalty, f"{f.reason}; {f.fits_now - 1} left after this one"))
+    if found:
+        return found
+    if not refused:
+        return "no free instance"
+    more = f" (and {len(refused) - 1} larger fitting type(s) refused)" if len(refused) > 1 else ""
+    notes = f" [{'; '.join(g.budget.notes)}]" if g.budget.notes else ""
+    return refused[0] + more + notes
+
+
+def _policy_key(o: Option, host: HostState, policy: Policy) -> tuple[int, ...]:
+    if policy == "spread":
+        return (host.used, o.gpu.used)
+    return (-o.gpu.used, -host.used)
+
+
+def rank_key(o: Option, host: HostState, policy: Policy, order: Mapping[str, int]) -> tuple[object, ...]:
+    """NUMA match, smallest framebuffer, the policy, host order, address: lower is better."""
+    return (o.numa_penalty, o.type.framebuffer_mib or 0, _policy_key(o, host, policy), order[host.name], o.gpu.address)
+
+
+def commit(o: Option) -> None:
+    g, s, t = o.gpu, o.slot, o.type
+    if s.kind == "whole":
+        g.whole_taken = "planned for passthrough"
+        g.budget = g.budget.whole_taken("(planned)")
+        return
+    if s.kind == "vf":
+        s.available["vf"] = 0
+        g.vfs_in_use += 1
+        return
+    g.budget = g.budget.with_vgpu(t.id, str(s.address))
+    if s.is_vf:
+        s.blocked = "VF holds a planned vGPU"
+    g.planned += 1
+
+
+def rank(vm: VmRequest, req: VgpuRequest, hosts: Sequence[HostState], policy: Policy,
+          order: Mapping[str, int]) -> tuple[list[tuple[tuple[object, ...], Option]], list[Candidate]]:
+    options: list[tuple[tuple[object, ...], Option]] = []
+    notes: list[Candidate] = []
+    for h in hosts:
+        for g in h.gpus:
+            r = evaluate(vm, req, g)
+            if isinstance(r, str):
+                notes.append(Candidate(vm.name, h.name, str(g.address), "skipped", r))
+            else:
+                key = (r.numa_penalty, r.type.framebuffer_mib or 0, _policy_key(r, h, policy), order[h.name], g.address)
+                options.append((key, r))
+    options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
+    return options, notes
+
+
