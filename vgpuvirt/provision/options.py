@@ -65,17 +65,12 @@ def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> Option | s
 def _fitting_types(req: VgpuRequest, g: GpuState) -> tuple[dict[str, TypeProfile], list[str]]:
     types: dict[str, TypeProfile] = {}
     misfit: list[str] = []
-    for s in g.slots:
-        if s.kind not in ("mdev", "vendor-vf"):
-            continue
-        for tid, prof in s.profiles.items():
-            if tid in types:
-                continue
-            why = _fit(req, prof)
-            if why is None:
-                types[tid] = prof
-            elif len(misfit) < 2 and not any(m.startswith(f"{tid} ") for m in misfit):
-                misfit.append(f"{tid} {why}")
+    for tid, prof in g.vgpu_profiles().items():
+        why = _fit(req, prof)
+        if why is None:
+            types[tid] = prof
+        elif len(misfit) < 2:
+            misfit.append(f"{tid} {why}")
     return types, misfit
 
 
@@ -128,13 +123,16 @@ def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Opti
     # reason leads the message; the larger ones are counted, not listed.
     refused: list[str] = []
     found: list[Option] = []
-    allowed = {str(s.address) for s in g.slots if s.kind in ("mdev", "vendor-vf") and s.blocked is None}
+    mine = [s for s in g.slots if s.kind in ("mdev", "vendor-vf")]
+    # Only the slots placement may use (a caller may have narrowed g.slots) and that are not blocked.
+    allowed = ({str(s.address) for s in mine if s.blocked is None} if len(mine) != len(g.budget.places) else None)
+    blocked = {str(s.address) for s in mine if s.blocked is not None} if allowed is None else set()
     for prof in sorted(types.values(), key=smallest_key):
         f = g.budget.fit(prof.id)
         if f.fits_now <= 0:
             refused.append(f"{prof.id}: {f.reason}")
             continue
-        place = g.budget.free_place(prof.id, among=allowed)
+        place = g.budget.free_place(prof.id, among=allowed, exclude=blocked)
         if place is None:
             refused.append(f"{prof.id}: {f.reason}, but no free place offers it")
             continue

@@ -16,7 +16,7 @@ from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.options import POLICIES, Candidate, Option, Policy, commit, rank
 from vgpuvirt.provision.request import TypeProfile, VmRequest
-from vgpuvirt.provision.search import DEFAULT_LIMIT, search
+from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
 
 __all__ = ["POLICIES", "Assignment", "Candidate", "Policy", "place"]
@@ -56,6 +56,8 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
     try:
         assignments, explain = _greedy(vms, work, policy)
     except NoCapacity:
+        if not worth_searching(vms):
+            raise
         work = {k: v.clone() for k, v in hosts.items()}
         found = search(vms, work, policy=policy, limit=search_limit)
         if found is None:

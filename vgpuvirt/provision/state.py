@@ -64,6 +64,8 @@ class GpuState:
     planned: int = 0
     sriov_capable: int = 0                  # VFs a PF with SR-IOV off could enable (vGPU boards)
     prep: list[Prep] = field(default_factory=list)
+    _profiles_cache: tuple[tuple[int, ...], dict[str, TypeProfile]] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def residents(self) -> int:
@@ -73,9 +75,23 @@ class GpuState:
     def used(self) -> int:
         return self.residents + self.vfs_in_use + (1 if self.whole_taken else 0)
 
+    def vgpu_profiles(self) -> dict[str, TypeProfile]:
+        """Every vGPU type of the GPU's mdev parents and vGPU 17+ VFs, once each (a GPU's VFs repeat one
+        table; placement asks this for every request it ranks). Cached: the slots' profiles never change."""
+        key = tuple(id(s) for s in self.slots)
+        cached = self._profiles_cache
+        if cached is None or cached[0] != key:
+            found: dict[str, TypeProfile] = {}
+            for s in self.slots:
+                if s.kind in ("mdev", "vendor-vf"):
+                    for tid, prof in s.profiles.items():
+                        found.setdefault(tid, prof)
+            cached = self._profiles_cache = (key, found)
+        return cached[1]
+
     def clone(self) -> GpuState:
         return replace(self, slots=[replace(s, available=dict(s.available)) for s in self.slots],
-                       prep=list(self.prep))
+                       prep=list(self.prep), _profiles_cache=None)
 
     def profile(self, type_id: str) -> TypeProfile | None:
         for s in self.slots:

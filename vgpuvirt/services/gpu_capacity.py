@@ -222,11 +222,12 @@ class GpuBudget:
             return k, False, f"{why}; the host reports {k} free"
         return n, exact, why
 
-    def free_place(self, type_id: str, among: Collection[str] | None = None) -> Place | None:
+    def free_place(self, type_id: str, among: Collection[str] | None = None,
+                   exclude: Collection[str] = ()) -> Place | None:
         """Where the next vGPU of ``type_id`` goes (PF before VFs, lowest address first); ``among``
-        limits the choice to those addresses."""
+        limits the choice to those addresses, ``exclude`` leaves those out."""
         for p in self.places:
-            if among is not None and p.address not in among:
+            if (among is not None and p.address not in among) or p.address in exclude:
                 continue
             if p.kernel.get(type_id, 0) > 0 and not (p.is_vf and p.occupied):
                 return p
