@@ -171,3 +171,26 @@ def test_dry_run_reports_the_refusal_and_changes_nothing(conn):
     td = teardown(host, conn, [b], dry_run=True)
     assert any(a in f for f in td.failed) and not any("would remove vGPU" in r for r in td.removed)
     assert (_vgpus(host), sorted(conn.xml_views())) == before
+
+
+def test_a_vgpu_in_another_running_domains_persistent_xml_only_is_left(conn):
+    host = SimHost.from_profile("t4x2")
+    b, c = _name(), _name()
+    provision(host, conn, [VmRequest(b, gpus=(Q2,))])
+    mine = MdevUuid.parse(str(mdev_uuid_for(b, 0)))
+    with_vgpu = etree.fromstring(conn.xml(b, inactive=True).encode())
+    with_vgpu.find("name").text = c
+    with_vgpu.remove(with_vgpu.find("uuid"))
+    without = etree.fromstring(etree.tostring(with_vgpu))
+    for hd in without.findall("devices/hostdev"):
+        hd.getparent().remove(hd)
+    conn.define(etree.tostring(without).decode())
+    conn.start(c)
+    uid = etree.SubElement(with_vgpu, "uuid")
+    uid.text = etree.fromstring(conn.xml(c).encode()).findtext("uuid")
+    conn.define(etree.tostring(with_vgpu).decode())   # a config-only attach: next boot, C takes B's vGPU
+    assert mine not in domain_device_refs(conn.xml(c)).mdevs
+    assert mine in domain_device_refs(conn.xml(c, inactive=True)).mdevs
+    td = teardown(host, conn, [b])
+    assert any(c in f and str(mine) in f for f in td.failed), td.failed
+    assert str(mine) in _vgpus(host)[0] and conn.exists(b)
