@@ -24,6 +24,7 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   └── IommuDisabled
     ├── LibvirtError                      a libvirt call failed (carries .domain, .code)
     ├── XmlError                          domain XML rejected by the linter or the schema
+    ├── RecordError                       a client-side record could not be written safely (.path, .errno)
     └── ProvisioningError                 apply() failed (carries .completed and .rollback)
 """
 
@@ -138,6 +139,16 @@ class XmlError(VgpuvirtError):
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         self.problems = problems or [message]
         super().__init__(message)
+
+
+class RecordError(VgpuvirtError):
+    """A record the client keeps (e.g. ``iommu prepare --record``) could not be written safely."""
+
+    def __init__(self, path: str, errno: int | None, reason: str) -> None:
+        self.path = path
+        self.errno = errno
+        self.reason = reason
+        super().__init__(f"record {path}: {reason}")
 
 
 class ProvisioningError(VgpuvirtError):

@@ -196,6 +196,23 @@ class LibvirtConnection:
                     raise self._translate(exc, None, "read domain") from exc
         return sorted(out, key=lambda i: i.name)
 
+    def xml_views(self) -> dict[str, tuple[str, ...]]:
+        """Every domain's live XML and, for a running persistent domain, its persistent XML too: a
+        device is in use when either names it (a config-only attach shows in the persistent one)."""
+        libvirt = _import_libvirt()
+        doms = self._call(None, "list domains", lambda: self.raw.listAllDomains(0))
+        out: dict[str, tuple[str, ...]] = {}
+        for d in doms:
+            try:
+                views = [d.XMLDesc(0)]
+                if d.isActive() and d.isPersistent():
+                    views.append(d.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+                out[d.name()] = tuple(views)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != VIR_ERR_NO_DOMAIN:
+                    raise self._translate(exc, None, "read domain") from exc
+        return out
+
     def domain_xml_pairs(self) -> Iterator[tuple[str, str]]:
         """(name, xml) pairs, the shape inventory() takes to join mdevs with domains."""
         for d in self.domains():

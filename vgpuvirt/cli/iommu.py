@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context
+from vgpuvirt.durable import write_new_file
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services import iommu
 from vgpuvirt.services.iommu import AssignabilityReport, BindingRecord
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr = verbs.add_parser("prepare", help="bind every endpoint of the devices' IOMMU groups to vfio-pci")
     pr.add_argument("addresses", nargs="+", metavar="ADDR")
     pr.add_argument("--for-domain", default=None)
-    pr.add_argument("--record", default=None, metavar="FILE", help="write the original-driver record here")
+    pr.add_argument("--record", default=None, metavar="FILE",
+                    help="write the original-driver record to this new file, durably, before binding")
     add_common(pr, domains=True)
     pr.set_defaults(func=_prepare)
     r = verbs.add_parser("release", help="give devices back to their original drivers")
@@ -59,10 +61,11 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _prepare(ctx: Context, args: argparse.Namespace) -> int:
+    def keep(record: BindingRecord) -> None:
+        write_new_file(args.record, json.dumps(record.to_dict(), indent=2) + "\n")
+
     ch, record = iommu.prepare(ctx.host(), args.addresses, domains=domains(args), for_domain=args.for_domain,
-                               dry_run=args.dry_run)
-    if args.record and not args.dry_run:
-        Path(args.record).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+                               dry_run=args.dry_run, before_change=keep if args.record else None)
     if ctx.json:
         ctx.emit_json({**ch.to_dict(), "record": record.to_dict()})
     else:

@@ -1,5 +1,7 @@
-"""``vgpuvirt teardown``: destroy + undefine VMs that vgpuvirt made and remove their vGPUs (disks kept
-unless --remove-storage). Domains vgpuvirt did not create are left alone.
+"""``vgpuvirt teardown``: destroy VMs that vgpuvirt made, remove their vGPUs, then undefine them (disks
+kept unless --remove-storage). Domains vgpuvirt did not create are left alone; a vGPU that is not provably
+the VM's, or that another domain uses, is left and named; a VM whose vGPU could not be removed stays
+defined so that a rerun finishes.
 
     vgpuvirt --host sim:t4x2 teardown --connect test:///default vm-001 vm-002
     vgpuvirt teardown --host ssh://root@gpu1 --host ssh://root@gpu2 --pattern 'vdi-*'
