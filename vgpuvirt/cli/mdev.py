@@ -6,7 +6,7 @@ import argparse
 import shlex
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService
 
 
@@ -88,5 +88,5 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     for r in records:
         state = "active" if r.active else "inactive"
         extra = f" defined({r.start})" if r.defined else ""
-        print(f"{r.uuid} {r.parent} {r.type} {state}{extra}")
+        print(printable(f"{r.uuid} {r.parent} {r.type} {state}{extra}"))
     return 0
