@@ -7,6 +7,7 @@ import shlex
 
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService
 
 
@@ -53,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _svc(ctx: Context, args: argparse.Namespace) -> MdevService:
-    return MdevService(ctx.host(), mdevctl=shlex.split(args.mdevctl))
+    try:
+        words = shlex.split(args.mdevctl)
+    except ValueError as exc:    # an unbalanced quote
+        raise InvalidSpec("--mdevctl", args.mdevctl, f"words in shell quoting ({exc})") from exc
+    return MdevService(ctx.host(), mdevctl=words)
 
 
 def _create(ctx: Context, args: argparse.Namespace) -> int:
