@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.durable import write_new_file
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services import iommu
@@ -38,17 +38,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _print_report(rep: AssignabilityReport) -> None:
-    print(f"{rep.host}: IOMMU {'on' if rep.iommu_enabled else 'OFF'}: "
-          f"{'assignable' if rep.assignable else 'NOT assignable'}")
+    lines = [f"{rep.host}: IOMMU {'on' if rep.iommu_enabled else 'OFF'}: "
+             f"{'assignable' if rep.assignable else 'NOT assignable'}"]
     for d in rep.devices:
-        print(f"  {d.address} group {d.group} driver={d.driver or '-'} reset={','.join(d.reset_methods or []) or '-'}")
-        for m in d.members:
-            if m.address != d.address:
-                print(f"    {m.address} {m.role:9} driver={m.driver or '-'} {m.note}")
-    for r in rep.reasons:
-        print(f"  BLOCKED: {r}")
-    for w in rep.warnings:
-        print(f"  warning: {w}")
+        lines.append(f"  {d.address} group {d.group} driver={d.driver or '-'} "
+                     f"reset={','.join(d.reset_methods or []) or '-'}")
+        lines += [f"    {m.address} {m.role:9} driver={m.driver or '-'} {m.note}"
+                  for m in d.members if m.address != d.address]
+    lines += [f"  BLOCKED: {r}" for r in rep.reasons]
+    lines += [f"  warning: {w}" for w in rep.warnings]
+    for line in lines:  # driver names and notes are host text
+        print(printable(line))
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:

@@ -8,8 +8,8 @@ import shlex
 import sys
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
-from vgpuvirt.errors import TransportError
+from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import InvalidSpec, TransportError
 from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService, MdevSpec
 
 
@@ -57,7 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _svc(ctx: Context, args: argparse.Namespace) -> MdevService:
-    return MdevService(ctx.host(), mdevctl=shlex.split(args.mdevctl))
+    try:
+        words = shlex.split(args.mdevctl)
+    except ValueError as exc:    # an unbalanced quote
+        raise InvalidSpec("--mdevctl", args.mdevctl, f"words in shell quoting ({exc})") from exc
+    return MdevService(ctx.host(), mdevctl=words)
 
 
 def _create(ctx: Context, args: argparse.Namespace) -> int:
@@ -111,5 +115,5 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     for r in records:
         state = "active" if r.active else "inactive"
         extra = f" defined({r.start})" if r.defined else ""
-        print(f"{r.uuid} {r.parent} {r.type} {state}{extra}")
+        print(printable(f"{r.uuid} {r.parent} {r.type} {state}{extra}"))
     return 0

@@ -131,11 +131,7 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
     from vgpuvirt.xml import Disk, DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
-    if isinstance(given, DomainOptions):
-        opts = given
-    else:
-        kw = {k: v for k, v in vm.options.items() if k not in ("domain_options", "nic_vf")}
-        opts = DomainOptions(**kw)  # type: ignore[arg-type]
+    opts = given if isinstance(given, DomainOptions) else DomainOptions.from_mapping(vm.domain_settings())
     # A vGPU display needs an emulated graphics device; headless templates (compute) have none.
     headless = vm.template == "compute" or opts.graphics == "none"
     mdevs: list[Any] = []
