@@ -56,6 +56,10 @@ class PathRefused(Exception):
     pass
 
 
+class Escape(OSError):
+    """A path that resolves outside the sysfs root (a symlink leads out): refused, never opened."""
+
+
 def check_path(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise PathRefused("path must be absolute: %r" % (path,))
@@ -65,33 +69,117 @@ def check_path(path: str) -> str:
     return path
 
 
+_NOFOLLOW_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
 class OsFs:
-    """The real filesystem below ``root``."""
+    """The real filesystem below ``root``, confined to it.
+
+    Real sysfs is full of symlinks that stay inside it (``/sys/bus/pci/devices/X ->
+    ../../../devices/pci0000:00/X``), so links are followed, but only to places inside ``root``: each
+    directory a path passes through is resolved once per request (one ``lstat``, and ``realpath`` for a
+    directory that is a link) and one that lands outside raises :class:`Escape` (``EXDEV``). The final
+    component is never followed: reads report a link as a link, writes open it ``O_NOFOLLOW``, and a write
+    opens its directory first and checks where that really is (``/proc/self/fd``) before opening the
+    attribute relative to it, so a directory swapped for a link after the check is caught too.
+    A root of ``/`` needs none of this: every path is inside it.
+    """
 
     def __init__(self, root: str = "/") -> None:
         self.root = os.path.abspath(root)
+        self.confined = self.root != "/"
+        real = os.path.realpath(self.root)
+        self._inside = real.rstrip("/") + "/"
+        #: host directory ("" is the root, "/sys/bus") -> where it really is, checked to be inside the root
+        self._dirs = {"": real.rstrip("/")}  # type: Dict[str, str]
+
+    def forget(self) -> None:
+        """Drop resolved directories (after writes: directories come and go, e.g. an mdev's)."""
+        del_keys = [k for k in self._dirs if k]
+        for k in del_keys:
+            del self._dirs[k]
+
+    def _escape(self, path: str, real: str) -> Escape:
+        exc = Escape(_errno.EXDEV, "%s resolves to %s, outside the sysfs root %s (a symbolic link leads "
+                     "out of it): refused" % (path, real, self.root))
+        exc.real = real  # type: ignore[attr-defined]
+        return exc
+
+    def _dir(self, d: str, hops: int = 0) -> str:
+        """Where host directory ``d`` really is; :class:`Escape` when that is outside the root."""
+        real = self._dirs.get(d)
+        if real is not None:
+            return real
+        parent, _, name = d.rpartition("/")
+        preal = self._dir(parent, hops)
+        real = preal + "/" + name
+        if os.lstat(real).st_mode & 0o170000 == 0o120000:   # S_ISLNK, without importing stat
+            if hops >= 40:
+                raise OSError(_errno.ELOOP, os.strerror(_errno.ELOOP), d)
+            # ``preal`` has no links in it, so the target's ".." can be taken lexically; what the target
+            # names is then resolved the same way, through the cache (sysfs links share long prefixes:
+            # realpath() would lstat every component of each one again).
+            target = os.path.normpath(os.path.join(preal, os.readlink(real)))
+            if not (target + "/").startswith(self._inside):
+                raise self._escape(d, target)
+            real = self._dir(target[len(self._inside) - 1:] if target + "/" != self._inside else "", hops + 1)
+        self._dirs[d] = real
+        return real
+
+    def _at(self, path: str) -> str:
+        """``path`` below the root, its directories resolved and checked, its last component not followed."""
+        if not self.confined:
+            return path
+        if path == "/":
+            return self._dirs[""]
+        parent, _, name = path.rpartition("/")
+        try:
+            return self._dir(parent) + "/" + name
+        except Escape as exc:   # named after the path asked for, not the directory that leads out
+            raise self._escape(path, getattr(exc, "real", "?") + "/" + name) from None
 
     def real(self, path: str) -> str:
         check_path(path)
-        if self.root == "/":
-            return path
-        return self.root + path if path != "/" else self.root
-
-    def _fast(self, path: str) -> str:
-        # Paths reaching here were built from validated patterns plus names from listdir (no '/', never
-        # '.' or '..'), so they are not re-validated: that check was a fifth of a large inventory's time.
-        return path if self.root == "/" else self.root + path
+        return self._at(path)
 
     def listdir(self, path: str) -> "List[str]":
-        return os.listdir(self._fast(path))
+        if not self.confined:
+            return os.listdir(path)
+        d = "" if path == "/" else path.rstrip("/")
+        real = self._dir(d)
+        # The listing's d_type tells which entries are plain directories: they need no lstat of their own
+        # when a path goes through them (an inventory goes through ~6,000 type directories).
+        names = []
+        dirs = self._dirs
+        with os.scandir(real) as it:
+            for entry in it:
+                name = entry.name
+                names.append(name)
+                if entry.is_dir(follow_symlinks=False):
+                    dirs[d + "/" + name] = real + "/" + name
+        return names
 
-    def read_entry(self, path: str) -> "Optional[List[Any]]":
-        """One open(O_NOFOLLOW) tells file, directory or symlink apart; a file costs open+read+close."""
-        real = self._fast(path)
+    def real_prefix(self, prefix: str) -> str:
+        """Where the directory ``prefix`` (ending in "/") really is, with a "/": the walk reads many
+        files below one directory and resolves it once for all of them."""
+        return self._dir(prefix[:-1]) + "/"
+
+    def read_entry(self, path: str, real: "Optional[str]" = None) -> "Optional[List[Any]]":
+        """One open(O_NOFOLLOW) tells file, directory or symlink apart; a file costs open+read+close.
+
+        ``real``: where ``path`` is, from :meth:`real_prefix`.
+        """
+        # Paths reaching here were built from validated patterns plus names from listdir (no '/', never
+        # '.' or '..'), so they are not re-validated: that check was a fifth of a large inventory's time.
+        if real is None:
+            real = path
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if real is path and self.confined:
+                parent, _, name = path.rpartition("/")
+                real = (self._dirs.get(parent) or self._dir(parent)) + "/" + name
+            fd = os.open(real, _NOFOLLOW_READ)
         except OSError as exc:
-            if exc.errno == _errno.ELOOP:
+            if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
                 try:
                     return ["l", os.readlink(real), None]
                 except OSError as exc2:
@@ -121,9 +209,11 @@ class OsFs:
             os.close(fd)
 
     def kind(self, path: str) -> "Optional[str]":
-        """'l' symlink, 'd' directory, 'f' anything else, None if absent."""
+        """'l' symlink, 'd' directory, 'f' anything else, None if absent; :class:`Escape` out of the root."""
         try:
             st = os.lstat(self.real(path))
+        except Escape:
+            raise
         except OSError:
             return None
         import stat
@@ -133,14 +223,14 @@ class OsFs:
             return "d"
         return "f"
 
-    def exists(self, path: str) -> bool:
-        return os.path.exists(self.real(path))
-
     def readlink(self, path: str) -> str:
         return os.readlink(self.real(path))
 
     def read(self, path: str) -> str:
-        fd = os.open(self.real(path), os.O_RDONLY)
+        try:
+            fd = os.open(self.real(path), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise _no_link(exc, path, "read") from None
         try:
             chunks = []  # type: List[bytes]
             total = 0
@@ -156,12 +246,44 @@ class OsFs:
 
     def write(self, path: str, value: str) -> None:
         # sysfs attributes take exactly one write(2); O_TRUNC as the shell's '>' does (sysfs ignores it,
-        # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file.
-        fd = os.open(self.real(path), os.O_WRONLY | os.O_TRUNC)
+        # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file;
+        # O_NOFOLLOW: a write never goes through a link (sysfs attributes are plain files).
+        flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW
+        check_path(path)
+        try:
+            if not self.confined:
+                fd = os.open(path, flags)
+            else:
+                parent, name = self._at(path).rsplit("/", 1)[0], path.rpartition("/")[2]
+                dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    where = _fd_path(dfd)
+                    if where is not None and not (where + "/").startswith(self._inside):
+                        raise self._escape(path, where + "/" + name)
+                    fd = os.open(name, flags, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            raise _no_link(exc, path, "write") from None
         try:
             os.write(fd, value.encode("utf-8"))
         finally:
             os.close(fd)
+
+
+def _no_link(exc: OSError, path: str, what: str) -> OSError:
+    """O_NOFOLLOW's ELOOP said as what it means."""
+    if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
+        return OSError(_errno.ELOOP, "%s is a symbolic link: vgpuvirt does not %s through one" % (path, what))
+    return exc
+
+
+def _fd_path(fd: int) -> "Optional[str]":
+    """Where an open directory really is (None without /proc: the check made by resolving it stands)."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
 
 
 class FlockLocker:
@@ -220,7 +342,11 @@ class _Guard:
         self.rel = rel
 
     def admits(self, fs: "Any", path: str) -> bool:
-        return (fs.kind(path + "/" + self.rel) is not None) == self.present
+        try:
+            there = fs.kind(path + "/" + self.rel) is not None
+        except OSError:   # out of the sysfs root (Escape): not there
+            there = False
+        return there == self.present
 
 
 def _split_component(part: str) -> "tuple[str, Optional[_Guard]]":
@@ -334,6 +460,8 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
         def read(path: str) -> "Optional[List[Any]]":
             return _slow_read_entry(fs, path)
     listdir = fs.listdir
+    # a confined OsFs resolves a directory once for all the files read below it (see OsFs.real_prefix)
+    real_prefix = getattr(fs, "real_prefix", None) if getattr(fs, "confined", False) else None
     deferred = [] if workers > 1 else None  # type: Optional[List[Any]]
 
     def visit(node: "Dict[str, Any]", path: str) -> None:
@@ -351,8 +479,10 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
         if magic:
             try:
                 names = sorted(listdir(prefix[:-1] or "/"))
-            except OSError:
+            except OSError as exc:
                 names = []
+                if exc.errno == _errno.EXDEV and prefix[:-1] not in out:   # out of the root: say so
+                    out[prefix[:-1]] = ["e", None, _errno.EXDEV]
             listed = set(names)
             split = deferred is not None and len(names) >= SPLIT_MIN
             taken = set()  # type: set[int]  # {1?...} patterns that already have their match
@@ -372,6 +502,7 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
                         deferred.append((child, prefix + name))  # type: ignore[union-attr]
                     else:
                         visit(child, prefix + name)
+        base = None  # type: Optional[str]
         for name, child in node.get(_LITERAL_KEY, ()):
             # The listing made for the wildcards already says which plain names exist: an absent
             # attribute (boot_vga on a VF, sriov_* on a non-SR-IOV device) costs no open.
@@ -380,7 +511,15 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
             if len(child) == 1 and _TERMINAL in child:    # a leaf: the common case, read inline
                 path = prefix + name
                 if path not in out:
-                    entry = read(path)
+                    if real_prefix is not None:
+                        if base is None:
+                            try:
+                                base = real_prefix(prefix)
+                            except OSError:   # absent, or out of the root: read_entry says which, per file
+                                base = ""
+                        entry = read(path, base + name) if base else read(path)   # type: ignore[call-arg]
+                    else:
+                        entry = read(path)
                     if entry is not None:
                         out[path] = entry
             else:
@@ -466,6 +605,13 @@ def _read_in_parallel(items: "List[Any]", visit: "Any", out: "Dict[str, Any]", w
                 out.setdefault(path, entry)
 
 
+def _why(exc: OSError) -> str:
+    """The kernel's strerror, or the sentence of our own refusals (Escape, a link not written through)."""
+    if exc.filename is None and exc.strerror and exc.errno in (_errno.EXDEV, _errno.ELOOP):
+        return exc.strerror
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
 def _err(code: "Optional[int]", message: str) -> "Dict[str, Any]":
     return {"ok": False, "errno": code, "error": message}
 
@@ -486,7 +632,7 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
             try:
                 raw = fs.read(path)
             except OSError as exc:
-                return _err(exc.errno, "cannot read %s: %s" % (path, os.strerror(exc.errno or 0)))
+                return _err(exc.errno, "cannot read %s: %s" % (path, _why(exc)))
             try:
                 value = int(raw.strip())
             except ValueError:
@@ -556,7 +702,7 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
     except PathRefused as exc:
         return _err(_errno.EINVAL, str(exc))
     except OSError as exc:
-        return _err(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
+        return _err(exc.errno, _why(exc))
 
 
 def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> "List[Dict[str, Any]]":
@@ -607,6 +753,9 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
                             "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
             response["lock_wait_s"] = round(time.monotonic() - t0, 4)
             response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"))
+            forget = getattr(fs, "forget", None)
+            if forget is not None:
+                forget()   # the batch may have made or removed directories
             try:
                 read_entries(fs, request.get("reads_after", []), response["after"])
             except PathRefused as exc:
