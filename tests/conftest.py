@@ -156,3 +156,23 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     if in_ci() and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"module skipped under CI=true, which counts as a failure: {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _host_state_in_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Unit tests keep the host-side lock of hosts that name none under a temporary directory.
+
+    The default, /run/vgpuvirt, is root's (and shared with any real vgpuvirt on the machine); unit tests
+    run without root. Integration tests (root, real parts) keep the real default. (Not through
+    ``monkeypatch``: an autouse fixture asking for it would tear it down after the tests' own fixtures.)
+    """
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    from vgpuvirt.host.base import BaseHost
+    saved = BaseHost.lock_path
+    BaseHost.lock_path = str(tmp_path_factory.getbasetemp() / "host-state" / "lock")
+    try:
+        yield
+    finally:
+        BaseHost.lock_path = saved

@@ -286,7 +286,75 @@ def _fd_path(fd: int) -> "Optional[str]":
         return None
 
 
+class UnsafeState(Exception):
+    """The lock's (or the audit log's) directory or file cannot be trusted: refused, with the reason."""
+
+
+def open_state_dir(path: str) -> int:
+    """An fd of directory ``path``, made 0700 if missing, after checking that only we can write there.
+
+    The lock and the audit log live in such a directory (``/run/vgpuvirt``, ``/var/log/vgpuvirt``): one
+    that another user owns, that others may write, or that is a link, could let another local user hold
+    the lock, fill or forge the log, or redirect either. Such a directory is refused, never repaired.
+    """
+    path = os.path.abspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        try:
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    except OSError as exc:
+        raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafeState("%s is a symbolic link: refusing to keep vgpuvirt's lock or log there "
+                              "(remove the link)" % path) from None
+        raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = "is owned by uid %d, not by uid %d that runs vgpuvirt here" % (st.st_uid, os.geteuid())
+    elif st.st_mode & 0o022:
+        problem = "is group- or world-writable (mode %04o)" % (st.st_mode & 0o7777)
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeState("%s %s: refusing to keep vgpuvirt's lock or log there (make it a directory of "
+                          "its own, mode 0700, or remove it)" % (path, problem))
+    return fd
+
+
+def open_state_file(path: str, flags: int) -> int:
+    """``path`` (its directory checked by :func:`open_state_dir`) opened or created 0600, never through a link."""
+    dfd = open_state_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        try:
+            fd = os.open(os.path.basename(path), flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == _errno.ELOOP:
+                raise UnsafeState("%s is a symbolic link: refused (remove it)" % path) from None
+            raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o170000 != 0o100000:
+        os.close(fd)
+        raise UnsafeState("%s is not a plain file owned by uid %d: refused" % (path, os.geteuid()))
+    return fd
+
+
 class FlockLocker:
+    """The host-side lock: an exclusive flock on a file in a directory only we can write (see open_state_dir)."""
+
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
@@ -294,10 +362,7 @@ class FlockLocker:
 
     def __enter__(self) -> "FlockLocker":
         import fcntl
-        d = os.path.dirname(self.path)
-        if d and not os.path.isdir(d):
-            os.makedirs(d, 0o755)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = open_state_file(self.path, os.O_RDWR)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -748,6 +813,8 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
             if lock and locker is not None:
                 try:
                     locker.__enter__()
+                except UnsafeState as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
                 except OSError as exc:
                     return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
                             "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}

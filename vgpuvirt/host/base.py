@@ -29,7 +29,9 @@ from vgpuvirt.model import SysPath
 audit = logging.getLogger("vgpuvirt.audit")
 log = logging.getLogger("vgpuvirt.host")
 
-DEFAULT_LOCK_PATH = "/run/lock/vgpuvirt.lock"
+#: The host-side lock, in a directory of its own that only root can write (the agent creates it 0700 and
+#: refuses one that is a link, another user's or writable by others): not in world-writable /run/lock.
+DEFAULT_LOCK_PATH = "/run/vgpuvirt/lock"
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,9 @@ class BaseHost:
         if response.get("fatal") == "lock" and response.get("errno") in (errno.EAGAIN, errno.EACCES):
             raise LockTimeout(self.name, f"{response.get('error')} (another vgpuvirt holds it for longer "
                                          f"than {self.lock_timeout} s)")
+        if response.get("fatal") == "state":
+            # the lock's directory failed its checks: nothing of the batch ran
+            raise HostError(self.name, f"unsafe lock location: {response.get('error')}")
         if "fatal" in response:
             raise HostError(self.name, f"agent refused the request ({response['fatal']}): {response.get('error')}")
         return response

@@ -40,7 +40,7 @@ from vgpuvirt.errors import (
     RemoteRequirementMissing,
     TransportError,
 )
-from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import _read_frame, agent_command
 from vgpuvirt.host.ssh_connect import open_client
 
@@ -85,7 +85,7 @@ class SSHHost(BaseHost):
         keepalive: int = 15,
         retry: RetryFactory = default_retry,
         python: str = "python3",
-        lock_path: str = DEFAULT_LOCK_PATH,
+        lock_path: str | None = None,
         resident: bool = True,
     ) -> None:
         if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
@@ -113,7 +113,8 @@ class SSHHost(BaseHost):
         self.python = python
         #: seconds the agent itself spent on the host in the last batched call (the rest is network and ssh)
         self.last_agent_s: float | None = None
-        self.lock_path = lock_path
+        if lock_path is not None:
+            self.lock_path = lock_path
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         # One session channel opened ahead of time: opening a channel costs a round trip, and the next
