@@ -770,17 +770,22 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
         return _err(exc.errno, _why(exc))
 
 
-def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> "List[Dict[str, Any]]":
+def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
+            audit: "Optional[Audit]" = None) -> "List[Dict[str, Any]]":
     results = []  # type: List[Dict[str, Any]]
     stopped = False
     failed_groups = set()  # type: set[str]
-    for op in ops:
+    for n, op in enumerate(ops):
         group = op.get("group")
         if stopped or (group is not None and group in failed_groups):
             results.append({"ok": False, "skipped": True, "errno": None, "error": "skipped"})
+            if audit is not None:
+                audit.op(n, op, results[-1])
             continue
         res = _run_op(fs, op)
         results.append(res)
+        if audit is not None:
+            audit.op(n, op, res)
         if not res.get("ok"):
             if on_error == "continue":
                 if group is not None:
@@ -791,11 +796,14 @@ def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> "List[Dict
 
 
 def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
-           workers: int = 1, encoded: "Optional[Any]" = None) -> "Dict[str, Any]":
+           workers: int = 1, encoded: "Optional[Any]" = None, auditor: "Any" = None) -> "Dict[str, Any]":
     """Execute one request; return the response dict. Never raises for per-item failures.
 
     ``workers`` > 1 lets the first read fork that many readers (see :func:`read_entries`).
+    ``auditor`` replaces the audit log file (SimHost keeps its log in memory): see :class:`Audit`.
     """
+    if "audit_read" in request:
+        return read_audit(request["audit_read"], auditor)
     if fs is None:
         fs = OsFs(request.get("root", "/"))
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
@@ -819,7 +827,20 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
                     return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
                             "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
             response["lock_wait_s"] = round(time.monotonic() - t0, 4)
-            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"))
+            audit = None  # type: Optional[Audit]
+            if request.get("audit") and any(mutates(op) for op in ops):
+                try:
+                    audit = Audit(request, auditor or FileAuditor(request["audit"].get("path") or ""))
+                except UnsafeState as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
+                except OSError as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": "cannot write the audit log %s: %s" % (
+                        request["audit"].get("path"), os.strerror(exc.errno or 0))}
+            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"), audit)
+            if audit is not None:
+                problem = audit.end(response["ops"])
+                if problem:
+                    response["audit_error"] = problem
             forget = getattr(fs, "forget", None)
             if forget is not None:
                 forget()   # the batch may have made or removed directories
@@ -831,6 +852,140 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
             if lock and locker is not None:
                 locker.__exit__(None, None, None)
     return response
+
+
+def mutates(op: "Dict[str, Any]") -> bool:
+    return op.get("op") == "write" or (op.get("op") == "exec" and not op.get("read_only"))
+
+
+#: what an audit record keeps of a written value or an argument
+AUDIT_VALUE_MAX = 256
+
+
+def _clip(text: "Any") -> "Any":
+    if isinstance(text, str) and len(text) > AUDIT_VALUE_MAX:
+        return text[:AUDIT_VALUE_MAX] + "...(%d chars)" % len(text)
+    return text
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % (int(t * 1000) % 1000)
+
+
+class FileAuditor:
+    """The host's audit log: append-only JSON lines in a directory only we can write (open_state_dir).
+
+    Each record is one ``write(2)`` on an ``O_APPEND`` descriptor, so records of concurrent batches never
+    interleave within a line; ``sync()`` (fsync) follows the "begin" record, before anything changes,
+    and the "end" record.
+    """
+
+    def __init__(self, path: str) -> None:
+        if not path.startswith("/"):
+            raise UnsafeState("the audit log must be an absolute path: %r" % (path,))
+        self.fd = open_state_file(path, os.O_WRONLY | os.O_APPEND)
+
+    def write(self, line: str) -> None:
+        _write_all(self.fd, line.encode("utf-8"))
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Audit:
+    """One mutating batch's records: "begin" (who, from where, which process), one per mutating op with its
+    outcome, "end". A batch cut mid-flight (the agent killed, the host down) leaves a "begin" without its
+    "end". Reads and read-only checks are not recorded: a read writes nothing anywhere."""
+
+    def __init__(self, request: "Dict[str, Any]", out: "Any") -> None:
+        self.out = out
+        self.dumps = _json_codec()[1]
+        cfg = request["audit"]
+        self.batch = str(cfg.get("id") or "%x-%x" % (os.getpid(), int(time.time() * 1000)))
+        ssh = os.environ.get("SSH_CONNECTION", "").split()
+        self._emit({"event": "begin", "client_user": cfg.get("client_user"), "client_host": cfg.get("client_host"),
+                    "ssh_client": ssh[0] if ssh else None, "sudo_user": os.environ.get("SUDO_USER"),
+                    "pid": os.getpid(), "uid": os.geteuid(), "root": request.get("root", "/"),
+                    "ops": sum(1 for op in request.get("ops", []) if mutates(op))})
+        self.out.sync()
+        self.problem = None  # type: Optional[str]
+
+    def _emit(self, record: "Dict[str, Any]") -> None:
+        self.out.write(self.dumps(dict({"t": _now(), "batch": self.batch}, **record)) + "\n")
+
+    def op(self, n: int, op: "Dict[str, Any]", res: "Dict[str, Any]") -> None:
+        if not mutates(op):
+            return
+        outcome = "skipped" if res.get("skipped") else "ok" if res.get("ok") else "failed"
+        rec = {"event": "op", "n": n, "op": op.get("op"), "outcome": outcome}  # type: Dict[str, Any]
+        if op.get("op") == "write":
+            rec["path"], rec["value"] = op.get("path"), _clip(op.get("value"))
+        else:
+            rec["argv"] = [_clip(a) for a in op.get("argv") or []][:32]
+            rec["rc"] = res.get("rc")
+        if outcome == "failed":
+            rec["errno"], rec["error"] = res.get("errno"), _clip(res.get("error"))
+        try:
+            self._emit(rec)
+        except OSError as exc:   # the log's disk is full: the batch goes on, the caller is told
+            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+
+    def end(self, results: "List[Dict[str, Any]]") -> "Optional[str]":
+        counts = {"ok": 0, "failed": 0, "skipped": 0}
+        for r in results:
+            counts["skipped" if r.get("skipped") else "ok" if r.get("ok") else "failed"] += 1
+        try:
+            self._emit(dict({"event": "end"}, **counts))
+            self.out.sync()
+        except OSError as exc:
+            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+        finally:
+            self.out.close()
+        return self.problem
+
+
+def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None) -> "Dict[str, Any]":
+    """The tail (``max_bytes``, whole lines) of the audit log. Creates nothing: a missing log reads as empty."""
+    max_bytes = int(spec.get("max_bytes") or MAX_READ * 4)
+    if auditor is not None:
+        text = auditor.text()
+        return {"v": PROTOCOL, "audit": text[-max_bytes:], "exists": True}
+    path = os.path.abspath(str(spec.get("path") or ""))
+    if not os.path.lexists(os.path.dirname(path)):
+        return {"v": PROTOCOL, "audit": "", "exists": False}
+    try:
+        dfd = open_state_dir(os.path.dirname(path))
+        try:
+            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except UnsafeState as exc:
+        return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
+    except OSError as exc:
+        if exc.errno == _errno.ENOENT:
+            return {"v": PROTOCOL, "audit": "", "exists": False}
+        return {"v": PROTOCOL, "fatal": "state", "error": "cannot read the audit log %s: %s" % (
+            path, "a symbolic link: refused" if exc.errno == _errno.ELOOP else os.strerror(exc.errno or 0))}
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        data = b"".join(chunks)
+        if start:   # began mid-record: drop the partial line
+            data = data[data.find(b"\n") + 1:]
+        return {"v": PROTOCOL, "audit": data.decode("utf-8", "replace"), "exists": True, "truncated": start > 0}
+    finally:
+        os.close(fd)
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
