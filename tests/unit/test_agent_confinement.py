@@ -100,3 +100,18 @@ def test_check_int_does_not_follow_a_final_link_out(host: LocalHost, planted: Pl
     os.symlink(planted.outside / "four", inside / "available_instances")
     res = host.apply([Op.check_int(f"{DEV}/mdev_supported_types/nvidia-0/available_instances", 1)])
     assert not res.ok and res[0].value is None
+
+
+def test_a_directory_swapped_for_a_link_during_the_batch_is_caught_at_the_write(host: LocalHost,
+                                                                                planted: Planted) -> None:
+    # The check_int resolves the type directory; an exec of the same batch then swaps it for a link out of
+    # the root (as a racing attacker would): the write opens the directory and sees where it really is.
+    typedir = planted.root / f"sys/devices/pci0000:00/{DEV.rsplit('/', 1)[1]}/mdev_supported_types/nvidia-0"
+    swap = f"mv '{typedir}' '{typedir}.old' && ln -s '{planted.outside / 'type'}' '{typedir}'"
+    before = planted.outside_files()
+    res = host.apply([Op.check_int(f"{DEV}/mdev_supported_types/nvidia-0/available_instances", 1),
+                      Op.exec(["sh", "-c", swap]),
+                      Op.write(f"{DEV}/mdev_supported_types/nvidia-0/create", UUID)])
+    assert [r.ok for r in res] == [True, True, False]
+    assert res[2].errno == errno.EXDEV and "outside the sysfs root" in (res[2].error or "")
+    assert planted.outside_files() == before
