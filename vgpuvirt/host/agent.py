@@ -113,13 +113,19 @@ class OsFs:
         parent, _, name = d.rpartition("/")
         preal = self._dir(parent, hops)
         real = preal + "/" + name
-        if os.lstat(real).st_mode & 0o170000 == 0o120000:   # S_ISLNK, without importing stat
+        try:
+            link = os.readlink(real)   # one call tells a link (its target) from a directory (EINVAL)
+        except OSError as exc:
+            if exc.errno != _errno.EINVAL:
+                raise
+            link = None
+        if link is not None:
             if hops >= 40:
                 raise OSError(_errno.ELOOP, os.strerror(_errno.ELOOP), d)
             # ``preal`` has no links in it, so the target's ".." can be taken lexically; what the target
             # names is then resolved the same way, through the cache (sysfs links share long prefixes:
             # realpath() would lstat every component of each one again).
-            target = os.path.normpath(os.path.join(preal, os.readlink(real)))
+            target = _join(preal, link)
             if not (target + "/").startswith(self._inside):
                 raise self._escape(d, target)
             real = self._dir(target[len(self._inside) - 1:] if target + "/" != self._inside else "", hops + 1)
@@ -269,6 +275,17 @@ class OsFs:
             os.write(fd, value.encode("utf-8"))
         finally:
             os.close(fd)
+
+
+def _join(base: str, link: str) -> str:
+    """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
+    if link[:1] != "/":
+        while link[:3] == "../":
+            base, link = base[:base.rfind("/")], link[3:]
+        link = base + "/" + link
+    if "/." in link or "//" in link or link.endswith("/"):
+        link = os.path.normpath(link)
+    return link
 
 
 def _no_link(exc: OSError, path: str, what: str) -> OSError:
