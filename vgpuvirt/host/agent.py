@@ -77,8 +77,9 @@ class OsFs:
 
     Real sysfs is full of symlinks that stay inside it (``/sys/bus/pci/devices/X ->
     ../../../devices/pci0000:00/X``), so links are followed, but only to places inside ``root``: each
-    directory a path passes through is resolved once per request (one ``lstat``, and ``realpath`` for a
-    directory that is a link) and one that lands outside raises :class:`Escape` (``EXDEV``). The final
+    directory a path passes through is resolved once per request (none for a directory a listing showed
+    to be one; else one ``readlink``, a link's target resolved through the same cache) and one that lands
+    outside raises :class:`Escape` (``EXDEV``). The final
     component is never followed: reads report a link as a link, writes open it ``O_NOFOLLOW``, and a write
     opens its directory first and checks where that really is (``/proc/self/fd``) before opening the
     attribute relative to it, so a directory swapped for a link after the check is caught too.
