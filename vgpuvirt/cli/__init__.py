@@ -16,7 +16,8 @@ from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import VgpuvirtError
 
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
-SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "sim")
+SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
+               "sim")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,8 @@ from vgpuvirt.errors import (
     RemoteRequirementMissing,
     TransportError,
 )
-from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+from vgpuvirt.host.audit_log import checked_audit_path
+from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
 
@@ -86,7 +87,8 @@ class SSHHost(BaseHost):
         keepalive: int = 15,
         retry: RetryFactory = default_retry,
         python: str = "python3",
-        lock_path: str = DEFAULT_LOCK_PATH,
+        lock_path: str | None = None,
+        audit_path: str | None = None,
         resident: bool = True,
     ) -> None:
         if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
@@ -114,7 +116,10 @@ class SSHHost(BaseHost):
         self.python = python
         #: seconds the agent itself spent on the host in the last batched call (the rest is network and ssh)
         self.last_agent_s: float | None = None
-        self.lock_path = lock_path
+        if lock_path is not None:
+            self.lock_path = lock_path
+        if audit_path is not None:
+            self.audit_path = checked_audit_path(audit_path)
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         # One session channel opened ahead of time: opening a channel costs a round trip, and the next
@@ -323,8 +328,8 @@ class SSHHost(BaseHost):
             return fn()
         return self.retry()(fn)
 
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            idempotent: bool = False) -> Result:
+    def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+             idempotent: bool = False) -> Result:
         argv = tuple(argv)
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise InvalidSpec("argv", argv, "a non-empty list of strings")
