@@ -156,3 +156,31 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     if in_ci() and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"module skipped under CI=true, which counts as a failure: {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _host_state_in_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests keep their audit logs, and unit tests the host-side lock and log, under a temporary directory.
+
+    The client's log (VGPUVIRT_AUDIT_LOG) would otherwise land in ~/.local/state. The host defaults,
+    /run/vgpuvirt and /var/log/vgpuvirt, are root's (and shared with any real vgpuvirt on the machine);
+    unit tests run without root. Integration tests (root, real parts) keep the real host defaults.
+    (Not through ``monkeypatch``: an autouse fixture asking for it would tear it down after the tests'
+    own fixtures.)
+    """
+    base = tmp_path_factory.getbasetemp()
+    saved_env = os.environ.get("VGPUVIRT_AUDIT_LOG")
+    os.environ["VGPUVIRT_AUDIT_LOG"] = str(base / "client-audit.jsonl")
+    from vgpuvirt.host.base import BaseHost
+    saved = BaseHost.lock_path, BaseHost.audit_path
+    if not request.node.get_closest_marker("integration"):
+        BaseHost.lock_path = str(base / "host-state" / "lock")
+        BaseHost.audit_path = str(base / "host-log" / "audit.jsonl")
+    try:
+        yield
+    finally:
+        BaseHost.lock_path, BaseHost.audit_path = saved
+        if saved_env is None:
+            os.environ.pop("VGPUVIRT_AUDIT_LOG", None)
+        else:
+            os.environ["VGPUVIRT_AUDIT_LOG"] = saved_env

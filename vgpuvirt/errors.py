@@ -11,8 +11,12 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     ├── MissingDependency (ImportError)   an optional extra is not installed
     ├── HostError                         something about one host (carries .host)
     │   ├── TransportError                connection refused/dropped/timed out (retryable)
-    │   │   └── HostKeyError              unknown or changed SSH host key (never retried)
-    │   ├── RemoteRequirementMissing      e.g. no python3 on the remote host
+    │   │   ├── HandshakeFailed           SSH set-up (banner, key exchange, auth) cut or timed out (retryable)
+    │   │   ├── NotAnSshServer            the peer answered, but not as an SSH server (never retried)
+    │   │   └── HostKeyError              unknown, changed or revoked SSH host key (never retried)
+    │   ├── AuthenticationFailed          the SSH server refused every key offered (never retried)
+    │   │   └── KeyFileRefused            a private key file unreadable or readable by group/others
+    │   ├── RemoteRequirementMissing      e.g. no python3, no sudo or a sudo that wants a password
     │   └── LockTimeout                   the host-side lock could not be taken in time
     ├── DeviceError                       about one device on one host (carries .host, .device)
     │   ├── DeviceNotFound
@@ -24,12 +28,13 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   └── IommuDisabled
     ├── LibvirtError                      a libvirt call failed (carries .domain, .code)
     ├── XmlError                          domain XML rejected by the linter or the schema
+    ├── RecordError                       a client-side record could not be written safely (.path, .errno)
     └── ProvisioningError                 apply() failed (carries .completed and .rollback)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class VgpuvirtError(Exception):
@@ -64,11 +69,34 @@ class HostError(VgpuvirtError):
 
 
 class TransportError(HostError):
-    """The connection to the host failed or dropped. Idempotent operations retry it."""
+    """The connection to the host failed or dropped. Idempotent operations retry it (``retryable``)."""
+
+    #: whether trying again may help (a retry policy reads it; the subclasses that cannot change say False)
+    retryable: ClassVar[bool] = True
+
+
+class HandshakeFailed(TransportError):
+    """The SSH set-up was cut or timed out before the session was ready (banner, key exchange, auth)."""
+
+
+class NotAnSshServer(TransportError):
+    """The peer answered, but not with an SSH banner (a web server, a wrong port). Never retried."""
+
+    retryable = False
 
 
 class HostKeyError(TransportError):
-    """The SSH host key is unknown or does not match known_hosts. Never retried."""
+    """The SSH host key is unknown, revoked or does not match known_hosts. Never retried."""
+
+    retryable = False
+
+
+class AuthenticationFailed(HostError):
+    """The SSH server refused every key offered. Never retried."""
+
+
+class KeyFileRefused(AuthenticationFailed):
+    """A private key file that cannot be read, or that group/others can read (refused, as OpenSSH does)."""
 
 
 class RemoteRequirementMissing(HostError):
@@ -138,6 +166,16 @@ class XmlError(VgpuvirtError):
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         self.problems = problems or [message]
         super().__init__(message)
+
+
+class RecordError(VgpuvirtError):
+    """A record the client keeps (e.g. ``iommu prepare --record``) could not be written safely."""
+
+    def __init__(self, path: str, errno: int | None, reason: str) -> None:
+        self.path = path
+        self.errno = errno
+        self.reason = reason
+        super().__init__(f"record {path}: {reason}")
 
 
 class ProvisioningError(VgpuvirtError):

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import tenacity
 
+from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import parse_xml
@@ -196,6 +197,23 @@ class LibvirtConnection:
                     raise self._translate(exc, None, "read domain") from exc
         return sorted(out, key=lambda i: i.name)
 
+    def xml_views(self) -> dict[str, tuple[str, ...]]:
+        """Every domain's live XML and, for a running persistent domain, its persistent XML too: a
+        device is in use when either names it (a config-only attach shows in the persistent one)."""
+        libvirt = _import_libvirt()
+        doms = self._call(None, "list domains", lambda: self.raw.listAllDomains(0))
+        out: dict[str, tuple[str, ...]] = {}
+        for d in doms:
+            try:
+                views = [d.XMLDesc(0)]
+                if d.isActive() and d.isPersistent():
+                    views.append(d.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+                out[d.name()] = tuple(views)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != VIR_ERR_NO_DOMAIN:
+                    raise self._translate(exc, None, "read domain") from exc
+        return out
+
     def domain_xml_pairs(self) -> Iterator[tuple[str, str]]:
         """(name, xml) pairs, the shape inventory() takes to join mdevs with domains."""
         for d in self.domains():
@@ -212,7 +230,8 @@ class LibvirtConnection:
             raise InvalidSpec("domain XML", xml[:60], "a <name> element")
         DomainName.parse(name)
         audit.info("%s: define domain %s", self.uri, name)
-        dom = self._call(name, "define", lambda: self.raw.defineXML(xml))
+        with audited("define domain", self.uri, domain=name):
+            dom = self._call(name, "define", lambda: self.raw.defineXML(xml))
         return str(dom.name())
 
     def start(self, name: str) -> None:
@@ -220,7 +239,8 @@ class LibvirtConnection:
         if self._call(name, "query state", lambda: dom.isActive()):
             return
         audit.info("%s: start domain %s", self.uri, name)
-        self._call(name, "start", lambda: dom.create())
+        with audited("start domain", self.uri, domain=name):
+            self._call(name, "start", lambda: dom.create())
 
     def shutdown(self, name: str) -> None:
         """Ask the guest to shut down (ACPI); returns at once."""
@@ -228,7 +248,8 @@ class LibvirtConnection:
         if not self._call(name, "query state", lambda: dom.isActive()):
             return
         audit.info("%s: shutdown domain %s", self.uri, name)
-        self._call(name, "shutdown", lambda: dom.shutdown())
+        with audited("shutdown domain", self.uri, domain=name):
+            self._call(name, "shutdown", lambda: dom.shutdown())
 
     def destroy(self, name: str) -> bool:
         """Power off at once. Returns False when the domain was not running (or is gone)."""
@@ -238,7 +259,8 @@ class LibvirtConnection:
         if not self._call(name, "query state", lambda: dom.isActive()):
             return False
         audit.info("%s: destroy domain %s", self.uri, name)
-        self._call(name, "destroy", lambda: dom.destroy())
+        with audited("destroy domain", self.uri, domain=name):
+            self._call(name, "destroy", lambda: dom.destroy())
         return True
 
     def undefine(self, name: str, *, remove_storage: bool = False) -> list[str]:
@@ -254,6 +276,22 @@ class LibvirtConnection:
         flags = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
         audit.info("%s: undefine domain %s", self.uri, name)
+        with audited("undefine domain", self.uri, domain=name):
+            self._undefine(name, dom, flags)
+        removed: list[str] = []
+        for path in disks:
+            try:
+                vol = self.raw.storageVolLookupByPath(path)
+            except libvirt.libvirtError:
+                log.warning("%s: disk %s of %s is not a libvirt volume; kept", self.uri, path, name)
+                continue
+            audit.info("%s: delete volume %s of %s", self.uri, path, name)
+            with audited("delete volume", self.uri, domain=name, volume=path):
+                self._delete_volume(name, path, vol)
+            removed.append(path)
+        return removed
+
+    def _undefine(self, name: str, dom: Any, flags: int) -> None:
         try:
             self._call(name, "undefine", lambda: dom.undefineFlags(flags))
         except LibvirtError as exc:
@@ -265,17 +303,6 @@ class LibvirtConnection:
                                 VIR_ERR_OPERATION_INVALID):
                 raise
             self._call(name, "undefine", lambda: dom.undefine())
-        removed: list[str] = []
-        for path in disks:
-            try:
-                vol = self.raw.storageVolLookupByPath(path)
-            except libvirt.libvirtError:
-                log.warning("%s: disk %s of %s is not a libvirt volume; kept", self.uri, path, name)
-                continue
-            audit.info("%s: delete volume %s of %s", self.uri, path, name)
-            self._delete_volume(name, path, vol)
-            removed.append(path)
-        return removed
 
     def _delete_volume(self, name: str, path: str, vol: Any) -> None:
         self._call(name, f"delete volume {path}", lambda: vol.delete(0))
@@ -295,13 +322,15 @@ class LibvirtConnection:
         dom = self._lookup(name)
         flags = self._device_flags(name, live, config)
         audit.info("%s: attach device to %s", self.uri, name)
-        self._call(name, "attach device", lambda: dom.attachDeviceFlags(device_xml, flags))
+        with audited("attach device", self.uri, domain=name, device=device_xml):
+            self._call(name, "attach device", lambda: dom.attachDeviceFlags(device_xml, flags))
 
     def detach(self, name: str, device_xml: str, *, live: bool | None = None, config: bool = True) -> None:
         dom = self._lookup(name)
         flags = self._device_flags(name, live, config)
         audit.info("%s: detach device from %s", self.uri, name)
-        self._call(name, "detach device", lambda: dom.detachDeviceFlags(device_xml, flags))
+        with audited("detach device", self.uri, domain=name, device=device_xml):
+            self._call(name, "detach device", lambda: dom.detachDeviceFlags(device_xml, flags))
 
 
 def _disk_paths(xml: str) -> list[str]:

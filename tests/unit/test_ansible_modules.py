@@ -474,3 +474,18 @@ def test_domain_without_gpus_is_refused(conn: Any) -> None:
     res = Runner("vgpu_domain", sim("t4x2"), conn)(name="nogpu", uri="test:///default")
     assert res["failed"] is True and "at least one GPU" in res["msg"]
     assert not conn.exists("nogpu")
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"bogus": True}, "invalid domain option 'bogus'"),
+    ({"hugepages": "no"}, "domain option hugepages"),
+    ({"evdev": 5}, "domain option evdev"),
+])
+def test_domain_options_unknown_or_of_a_wrong_type_fail_cleanly(conn: Any, options: dict[str, Any],
+                                                                 fragment: str) -> None:
+    host = sim("t4x2")
+    res = Runner("vgpu_domain", host, conn)(name="opts", gpus=[{"type": "nvidia-231"}], uri="test:///default",
+                                            domain_options=options)
+    assert res["failed"] is True and fragment in res["msg"] and res.get("error") == "InvalidSpec", res
+    assert "TypeError" not in res["msg"]
+    assert not conn.exists("opts") and mdevs(host) == {}

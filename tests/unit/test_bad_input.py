@@ -172,3 +172,122 @@ def test_hostile_names_never_become_paths() -> None:
     # the validated values render only to characters that cannot leave a sysfs directory
     for v in (PciAddress.parse("3B:0.7"), MdevUuid.parse(GOOD_UUID.upper()), MdevTypeId.parse("i915-GVTg_V5_4")):
         assert re.fullmatch(r"[0-9A-Za-z:._-]+", str(v)) and ".." not in str(v)
+
+
+# ---------------------------------------------------------------- bad input at the CLI and from the host
+# Each is refused with one line on stderr and a non-zero exit, no traceback, nothing on stdout.
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], rc: int, fragment: str) -> None:
+    out, err = capsys.readouterr()
+    assert rc != 0
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("vgpuvirt: error: ") and "Traceback" not in err, err
+    assert fragment in err, err
+
+
+@pytest.mark.parametrize("disk", ["/var/lib/a\x01.qcow2", "/v\x1b[31m.img", "/v\x7f", "/v\udcff.img"])
+def test_xml_build_disk_with_a_control_character(disk: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from vgpuvirt.cli import main
+    rc = main(["xml", "build", "--template", "vdi", "--name", "vm1", "--disk", disk])
+    _one_line_error(capsys, rc, "invalid disk path")
+
+
+def test_an_xml_attribute_lxml_refuses_is_invalid_input() -> None:
+    from vgpuvirt.xml.element import make
+    with pytest.raises(InvalidSpec, match="<source> file"):
+        make("source", {"file": "/a\x02b"})
+
+
+@pytest.mark.parametrize("words", ["mdevctl 'x", 'mdevctl "x', "mdevctl \\"])
+def test_mdevctl_words_with_an_unbalanced_quote(words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from vgpuvirt.cli import main
+    _one_line_error(capsys, main(["--host", "sim:t4x2", "mdev", "--mdevctl", words, "list", "--defined"]),
+                    "invalid --mdevctl")
+
+
+def _sim_file(tmp_path: Any, kind: str) -> str:
+    import os
+    p = tmp_path / f"profile-{kind}.yaml"
+    if kind == "binary":
+        p.write_bytes(b"\xf5\x00\xff\xfe" + os.urandom(64))
+    elif kind == "huge":
+        p.write_bytes(b"name: x\n" + b"#" * (2 << 20) + b"\n")
+    elif kind == "deep":
+        p.write_text("[" * 5000 + "]" * 5000)
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "dir":
+        p.mkdir()
+    elif kind == "zero":
+        return "/dev/zero"
+    return str(p)
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("binary", "not UTF-8 text"), ("huge", "larger than"), ("deep", "nested too deeply"),
+    ("fifo", "not a regular file"), ("dir", "not a regular file"), ("zero", "not a regular file"),
+])
+def test_sim_profile_file_that_is_no_profile(tmp_path: Any, kind: str, fragment: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from vgpuvirt.cli import main
+    _one_line_error(capsys, main(["--host", f"sim:{_sim_file(tmp_path, kind)}", "inventory"]), fragment)
+
+
+class _MdevctlHost(RecordingHost):
+    """A host whose mdevctl answers ``list --defined --dumpjson`` with the given text."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def run(self, argv: Any, *, stdin: str | None = None, timeout: float | None = None,
+            idempotent: bool = False) -> Any:
+        from vgpuvirt.host.base import Result
+        self.calls.append(("run", tuple(argv)))
+        return Result(tuple(argv), 0, self.answer, "")
+
+
+@pytest.mark.parametrize("answer", ["[" * 100_000 + "]" * 100_000,
+                                    '[{"0000:3b:00.0": ' + "[" * 5000 + "]" * 5000 + "}]", "[{" * 3000, "not json"])
+def test_mdevctl_json_from_the_host_nested_or_broken(answer: str) -> None:
+    from vgpuvirt.errors import DeviceError
+    host = _MdevctlHost(answer)
+    with pytest.raises(DeviceError, match="unreadable mdevctl JSON"):
+        MdevService(host).list(defined=True)
+    assert all(kind != "apply" for kind, _ in host.calls)
+
+
+def test_mdevctl_json_of_the_real_depth_still_parses() -> None:
+    from vgpuvirt.services.mdev_state import parse_mdevctl_defined
+    text = ('[{"0000:3b:00.0": [{"a1b2c3d4-0000-4000-8000-000000000001": {"mdev_type": "nvidia-231", '
+            '"start": "auto", "attrs": [{"x": "[{\\"]"}]}}]}]')
+    assert [d.type for d in parse_mdevctl_defined(text)[MdevUuid.parse(GOOD_UUID)]] == ["nvidia-231"]
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"bogus": True}, "invalid domain option 'bogus'"),
+    ({"hugepages": "no"}, "domain option hugepages"),
+    ({"secure_boot": 1}, "domain option secure_boot"),
+    ({"threads_per_core": "2"}, "domain option threads_per_core"),
+    ({"threads_per_core": True}, "domain option threads_per_core"),
+    ({"evdev": 5}, "domain option evdev"),
+    ({"evdev": [{"device": "/dev/input/x", "bogus": 1}]}, "domain option evdev"),
+    ({"virtio_nics": [{"kind": "network", "source": "default", "speed": 10}]}, "domain option virtio_nics"),
+    ({"virtio_nics": "default"}, "domain option virtio_nics"),
+    ({"graphics": ["spice"]}, "domain option graphics"),
+])
+def test_domain_options_of_unknown_keys_or_wrong_types(options: dict[str, Any], fragment: str) -> None:
+    from vgpuvirt.provision.request import VmRequest
+    with pytest.raises(InvalidSpec, match=re.escape(fragment)):
+        VmRequest(name="vm1", options=options)
+
+
+def test_domain_options_of_the_right_types_are_accepted() -> None:
+    from vgpuvirt.provision.request import VmRequest
+    from vgpuvirt.xml import DomainOptions
+    vm = VmRequest(name="vm1", options={"hugepages": True, "graphics": None, "threads_per_core": 2,
+                                        "evdev": ["/dev/input/by-id/kbd"], "virtio_nics": [{"kind": "user"}]})
+    opts = DomainOptions.from_mapping(vm.domain_settings())
+    assert opts.hugepages is True and opts.threads_per_core == 2 and opts.evdev[0].device == "/dev/input/by-id/kbd"
+    assert opts.virtio_nics is not None and opts.virtio_nics[0].kind == "user"

@@ -211,8 +211,8 @@ def test_bad_ops_refused_at_construction(make: object) -> None:
 _LOCKED_APPLY = """
 import sys
 from vgpuvirt.host import LocalHost, Op
-root, lock, path, value = sys.argv[1:]
-h = LocalHost(root, lock_path=lock)
+root, lock, log, path, value = sys.argv[1:]
+h = LocalHost(root, lock_path=lock, audit_path=log)
 print("ready", flush=True)
 r = h.apply([Op.write(path, value)])
 print("done", r.ok, r.lock_wait_s, flush=True)
@@ -224,7 +224,8 @@ def test_flock_serializes_batches_across_processes(tree: Path, tmp_path: Path) -
     attr = f"{DEV}/0000:3b:00.0/avail"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another vgpuvirt holds the host lock
-    proc = subprocess.Popen([sys.executable, "-c", _LOCKED_APPLY, str(tree), str(lock), attr, "42"],
+    proc = subprocess.Popen([sys.executable, "-c", _LOCKED_APPLY, str(tree), str(lock),
+                             str(tmp_path / "log" / "audit.jsonl"), attr, "42"],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -12,11 +12,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import VgpuvirtError
 
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
-SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "sim")
+SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
+               "sim")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,17 +45,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _PlainFormatter(logging.Formatter):
+    """Log messages carry host text too (agent stderr, kernel messages): written inert, like every line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PlainFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     ctx = Context(args)
     try:
         rc: int = args.func(ctx, args)
         return rc
     except VgpuvirtError as exc:
-        print(f"vgpuvirt: error: {exc}", file=sys.stderr)
+        print(printable(f"vgpuvirt: error: {exc}"), file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services.mutation import Change
 
@@ -55,4 +55,4 @@ def emit(ctx: Context, ch: Change) -> None:
         ctx.emit_json(ch.to_dict())
         return
     for line in _lines(ch):
-        print(line)
+        print(printable(line))

@@ -1,14 +1,42 @@
-"""What every subcommand gets: the parsed global options, a lazily opened Host, output helpers."""
+"""What every subcommand gets: the parsed global options, a lazily opened Host, output helpers.
+
+Text from a host (type names, descriptions, driver names, product strings, kernel and agent messages) is
+data, not terminal input: everything the CLI prints goes through :func:`printable` (print/stderr) or
+:func:`plain` (rich), so a host file cannot inject rich markup (``[/x]`` crashed ``types``), colours, cursor
+moves, OSC-8 hyperlinks or bidi overrides into the user's terminal.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.hosts import open_host
+
+# C0, DEL, C1 (ESC, CSI, OSC, ST...), and the line/paragraph separators and bidi embeddings, overrides and
+# isolates that reorder what the reader sees ("Trojan Source").
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(value: object) -> str:
+    """``str(value)`` with every control character written as an escape (``\\x1b``, ``\\u202e``): one line,
+    inert on any terminal. For plain ``print`` and stderr lines."""
+    return _UNSAFE.sub(_escape_char, str(value))
+
+
+def plain(value: object) -> str:
+    """:func:`printable` with rich markup escaped too: for host text inside a rich ``print`` or table cell."""
+    from rich.markup import escape
+    return escape(printable(value))
 
 
 class Context:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.services.inventory import Inventory, class_name, inventory, type_capacity
 
 
@@ -56,7 +56,7 @@ def render(console: Any, inv: Inventory) -> None:
 
     iommu = "[green]on[/]" if inv.iommu_enabled else "[bold red]OFF[/]"
     drv = f", NVIDIA driver {inv.nvidia_driver_version}" if inv.nvidia_driver_version else ""
-    console.print(f"[bold]{inv.host}[/]: {len(inv.gpus)} GPU(s), IOMMU {iommu}{drv}")
+    console.print(f"[bold]{plain(inv.host)}[/]: {len(inv.gpus)} GPU(s), IOMMU {iommu}{plain(drv)}")
 
     t = Table(title="GPUs", title_justify="left")
     for col in ("address", "vendor / name", "driver", "backend", "mode", "NUMA", "group", "VFs", "vGPUs", "reset"):
@@ -66,8 +66,9 @@ def render(console: Any, inv: Inventory) -> None:
         name = g.name or f"{g.vendor_name or g.vendor} {g.device}"
         vfs = f"{g.sriov_numvfs or 0}/{g.sriov_totalvfs}" if g.sriov_totalvfs else "-"
         use = str(g.vgpus_in_use) if g.backend not in ("passthrough", "sriov-vf") else (g.domain or "-")
-        t.add_row(str(g.address), name, _opt(g.driver), g.backend, modes.get(g.address, "-"), _opt(g.numa_node),
-                  _opt(g.iommu_group), vfs, use, " ".join(g.reset_methods or []) or "-")
+        t.add_row(*map(plain, (g.address, name, _opt(g.driver), g.backend, modes.get(g.address, "-"),
+                               _opt(g.numa_node), _opt(g.iommu_group), vfs, use,
+                               " ".join(g.reset_methods or []) or "-")))
     console.print(t)
 
     rows = type_capacity(inv)
@@ -79,7 +80,7 @@ def render(console: Any, inv: Inventory) -> None:
             free = f"{r.available}{'' if r.exact else '*'}/{_opt(r.max_instances)}"
             style = "dim" if r.available == 0 else None
             series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
-            tt.add_row(r.parent, r.id, _opt(r.name), free, str(r.in_use), _opt(r.framebuffer_mib), series,
+            tt.add_row(*map(plain, (r.parent, r.id, _opt(r.name), free, r.in_use, _opt(r.framebuffer_mib), series)),
                        style=style)
         console.print(tt)
 
@@ -93,8 +94,8 @@ def render(console: Any, inv: Inventory) -> None:
         for pf, members in sorted(by_pf.items()):
             configured = [f"{m.address}={m.current_type_name or m.current_type}" for m in members if m.current_type]
             offered = len({c.id for m in members for c in m.creatable_types})
-            vt.add_row(pf, str(len(members)), ", ".join(configured) or "-",
-                       str(sum(1 for m in members if not m.current_type)), str(offered))
+            vt.add_row(*map(plain, (pf, len(members), ", ".join(configured) or "-",
+                                    sum(1 for m in members if not m.current_type), offered)))
         console.print(vt)
 
     if inv.mdevs:
@@ -102,8 +103,8 @@ def render(console: Any, inv: Inventory) -> None:
         for col in ("uuid", "parent", "type", "domain"):
             mt.add_column(col)
         for m in inv.mdevs:
-            dom = m.domain or ("[yellow]orphan[/]" if m.orphan else "-")
-            mt.add_row(str(m.uuid), _opt(m.parent), _opt(m.type), dom)
+            dom = plain(m.domain) if m.domain else ("[yellow]orphan[/]" if m.orphan else "-")
+            mt.add_row(plain(m.uuid), plain(_opt(m.parent)), plain(_opt(m.type)), dom)
         console.print(mt)
 
     gpu_groups = {g.iommu_group for g in inv.gpus if g.iommu_group is not None}
@@ -115,12 +116,13 @@ def render(console: Any, inv: Inventory) -> None:
             members = []
             for a in inv.iommu_groups.get(gid, []):
                 d = inv.device(a)
-                members.append(f"{a} ({class_name(d.pci_class if d else None)}, {_opt(d.driver if d else None)})")
-            gt.add_row(str(gid), "\n".join(members))
+                members.append(plain(f"{a} ({class_name(d.pci_class if d else None)}, "
+                                     f"{_opt(d.driver if d else None)})"))
+            gt.add_row(plain(gid), "\n".join(members))
         console.print(gt)
 
     for g in inv.gpus:
         for note in g.notes:
-            console.print(f"[cyan]note[/]: GPU {g.address}: {note}")
+            console.print(f"[cyan]note[/]: GPU {plain(g.address)}: {plain(note)}")
     for w in inv.warnings:
-        console.print(f"[bold yellow]warning[/]: {w}")
+        console.print(f"[bold yellow]warning[/]: {plain(w)}")

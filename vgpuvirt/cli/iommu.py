@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.durable import write_new_file
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services import iommu
 from vgpuvirt.services.iommu import AssignabilityReport, BindingRecord
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr = verbs.add_parser("prepare", help="bind every endpoint of the devices' IOMMU groups to vfio-pci")
     pr.add_argument("addresses", nargs="+", metavar="ADDR")
     pr.add_argument("--for-domain", default=None)
-    pr.add_argument("--record", default=None, metavar="FILE", help="write the original-driver record here")
+    pr.add_argument("--record", default=None, metavar="FILE",
+                    help="write the original-driver record to this new file, durably, before binding")
     add_common(pr, domains=True)
     pr.set_defaults(func=_prepare)
     r = verbs.add_parser("release", help="give devices back to their original drivers")
@@ -36,17 +38,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _print_report(rep: AssignabilityReport) -> None:
-    print(f"{rep.host}: IOMMU {'on' if rep.iommu_enabled else 'OFF'}: "
-          f"{'assignable' if rep.assignable else 'NOT assignable'}")
+    lines = [f"{rep.host}: IOMMU {'on' if rep.iommu_enabled else 'OFF'}: "
+             f"{'assignable' if rep.assignable else 'NOT assignable'}"]
     for d in rep.devices:
-        print(f"  {d.address} group {d.group} driver={d.driver or '-'} reset={','.join(d.reset_methods or []) or '-'}")
-        for m in d.members:
-            if m.address != d.address:
-                print(f"    {m.address} {m.role:9} driver={m.driver or '-'} {m.note}")
-    for r in rep.reasons:
-        print(f"  BLOCKED: {r}")
-    for w in rep.warnings:
-        print(f"  warning: {w}")
+        lines.append(f"  {d.address} group {d.group} driver={d.driver or '-'} "
+                     f"reset={','.join(d.reset_methods or []) or '-'}")
+        lines += [f"    {m.address} {m.role:9} driver={m.driver or '-'} {m.note}"
+                  for m in d.members if m.address != d.address]
+    lines += [f"  BLOCKED: {r}" for r in rep.reasons]
+    lines += [f"  warning: {w}" for w in rep.warnings]
+    for line in lines:  # driver names and notes are host text
+        print(printable(line))
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:
@@ -59,10 +61,11 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _prepare(ctx: Context, args: argparse.Namespace) -> int:
+    def keep(record: BindingRecord) -> None:
+        write_new_file(args.record, json.dumps(record.to_dict(), indent=2) + "\n")
+
     ch, record = iommu.prepare(ctx.host(), args.addresses, domains=domains(args), for_domain=args.for_domain,
-                               dry_run=args.dry_run)
-    if args.record and not args.dry_run:
-        Path(args.record).write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+                               dry_run=args.dry_run, before_change=keep if args.record else None)
     if ctx.json:
         ctx.emit_json({**ch.to_dict(), "record": record.to_dict()})
     else:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
+import sys
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
-from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService
+from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import InvalidSpec, TransportError
+from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService, MdevSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = verbs.add_parser("create", help="create an mdev (given or generated UUID)")
     c.add_argument("--parent", required=True, help="parent PCI address, e.g. 0000:3b:00.0")
     c.add_argument("--type", required=True, dest="type_id", help="mdev type id, e.g. nvidia-231")
-    c.add_argument("--uuid", default=None, help="UUID (default: a new random one)")
+    c.add_argument("--uuid", default=None,
+                   help="UUID (default: a new random one, printed before the request is sent)")
     c.add_argument("--persist", choices=PERSIST_CHOICES, default="transient",
                    help="persistent: also `mdevctl define --auto` (comes back at boot)")
     add_common(c)
@@ -53,13 +57,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _svc(ctx: Context, args: argparse.Namespace) -> MdevService:
-    return MdevService(ctx.host(), mdevctl=shlex.split(args.mdevctl))
+    try:
+        words = shlex.split(args.mdevctl)
+    except ValueError as exc:    # an unbalanced quote
+        raise InvalidSpec("--mdevctl", args.mdevctl, f"words in shell quoting ({exc})") from exc
+    return MdevService(ctx.host(), mdevctl=words)
 
 
 def _create(ctx: Context, args: argparse.Namespace) -> int:
-    emit(ctx, _svc(ctx, args).create(args.parent, args.type_id, args.uuid, persist=args.persist,
-                                     dry_run=args.dry_run))
+    # The UUID is chosen here and shown BEFORE the request leaves: if the link drops after the host
+    # ran the create, the rerun with --uuid finds that device instead of making a second one.
+    spec = MdevSpec.of(args.parent, args.type_id, args.uuid)
+    if args.uuid is None and not args.dry_run:
+        _announce(ctx, spec)
+    try:
+        ch = _svc(ctx, args).create(spec.parent, spec.type, spec.uuid, persist=args.persist, dry_run=args.dry_run)
+    except TransportError as exc:
+        raise TransportError(exc.host, f"{str(exc).removeprefix(f'{exc.host}: ')} (rerun: --uuid {spec.uuid})") from exc
+    emit(ctx, ch)
     return 0
+
+
+def _announce(ctx: Context, spec: MdevSpec) -> None:
+    """The intent line: on stdout for people, as one JSON line on stderr with --json (stdout stays one
+    JSON object)."""
+    if ctx.json:
+        print(json.dumps({"intent": "mdev.create", "uuid": str(spec.uuid), "parent": str(spec.parent),
+                          "type": str(spec.type), "rerun": f"--uuid {spec.uuid}"}), file=sys.stderr, flush=True)
+    else:
+        print(f"creating mdev {spec.uuid} ({spec.type} on {spec.parent}); if this run is cut off, "
+              f"rerun with --uuid {spec.uuid}", flush=True)
 
 
 def _remove(ctx: Context, args: argparse.Namespace) -> int:
@@ -88,5 +115,5 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     for r in records:
         state = "active" if r.active else "inactive"
         extra = f" defined({r.start})" if r.defined else ""
-        print(f"{r.uuid} {r.parent} {r.type} {state}{extra}")
+        print(printable(f"{r.uuid} {r.parent} {r.type} {state}{extra}"))
     return 0

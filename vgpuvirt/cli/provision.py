@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from vgpuvirt.cli.context import plain, printable
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.hosts import open_host
@@ -125,7 +126,7 @@ def print_explain(ctx: Any, plan: Plan) -> None:
         t.add_column(col)
     for c in plan.explain:
         style = {"chosen": "green", "eligible": "", "skipped": "dim"}[c.verdict]
-        t.add_row(c.vm, c.host, c.gpu, c.verdict, c.reason, style=style)
+        t.add_row(*map(plain, (c.vm, c.host, c.gpu, c.verdict, c.reason)), style=style)
     ctx.console().print(t)
 
 
@@ -136,8 +137,9 @@ def print_summary(ctx: Any, rows: list[dict[str, Any]], seconds: float | None) -
     for col in ("VM", "host", "GPU", "type", "device", "status"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["vm"], r["host"], r["gpu"] or "-",
-                  f"{r['type']} ({r['type_name']})" if r["type"] else "-", r["device"] or "-", r["status"])
+        t.add_row(*map(plain, (r["vm"], r["host"], r["gpu"] or "-",
+                               f"{r['type']} ({r['type_name']})" if r["type"] else "-", r["device"] or "-",
+                               r["status"])))
     con = ctx.console()
     con.print(t)
     if seconds is not None:
@@ -158,7 +160,7 @@ def run(ctx: Any, args: argparse.Namespace, *, dry_run: bool) -> int:
 
         def tick(host: str, step: Step) -> None:
             if bar is not None and task:
-                bar.update(task[0], advance=1, last=step.describe())
+                bar.update(task[0], advance=1, last=plain(step.describe()))
 
         try:
             result = provision(hosts, conns, vms, policy=args.policy, heterogeneous=args.heterogeneous,
@@ -170,7 +172,7 @@ def run(ctx: Any, args: argparse.Namespace, *, dry_run: bool) -> int:
                 con = ctx.console()
                 con.print("[red]provisioning failed; rolled back:[/red]")
                 for line in exc.rollback:
-                    con.print(f"  - {line}")
+                    con.print(f"  - {plain(line)}")
             raise
     if ctx.json:
         ctx.emit_json(result.to_dict())
@@ -178,7 +180,8 @@ def run(ctx: Any, args: argparse.Namespace, *, dry_run: bool) -> int:
     if args.explain:
         print_explain(ctx, result.plan)
     if dry_run:
-        ctx.console().print(result.plan.format(), markup=False)
+        ctx.console().print("\n".join(printable(line) for line in result.plan.format().splitlines()),
+                            markup=False)
         return 0
     print_summary(ctx, result.rows(), result.applied.seconds if result.applied else None)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.errors import InvalidSpec
 
 
@@ -42,7 +42,7 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     else:
         con = ctx.console()
         for r in rows:
-            con.print(f"{r['name']:<14} {r['description']}")
+            con.print(plain(f"{r['name']:<14} {r['description']}"))
     return 0
 
 
@@ -69,14 +69,15 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit_json(info)
         return 0
     con = ctx.console()
-    con.print(f"{info['name']}: {info['description']}")
+    con.print(plain(f"{info['name']}: {info['description']}"))
     con.print(f"  PCI devices {info['pci_devices']}, IOMMU {'on' if info['iommu'] else 'off'} "
               f"({info['iommu_groups']} groups), NUMA nodes {info['numa_nodes']}, mdev parents "
               f"{info['mdev_parents']}, mdevs {info['mdevs']}")
     for g in info["gpus"]:
         vfs = f", VFs {g['vfs']}/{g['sriov_totalvfs']}" if g["sriov_totalvfs"] else ""
         mig = f", MIG on ({len(g['gpu_instances'])} GIs)" if g["mig_enabled"] else ""
-        con.print(f"  {g['address']} {g['product']}: {g['mode']} ({g['types']} types of {g['type_table']}){vfs}{mig}")
+        con.print(plain(f"  {g['address']} {g['product']}: {g['mode']} ({g['types']} types of {g['type_table']})"
+                        f"{vfs}{mig}"))
     return 0
 
 
@@ -89,7 +90,7 @@ def _materialize(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.json:
         ctx.emit_json({"profile": args.profile, "sysfs_root": dest, "entries": n})
     else:
-        ctx.console().print(f"{n} entries written; use --sysfs-root {dest}")
+        ctx.console().print(plain(f"{n} entries written; use --sysfs-root {dest}"))
     return 0
 
 
@@ -103,7 +104,7 @@ def _mount(ctx: Context, args: argparse.Namespace) -> int:
         if ctx.json:
             ctx.emit_json({"profile": args.profile, "mountpoint": mnt, "pid": pid})
         else:
-            ctx.console().print(f"mounted {args.profile} on {mnt} (pid {pid}); --sysfs-root {mnt}")
+            ctx.console().print(plain(f"mounted {args.profile} on {mnt} (pid {pid}); --sysfs-root {mnt}"))
         return 0
     if args.pid_file:
         raise InvalidSpec("--pid-file", args.pid_file, "only with --background")

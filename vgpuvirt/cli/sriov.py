@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vgpuvirt.cli.changes import add_common, domains, emit
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.services.sriov import SriovService
 
 
@@ -50,7 +50,8 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit_json([p.to_dict() for p in pfs])
         return 0
     for p in pfs:
-        print(f"{p.address} driver={p.driver or '-'} VFs {p.num_vfs}/{p.total_vfs}")
+        print(printable(f"{p.address} driver={p.driver or '-'} VFs {p.num_vfs}/{p.total_vfs}"))
         for v in p.vfs:
-            print(f"  virtfn{v.index} {v.address} driver={v.driver or '-'}{' in use: ' + v.in_use if v.in_use else ''}")
+            print(printable(f"  virtfn{v.index} {v.address} driver={v.driver or '-'}"
+                            f"{' in use: ' + v.in_use if v.in_use else ''}"))
     return 0

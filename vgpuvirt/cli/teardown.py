@@ -1,5 +1,7 @@
-"""``vgpuvirt teardown``: destroy + undefine VMs that vgpuvirt made and remove their vGPUs (disks kept
-unless --remove-storage). Domains vgpuvirt did not create are left alone.
+"""``vgpuvirt teardown``: destroy VMs that vgpuvirt made, remove their vGPUs, then undefine them (disks
+kept unless --remove-storage). Domains vgpuvirt did not create are left alone; a vGPU that is not provably
+the VM's, or that another domain uses, is left and named; a VM whose vGPU could not be removed stays
+defined so that a rerun finishes.
 
     vgpuvirt --host sim:t4x2 teardown --connect test:///default vm-001 vm-002
     vgpuvirt teardown --host ssh://root@gpu1 --host ssh://root@gpu2 --pattern 'vdi-*'
@@ -11,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from vgpuvirt.cli.context import plain, printable
 from vgpuvirt.cli.provision import add_target_args, open_targets, progress_bar
 
 
@@ -26,7 +29,7 @@ def run(ctx: Any, args: argparse.Namespace) -> int:
 
         def tick(host: str, name: str) -> None:
             if bar is not None:
-                bar.update(task, advance=1, last=name)
+                bar.update(task, advance=1, last=plain(name))
 
         result = teardown(hosts, conns, args.names or None, patterns=args.pattern or (),
                           remove_storage=args.remove_storage, dry_run=args.dry_run, progress=tick)
@@ -35,13 +38,13 @@ def run(ctx: Any, args: argparse.Namespace) -> int:
     else:
         con = ctx.console()
         for line in result.removed:
-            con.print(f"- {line}", markup=False)
+            con.print(f"- {printable(line)}", markup=False)
         for line in result.skipped:
-            con.print(f"  {line}", markup=False, style="dim")
+            con.print(f"  {printable(line)}", markup=False, style="dim")
         for line in result.failed:
-            con.print(f"! {line}", markup=False, style="red")
+            con.print(f"! {printable(line)}", markup=False, style="red")
     if result.failed:
-        print(f"vgpuvirt: error: teardown left {len(result.failed)} item(s) in place: {result.failed[0]}",
+        print(printable(f"vgpuvirt: error: teardown left {len(result.failed)} item(s) in place: {result.failed[0]}"),
               file=sys.stderr)
         return 1
     return 0

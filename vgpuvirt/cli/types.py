@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.cli.inventory import add_common_options, collect
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.inventory import type_capacity
@@ -35,16 +35,17 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     console = ctx.console()
     if not rows:
         what = f" on {parent}" if parent else ""
-        console.print(f"no {'available ' if args.available else ''}vGPU types{what}")
+        console.print(f"no {'available ' if args.available else ''}vGPU types{plain(what)}")
         return 0
-    t = Table(title=f"{inv.host}: vGPU types", title_justify="left")
+    t = Table(title=f"{plain(inv.host)}: vGPU types", title_justify="left")
     for col in ("parent", "backend", "type", "name", "free", "max", "in use", "FB MiB", "series"):
         t.add_column(col, no_wrap=col in ("parent", "type"))
     for r in rows:
         series = (r.series or "-") + (f" MIG {r.gi_profile}" if r.mig_backed else "")
-        t.add_row(r.parent, r.backend, r.id, r.name or "-", str(r.available) + ("" if r.exact else " (host)"),
-                  "-" if r.max_instances is None else str(r.max_instances), str(r.in_use),
-                  "-" if r.framebuffer_mib is None else str(r.framebuffer_mib), series,
+        t.add_row(*map(plain, (r.parent, r.backend, r.id, r.name or "-",
+                               str(r.available) + ("" if r.exact else " (host)"),
+                               "-" if r.max_instances is None else r.max_instances, r.in_use,
+                               "-" if r.framebuffer_mib is None else r.framebuffer_mib, series)),
                   style="dim" if r.available == 0 else None)
     console.print(t)
     return 0

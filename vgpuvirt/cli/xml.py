@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vgpuvirt.cli.context import printable
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError, XmlError
 from vgpuvirt.model import MacAddress, MdevUuid, PciAddress, parse_cpulist
 
@@ -134,9 +135,9 @@ def _lint(ctx: Any, args: argparse.Namespace) -> int:
         ctx.emit_json({"file": args.file, "ok": not problems, "problems": problems})
     else:
         for line in problems:
-            print(f"{args.file}: {line}")
+            print(printable(f"{args.file}: {line}"))
         if not problems:
-            print(f"{args.file}: ok")
+            print(printable(f"{args.file}: ok"))
     return 1 if problems else 0
 
 
@@ -160,5 +161,5 @@ def _devices(ctx: Any, args: argparse.Namespace) -> int:
     else:
         for r in rows:
             extra = " ".join(f"{k}={v}" for k, v in r.items() if k not in ("kind", "source", "guest_address"))
-            print(f"{r['kind']:7} {r['source']:38} guest={r['guest_address'] or '-'} {extra}".rstrip())
+            print(printable(f"{r['kind']:7} {r['source']:38} guest={r['guest_address'] or '-'} {extra}".rstrip()))
     return 0

@@ -56,6 +56,10 @@ class PathRefused(Exception):
     pass
 
 
+class Escape(OSError):
+    """A path that resolves outside the sysfs root (a symlink leads out): refused, never opened."""
+
+
 def check_path(path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise PathRefused("path must be absolute: %r" % (path,))
@@ -65,33 +69,124 @@ def check_path(path: str) -> str:
     return path
 
 
+_NOFOLLOW_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
 class OsFs:
-    """The real filesystem below ``root``."""
+    """The real filesystem below ``root``, confined to it.
+
+    Real sysfs is full of symlinks that stay inside it (``/sys/bus/pci/devices/X ->
+    ../../../devices/pci0000:00/X``), so links are followed, but only to places inside ``root``: each
+    directory a path passes through is resolved once per request (none for a directory a listing showed
+    to be one; else one ``readlink``, a link's target resolved through the same cache) and one that lands
+    outside raises :class:`Escape` (``EXDEV``). The final
+    component is never followed: reads report a link as a link, writes open it ``O_NOFOLLOW``, and a write
+    opens its directory first and checks where that really is (``/proc/self/fd``) before opening the
+    attribute relative to it, so a directory swapped for a link after the check is caught too.
+    A root of ``/`` needs none of this: every path is inside it.
+    """
 
     def __init__(self, root: str = "/") -> None:
         self.root = os.path.abspath(root)
+        self.confined = self.root != "/"
+        real = os.path.realpath(self.root)
+        self._inside = real.rstrip("/") + "/"
+        #: host directory ("" is the root, "/sys/bus") -> where it really is, checked to be inside the root
+        self._dirs = {"": real.rstrip("/")}  # type: Dict[str, str]
+
+    def forget(self) -> None:
+        """Drop resolved directories (after writes: directories come and go, e.g. an mdev's)."""
+        del_keys = [k for k in self._dirs if k]
+        for k in del_keys:
+            del self._dirs[k]
+
+    def _escape(self, path: str, real: str) -> Escape:
+        exc = Escape(_errno.EXDEV, "%s resolves to %s, outside the sysfs root %s (a symbolic link leads "
+                     "out of it): refused" % (path, real, self.root))
+        exc.real = real  # type: ignore[attr-defined]
+        return exc
+
+    def _dir(self, d: str, hops: int = 0) -> str:
+        """Where host directory ``d`` really is; :class:`Escape` when that is outside the root."""
+        real = self._dirs.get(d)
+        if real is not None:
+            return real
+        parent, _, name = d.rpartition("/")
+        preal = self._dir(parent, hops)
+        real = preal + "/" + name
+        try:
+            link = os.readlink(real)   # one call tells a link (its target) from a directory (EINVAL)
+        except OSError as exc:
+            if exc.errno != _errno.EINVAL:
+                raise
+            link = None
+        if link is not None:
+            if hops >= 40:
+                raise OSError(_errno.ELOOP, os.strerror(_errno.ELOOP), d)
+            # ``preal`` has no links in it, so the target's ".." can be taken lexically; what the target
+            # names is then resolved the same way, through the cache (sysfs links share long prefixes:
+            # realpath() would lstat every component of each one again).
+            target = _join(preal, link)
+            if not (target + "/").startswith(self._inside):
+                raise self._escape(d, target)
+            real = self._dir(target[len(self._inside) - 1:] if target + "/" != self._inside else "", hops + 1)
+        self._dirs[d] = real
+        return real
+
+    def _at(self, path: str) -> str:
+        """``path`` below the root, its directories resolved and checked, its last component not followed."""
+        if not self.confined:
+            return path
+        if path == "/":
+            return self._dirs[""]
+        parent, _, name = path.rpartition("/")
+        try:
+            return self._dir(parent) + "/" + name
+        except Escape as exc:   # named after the path asked for, not the directory that leads out
+            raise self._escape(path, getattr(exc, "real", "?") + "/" + name) from None
 
     def real(self, path: str) -> str:
         check_path(path)
-        if self.root == "/":
-            return path
-        return self.root + path if path != "/" else self.root
-
-    def _fast(self, path: str) -> str:
-        # Paths reaching here were built from validated patterns plus names from listdir (no '/', never
-        # '.' or '..'), so they are not re-validated: that check was a fifth of a large inventory's time.
-        return path if self.root == "/" else self.root + path
+        return self._at(path)
 
     def listdir(self, path: str) -> "List[str]":
-        return os.listdir(self._fast(path))
+        if not self.confined:
+            return os.listdir(path)
+        d = "" if path == "/" else path.rstrip("/")
+        real = self._dir(d)
+        # The listing's d_type tells which entries are plain directories: they need no lstat of their own
+        # when a path goes through them (an inventory goes through ~6,000 type directories).
+        names = []
+        dirs = self._dirs
+        with os.scandir(real) as it:
+            for entry in it:
+                name = entry.name
+                names.append(name)
+                if entry.is_dir(follow_symlinks=False):
+                    dirs[d + "/" + name] = real + "/" + name
+        return names
 
-    def read_entry(self, path: str) -> "Optional[List[Any]]":
-        """One open(O_NOFOLLOW) tells file, directory or symlink apart; a file costs open+read+close."""
-        real = self._fast(path)
+    def real_prefix(self, prefix: str) -> str:
+        """Where the directory ``prefix`` (ending in "/") really is, with a "/": the walk reads many
+        files below one directory and resolves it once for all of them."""
+        return self._dir(prefix[:-1]) + "/"
+
+    def read_entry(self, path: str, real: "Optional[str]" = None) -> "Optional[List[Any]]":
+        """One open(O_NOFOLLOW) tells file, directory or symlink apart; a file costs open+read+close.
+
+        ``real``: where ``path`` is, from :meth:`real_prefix`.
+        """
+        # Paths reaching here were built from validated patterns plus names from listdir (no '/', never
+        # '.' or '..'), so they are not re-validated: that check was a fifth of a large inventory's time.
+        if real is None:
+            real = path
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if real is path and self.confined:
+                parent, _, name = path.rpartition("/")
+                real = (self._dirs.get(parent) or self._dir(parent)) + "/" + name
+            fd = os.open(real, _NOFOLLOW_READ)
         except OSError as exc:
-            if exc.errno == _errno.ELOOP:
+            if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
                 try:
                     return ["l", os.readlink(real), None]
                 except OSError as exc2:
@@ -121,9 +216,11 @@ class OsFs:
             os.close(fd)
 
     def kind(self, path: str) -> "Optional[str]":
-        """'l' symlink, 'd' directory, 'f' anything else, None if absent."""
+        """'l' symlink, 'd' directory, 'f' anything else, None if absent; :class:`Escape` out of the root."""
         try:
             st = os.lstat(self.real(path))
+        except Escape:
+            raise
         except OSError:
             return None
         import stat
@@ -133,14 +230,14 @@ class OsFs:
             return "d"
         return "f"
 
-    def exists(self, path: str) -> bool:
-        return os.path.exists(self.real(path))
-
     def readlink(self, path: str) -> str:
         return os.readlink(self.real(path))
 
     def read(self, path: str) -> str:
-        fd = os.open(self.real(path), os.O_RDONLY)
+        try:
+            fd = os.open(self.real(path), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise _no_link(exc, path, "read") from None
         try:
             chunks = []  # type: List[bytes]
             total = 0
@@ -156,15 +253,126 @@ class OsFs:
 
     def write(self, path: str, value: str) -> None:
         # sysfs attributes take exactly one write(2); O_TRUNC as the shell's '>' does (sysfs ignores it,
-        # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file.
-        fd = os.open(self.real(path), os.O_WRONLY | os.O_TRUNC)
+        # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file;
+        # O_NOFOLLOW: a write never goes through a link (sysfs attributes are plain files).
+        flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW
+        check_path(path)
+        try:
+            if not self.confined:
+                fd = os.open(path, flags)
+            else:
+                parent, name = self._at(path).rsplit("/", 1)[0], path.rpartition("/")[2]
+                dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    where = _fd_path(dfd)
+                    if where is not None and not (where + "/").startswith(self._inside):
+                        raise self._escape(path, where + "/" + name)
+                    fd = os.open(name, flags, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
+        except OSError as exc:
+            raise _no_link(exc, path, "write") from None
         try:
             os.write(fd, value.encode("utf-8"))
         finally:
             os.close(fd)
 
 
+def _join(base: str, link: str) -> str:
+    """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
+    if link[:1] != "/":
+        while link[:3] == "../":
+            base, link = base[:base.rfind("/")], link[3:]
+        link = base + "/" + link
+    if "/." in link or "//" in link or link.endswith("/"):
+        link = os.path.normpath(link)
+    return link
+
+
+def _no_link(exc: OSError, path: str, what: str) -> OSError:
+    """O_NOFOLLOW's ELOOP said as what it means."""
+    if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
+        return OSError(_errno.ELOOP, "%s is a symbolic link: vgpuvirt does not %s through one" % (path, what))
+    return exc
+
+
+def _fd_path(fd: int) -> "Optional[str]":
+    """Where an open directory really is (None without /proc: the check made by resolving it stands)."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+
+
+class UnsafeState(Exception):
+    """The lock's (or the audit log's) directory or file cannot be trusted: refused, with the reason."""
+
+
+def open_state_dir(path: str) -> int:
+    """An fd of directory ``path``, made 0700 if missing, after checking that only we can write there.
+
+    The lock and the audit log live in such a directory (``/run/vgpuvirt``, ``/var/log/vgpuvirt``): one
+    that another user owns, that others may write, or that is a link, could let another local user hold
+    the lock, fill or forge the log, or redirect either. Such a directory is refused, never repaired.
+    """
+    path = os.path.abspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        try:
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    except OSError as exc:
+        raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafeState("%s is a symbolic link: refusing to keep vgpuvirt's lock or log there "
+                              "(remove the link)" % path) from None
+        raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = "is owned by uid %d, not by uid %d that runs vgpuvirt here" % (st.st_uid, os.geteuid())
+    elif st.st_mode & 0o022:
+        problem = "is group- or world-writable (mode %04o)" % (st.st_mode & 0o7777)
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeState("%s %s: refusing to keep vgpuvirt's lock or log there (make it a directory of "
+                          "its own, mode 0700, or remove it)" % (path, problem))
+    return fd
+
+
+def open_state_file(path: str, flags: int) -> int:
+    """``path`` (its directory checked by :func:`open_state_dir`) opened or created 0600, never through a link."""
+    dfd = open_state_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        try:
+            fd = os.open(os.path.basename(path), flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == _errno.ELOOP:
+                raise UnsafeState("%s is a symbolic link: refused (remove it)" % path) from None
+            raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o170000 != 0o100000:
+        os.close(fd)
+        raise UnsafeState("%s is not a plain file owned by uid %d: refused" % (path, os.geteuid()))
+    return fd
+
+
 class FlockLocker:
+    """The host-side lock: an exclusive flock on a file in a directory only we can write (see open_state_dir)."""
+
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
@@ -172,10 +380,7 @@ class FlockLocker:
 
     def __enter__(self) -> "FlockLocker":
         import fcntl
-        d = os.path.dirname(self.path)
-        if d and not os.path.isdir(d):
-            os.makedirs(d, 0o755)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = open_state_file(self.path, os.O_RDWR)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -220,7 +425,11 @@ class _Guard:
         self.rel = rel
 
     def admits(self, fs: "Any", path: str) -> bool:
-        return (fs.kind(path + "/" + self.rel) is not None) == self.present
+        try:
+            there = fs.kind(path + "/" + self.rel) is not None
+        except OSError:   # out of the sysfs root (Escape): not there
+            there = False
+        return there == self.present
 
 
 def _split_component(part: str) -> "tuple[str, Optional[_Guard]]":
@@ -334,6 +543,8 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
         def read(path: str) -> "Optional[List[Any]]":
             return _slow_read_entry(fs, path)
     listdir = fs.listdir
+    # a confined OsFs resolves a directory once for all the files read below it (see OsFs.real_prefix)
+    real_prefix = getattr(fs, "real_prefix", None) if getattr(fs, "confined", False) else None
     deferred = [] if workers > 1 else None  # type: Optional[List[Any]]
 
     def visit(node: "Dict[str, Any]", path: str) -> None:
@@ -351,8 +562,10 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
         if magic:
             try:
                 names = sorted(listdir(prefix[:-1] or "/"))
-            except OSError:
+            except OSError as exc:
                 names = []
+                if exc.errno == _errno.EXDEV and prefix[:-1] not in out:   # out of the root: say so
+                    out[prefix[:-1]] = ["e", None, _errno.EXDEV]
             listed = set(names)
             split = deferred is not None and len(names) >= SPLIT_MIN
             taken = set()  # type: set[int]  # {1?...} patterns that already have their match
@@ -372,6 +585,7 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
                         deferred.append((child, prefix + name))  # type: ignore[union-attr]
                     else:
                         visit(child, prefix + name)
+        base = None  # type: Optional[str]
         for name, child in node.get(_LITERAL_KEY, ()):
             # The listing made for the wildcards already says which plain names exist: an absent
             # attribute (boot_vga on a VF, sriov_* on a non-SR-IOV device) costs no open.
@@ -380,7 +594,15 @@ def read_entries(fs: "Any", patterns: "List[str]", out: "Dict[str, Any]", worker
             if len(child) == 1 and _TERMINAL in child:    # a leaf: the common case, read inline
                 path = prefix + name
                 if path not in out:
-                    entry = read(path)
+                    if real_prefix is not None:
+                        if base is None:
+                            try:
+                                base = real_prefix(prefix)
+                            except OSError:   # absent, or out of the root: read_entry says which, per file
+                                base = ""
+                        entry = read(path, base + name) if base else read(path)   # type: ignore[call-arg]
+                    else:
+                        entry = read(path)
                     if entry is not None:
                         out[path] = entry
             else:
@@ -466,6 +688,13 @@ def _read_in_parallel(items: "List[Any]", visit: "Any", out: "Dict[str, Any]", w
                 out.setdefault(path, entry)
 
 
+def _why(exc: OSError) -> str:
+    """The kernel's strerror, or the sentence of our own refusals (Escape, a link not written through)."""
+    if exc.filename is None and exc.strerror and exc.errno in (_errno.EXDEV, _errno.ELOOP):
+        return exc.strerror
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
 def _err(code: "Optional[int]", message: str) -> "Dict[str, Any]":
     return {"ok": False, "errno": code, "error": message}
 
@@ -486,7 +715,7 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
             try:
                 raw = fs.read(path)
             except OSError as exc:
-                return _err(exc.errno, "cannot read %s: %s" % (path, os.strerror(exc.errno or 0)))
+                return _err(exc.errno, "cannot read %s: %s" % (path, _why(exc)))
             try:
                 value = int(raw.strip())
             except ValueError:
@@ -556,20 +785,25 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
     except PathRefused as exc:
         return _err(_errno.EINVAL, str(exc))
     except OSError as exc:
-        return _err(exc.errno, os.strerror(exc.errno) if exc.errno else str(exc))
+        return _err(exc.errno, _why(exc))
 
 
-def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> "List[Dict[str, Any]]":
+def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
+            audit: "Optional[Audit]" = None) -> "List[Dict[str, Any]]":
     results = []  # type: List[Dict[str, Any]]
     stopped = False
     failed_groups = set()  # type: set[str]
-    for op in ops:
+    for n, op in enumerate(ops):
         group = op.get("group")
         if stopped or (group is not None and group in failed_groups):
             results.append({"ok": False, "skipped": True, "errno": None, "error": "skipped"})
+            if audit is not None:
+                audit.op(n, op, results[-1])
             continue
         res = _run_op(fs, op)
         results.append(res)
+        if audit is not None:
+            audit.op(n, op, res)
         if not res.get("ok"):
             if on_error == "continue":
                 if group is not None:
@@ -580,11 +814,14 @@ def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> "List[Dict
 
 
 def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
-           workers: int = 1, encoded: "Optional[Any]" = None) -> "Dict[str, Any]":
+           workers: int = 1, encoded: "Optional[Any]" = None, auditor: "Any" = None) -> "Dict[str, Any]":
     """Execute one request; return the response dict. Never raises for per-item failures.
 
     ``workers`` > 1 lets the first read fork that many readers (see :func:`read_entries`).
+    ``auditor`` replaces the audit log file (SimHost keeps its log in memory): see :class:`Audit`.
     """
+    if "audit_read" in request:
+        return read_audit(request["audit_read"], auditor)
     if fs is None:
         fs = OsFs(request.get("root", "/"))
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
@@ -602,11 +839,29 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
             if lock and locker is not None:
                 try:
                     locker.__enter__()
+                except UnsafeState as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
                 except OSError as exc:
                     return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
                             "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
             response["lock_wait_s"] = round(time.monotonic() - t0, 4)
-            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"))
+            audit = None  # type: Optional[Audit]
+            if request.get("audit") and any(mutates(op) for op in ops):
+                try:
+                    audit = Audit(request, auditor or FileAuditor(request["audit"].get("path") or ""))
+                except UnsafeState as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
+                except OSError as exc:
+                    return {"v": PROTOCOL, "fatal": "state", "error": "cannot write the audit log %s: %s" % (
+                        request["audit"].get("path"), os.strerror(exc.errno or 0))}
+            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"), audit)
+            if audit is not None:
+                problem = audit.end(response["ops"])
+                if problem:
+                    response["audit_error"] = problem
+            forget = getattr(fs, "forget", None)
+            if forget is not None:
+                forget()   # the batch may have made or removed directories
             try:
                 read_entries(fs, request.get("reads_after", []), response["after"])
             except PathRefused as exc:
@@ -615,6 +870,141 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
             if lock and locker is not None:
                 locker.__exit__(None, None, None)
     return response
+
+
+def mutates(op: "Dict[str, Any]") -> bool:
+    return op.get("op") == "write" or (op.get("op") == "exec" and not op.get("read_only"))
+
+
+#: what an audit record keeps of a written value or an argument
+AUDIT_VALUE_MAX = 256
+
+
+def _clip(text: "Any") -> "Any":
+    if isinstance(text, str) and len(text) > AUDIT_VALUE_MAX:
+        return text[:AUDIT_VALUE_MAX] + "...(%d chars)" % len(text)
+    return text
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % (int(t * 1000) % 1000)
+
+
+class FileAuditor:
+    """The host's audit log: append-only JSON lines in a directory only we can write (open_state_dir).
+
+    Each record is one ``write(2)`` on an ``O_APPEND`` descriptor, so records of concurrent batches never
+    interleave within a line; ``sync()`` (fsync) follows the "begin" record, before anything changes.
+    The file is opened for each batch, so a log rotated by renaming it is simply started anew.
+    """
+
+    def __init__(self, path: str) -> None:
+        if not path.startswith("/"):
+            raise UnsafeState("the audit log must be an absolute path: %r" % (path,))
+        self.fd = open_state_file(path, os.O_WRONLY | os.O_APPEND)
+
+    def write(self, line: str) -> None:
+        _write_all(self.fd, line.encode("utf-8"))
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Audit:
+    """One mutating batch's records: "begin" (who, from where, which process), one per mutating op with its
+    outcome, "end". A batch cut mid-flight (the agent killed, the host down) leaves a "begin" without its
+    "end". Reads and read-only checks are not recorded: a read writes nothing anywhere."""
+
+    def __init__(self, request: "Dict[str, Any]", out: "Any") -> None:
+        self.out = out
+        self.dumps = _json_codec()[1]
+        cfg = request["audit"]
+        self.batch = str(cfg.get("id") or "%x-%x" % (os.getpid(), int(time.time() * 1000)))
+        ssh = os.environ.get("SSH_CONNECTION", "").split()
+        self._emit({"event": "begin", "client_user": cfg.get("client_user"), "client_host": cfg.get("client_host"),
+                    "ssh_client": ssh[0] if ssh else None, "sudo_user": os.environ.get("SUDO_USER"),
+                    "pid": os.getpid(), "uid": os.geteuid(), "root": request.get("root", "/"),
+                    "ops": sum(1 for op in request.get("ops", []) if mutates(op))})
+        self.out.sync()
+        self.problem = None  # type: Optional[str]
+
+    def _emit(self, record: "Dict[str, Any]") -> None:
+        self.out.write(self.dumps(dict({"t": _now(), "batch": self.batch}, **record)) + "\n")
+
+    def op(self, n: int, op: "Dict[str, Any]", res: "Dict[str, Any]") -> None:
+        if not mutates(op):
+            return
+        outcome = "skipped" if res.get("skipped") else "ok" if res.get("ok") else "failed"
+        rec = {"event": "op", "n": n, "op": op.get("op"), "outcome": outcome}  # type: Dict[str, Any]
+        if op.get("op") == "write":
+            rec["path"], rec["value"] = op.get("path"), _clip(op.get("value"))
+        else:
+            rec["argv"] = [_clip(a) for a in op.get("argv") or []][:32]
+            rec["rc"] = res.get("rc")
+        if outcome == "failed":
+            rec["errno"], rec["error"] = res.get("errno"), _clip(res.get("error"))
+        try:
+            self._emit(rec)
+        except OSError as exc:   # the log's disk is full: the batch goes on, the caller is told
+            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+
+    def end(self, results: "List[Dict[str, Any]]") -> "Optional[str]":
+        counts = {"ok": 0, "failed": 0, "skipped": 0}
+        for r in results:
+            counts["skipped" if r.get("skipped") else "ok" if r.get("ok") else "failed"] += 1
+        try:
+            # not fsync'd (a second fsync would double what the log adds to a batch, ~8 ms here): an "end"
+            # lost to a power cut makes the batch look cut mid-flight, which a re-read then settles anyway
+            self._emit(dict({"event": "end"}, **counts))
+        except OSError as exc:
+            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+        finally:
+            self.out.close()
+        return self.problem
+
+
+def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None) -> "Dict[str, Any]":
+    """The tail (``max_bytes``, whole lines) of the audit log. Creates nothing: a missing log reads as empty."""
+    max_bytes = int(spec.get("max_bytes") or MAX_READ * 4)
+    if auditor is not None:
+        text = auditor.text()
+        return {"v": PROTOCOL, "audit": text[-max_bytes:], "exists": True}
+    path = os.path.abspath(str(spec.get("path") or ""))
+    if not os.path.lexists(os.path.dirname(path)):
+        return {"v": PROTOCOL, "audit": "", "exists": False}
+    try:
+        dfd = open_state_dir(os.path.dirname(path))
+        try:
+            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except UnsafeState as exc:
+        return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
+    except OSError as exc:
+        if exc.errno == _errno.ENOENT:
+            return {"v": PROTOCOL, "audit": "", "exists": False}
+        return {"v": PROTOCOL, "fatal": "state", "error": "cannot read the audit log %s: %s" % (
+            path, "a symbolic link: refused" if exc.errno == _errno.ELOOP else os.strerror(exc.errno or 0))}
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        data = b"".join(chunks)
+        if start:   # began mid-record: drop the partial line
+            data = data[data.find(b"\n") + 1:]
+        return {"v": PROTOCOL, "audit": data.decode("utf-8", "replace"), "exists": True, "truncated": start > 0}
+    finally:
+        os.close(fd)
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="

@@ -16,20 +16,30 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import getpass
 import logging
+import os
 import posixpath
+import socket
 import threading
+import uuid
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+from vgpuvirt import audit as client_audit
 from vgpuvirt.errors import HostError, InvalidSpec, LockTimeout
+from vgpuvirt.host.audit_log import AuditLog, parse_audit
 from vgpuvirt.model import SysPath
 
 audit = logging.getLogger("vgpuvirt.audit")
 log = logging.getLogger("vgpuvirt.host")
 
-DEFAULT_LOCK_PATH = "/run/lock/vgpuvirt.lock"
+#: The host-side lock, in a directory of its own that only root can write (the agent creates it 0700 and
+#: refuses one that is a link, another user's or writable by others): not in world-writable /run/lock.
+DEFAULT_LOCK_PATH = "/run/vgpuvirt/lock"
+#: The host's audit log (JSON lines, written by the agent inside each mutating batch; see docs/host.md).
+DEFAULT_AUDIT_PATH = "/var/log/vgpuvirt/audit.jsonl"
 
 
 @dataclass(frozen=True)
@@ -228,6 +238,8 @@ class Op:
             d["argv"] = list(self.argv)
         if self.ok_codes is not None:
             d["ok_codes"] = list(self.ok_codes)
+        if self.read_only:
+            d["read_only"] = True   # the host's audit log records mutating execs only
         return d
 
     def describe(self) -> str:
@@ -303,6 +315,7 @@ class BaseHost:
 
     lock_path: str = DEFAULT_LOCK_PATH
     lock_timeout: float = 60.0
+    audit_path: str = DEFAULT_AUDIT_PATH
 
     def __init__(self, name: str, sysfs_root: str = "/") -> None:
         self._name = name
@@ -331,7 +344,25 @@ class BaseHost:
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             idempotent: bool = False) -> Result:
+        """Run one program on the host (``_run``), recorded with its exit status in the client's audit log."""
+        shown = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else [repr(argv)]
+        try:
+            result = self._run(argv, stdin=stdin, timeout=timeout, idempotent=idempotent)
+        except Exception as exc:
+            client_audit.record("run", self.name, "failed", argv=shown, error=f"{type(exc).__name__}: {exc}")
+            raise
+        client_audit.record("run", self.name, f"exit {result.exit_code}", argv=shown)
+        return result
+
+    def _run(self, argv: Sequence[str], *, stdin: str | None, timeout: float | None, idempotent: bool) -> Result:
         raise NotImplementedError
+
+    def read_audit(self, *, max_bytes: int = 4 << 20) -> AuditLog:
+        """The host's audit log (its last ``max_bytes``, whole records), in one round trip. Writes nothing."""
+        response = self._checked(self._exchange(
+            {"root": self.sysfs_root, "audit_read": {"path": self.audit_path, "max_bytes": int(max_bytes)}},
+            idempotent=True))
+        return parse_audit(str(response.get("audit", "")), self.name, bool(response.get("truncated")))
 
     def close(self) -> None:
         pass
@@ -346,6 +377,9 @@ class BaseHost:
         if response.get("fatal") == "lock" and response.get("errno") in (errno.EAGAIN, errno.EACCES):
             raise LockTimeout(self.name, f"{response.get('error')} (another vgpuvirt holds it for longer "
                                          f"than {self.lock_timeout} s)")
+        if response.get("fatal") == "state":
+            # the lock's or the audit log's directory failed its checks: nothing of the batch ran
+            raise HostError(self.name, f"unsafe lock or audit location: {response.get('error')}")
         if "fatal" in response:
             raise HostError(self.name, f"agent refused the request ({response['fatal']}): {response.get('error')}")
         return response
@@ -366,6 +400,11 @@ class BaseHost:
             "reads_after": [str(SysPath(p)) for p in reads_after],
             "lock": {"path": self.lock_path, "timeout": self.lock_timeout} if lock else None,
         }
+        mutating = [op for op in ops if op.mutates]
+        if mutating:
+            # The agent writes the host's audit log inside the batch; who asked is only known here.
+            request["audit"] = {"path": self.audit_path, "id": uuid.uuid4().hex[:16], "client_user": _user(),
+                                "client_host": socket.gethostname()}
         for op in ops:
             if op.mutates:
                 audit.info("%s: begin %s", self.name, op.describe())
@@ -380,5 +419,24 @@ class BaseHost:
                 audit.info("%s: %s -> %s", self.name, op.describe(),
                            "ok" if res.ok else f"FAILED errno={res.errno} {res.error}")
             results.append(res)
+        if response.get("audit_error"):
+            log.warning("%s: %s (the batch ran; its audit records may be incomplete)", self.name,
+                        response["audit_error"])
+        if mutating:
+            client_audit.record("apply", self.name, "ok" if all(r.ok for r in results) else "failed",
+                                batch=request["audit"]["id"],
+                                ops=[f"{r.op.describe()} -> {_outcome(r)}" for r in results if r.op.mutates])
         return BatchResult(tuple(results), Snapshot.from_wire(response.get("after", {}), self.name),
                            float(response.get("lock_wait_s", 0.0)))
+
+
+
+def _outcome(r: OpResult) -> str:
+    return "ok" if r.ok else "skipped" if r.skipped else f"failed errno={r.errno}"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.geteuid())

@@ -9,26 +9,31 @@ from typing import Any
 
 from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host import agent
-from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
+from vgpuvirt.host.audit_log import checked_audit_path
+from vgpuvirt.host.base import BaseHost, Result
 
 
 class LocalHost(BaseHost):
     """This machine. ``sysfs_root`` points every sysfs path at another tree (fixtures, a FUSE mount)."""
 
-    def __init__(self, sysfs_root: str = "/", *, name: str = "local", lock_path: str = DEFAULT_LOCK_PATH) -> None:
+    def __init__(self, sysfs_root: str = "/", *, name: str = "local", lock_path: str | None = None,
+                 audit_path: str | None = None) -> None:
         if not os.path.isabs(sysfs_root):
             raise InvalidSpec("sysfs root", sysfs_root, "an absolute path")
         if not os.path.isdir(sysfs_root):
             raise InvalidSpec("sysfs root", sysfs_root, "an existing directory")
         super().__init__(name, os.path.abspath(sysfs_root))
-        self.lock_path = lock_path
+        if lock_path is not None:
+            self.lock_path = lock_path
+        if audit_path is not None:
+            self.audit_path = checked_audit_path(audit_path)
 
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
         return agent.handle(request, agent.OsFs(self.sysfs_root))
 
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            idempotent: bool = False) -> Result:
+    def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+             idempotent: bool = False) -> Result:
         argv = tuple(argv)
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise InvalidSpec("argv", argv, "a non-empty list of strings")

@@ -10,7 +10,8 @@
   whose source travels base64-encoded in argv and whose request travels as JSON on stdin.
 * Commands are argv lists; every element is shell-quoted, so no value is ever interpreted by the
   remote shell. ``sudo=True`` prefixes ``sudo -n --`` (never prompts).
-* Transport failures are retried (tenacity, policy injectable) for idempotent operations only.
+* Transport failures are retried (tenacity, policy injectable) for idempotent operations only; the
+  connection's set-up (nothing of a request sent yet) for every call. Set-up errors are typed (.ssh_connect).
 
 Opening a connection (host keys, error translation) is :mod:`.ssh_connect`; the agent's command line and
 the resident agent's frames are :mod:`.ssh_agent`.
@@ -35,13 +36,13 @@ import tenacity
 
 from vgpuvirt.errors import (
     HostError,
-    HostKeyError,
     InvalidSpec,
     RemoteRequirementMissing,
     TransportError,
 )
-from vgpuvirt.host.base import DEFAULT_LOCK_PATH, BaseHost, Result
-from vgpuvirt.host.ssh_agent import _read_frame, agent_command
+from vgpuvirt.host.audit_log import checked_audit_path
+from vgpuvirt.host.base import BaseHost, Result
+from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
 
 __all__ = ["ARGV_REQUEST_MAX", "RetryFactory", "SSHHost", "agent_command", "default_retry", "no_retry"]
@@ -56,9 +57,10 @@ ARGV_REQUEST_MAX = 64 * 1024
 
 
 def default_retry() -> tenacity.Retrying:
-    """Three attempts on transport errors (never on host-key errors), short exponential backoff."""
+    """Three attempts on retryable transport errors (a refused, cut or timed-out connection or SSH set-up;
+    never a host-key error or a peer that is no SSH server), short exponential backoff."""
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(lambda e: isinstance(e, TransportError) and not isinstance(e, HostKeyError)),
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, TransportError) and e.retryable),
         stop=tenacity.stop_after_attempt(3),
         wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
         reraise=True,
@@ -85,7 +87,8 @@ class SSHHost(BaseHost):
         keepalive: int = 15,
         retry: RetryFactory = default_retry,
         python: str = "python3",
-        lock_path: str = DEFAULT_LOCK_PATH,
+        lock_path: str | None = None,
+        audit_path: str | None = None,
         resident: bool = True,
     ) -> None:
         if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
@@ -113,7 +116,10 @@ class SSHHost(BaseHost):
         self.python = python
         #: seconds the agent itself spent on the host in the last batched call (the rest is network and ssh)
         self.last_agent_s: float | None = None
-        self.lock_path = lock_path
+        if lock_path is not None:
+            self.lock_path = lock_path
+        if audit_path is not None:
+            self.audit_path = checked_audit_path(audit_path)
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         # One session channel opened ahead of time: opening a channel costs a round trip, and the next
@@ -316,16 +322,22 @@ class SSHHost(BaseHost):
 
     def _call(self, fn: Callable[[], Any], idempotent: bool) -> Any:
         if not idempotent:
+            # Setting up the connection sends nothing of the request: it is retried for every call. The
+            # request itself is sent once (its fate after a cut is unknown; the caller re-reads).
+            self.retry()(self._connect)
             return fn()
         return self.retry()(fn)
 
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            idempotent: bool = False) -> Result:
+    def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+             idempotent: bool = False) -> Result:
         argv = tuple(argv)
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise InvalidSpec("argv", argv, "a non-empty list of strings")
         rc, out, err = self._call(
             lambda: self._exec_once(argv, (stdin or "").encode(), timeout or self.command_timeout), idempotent)
+        problem = sudo_problem(self.name, rc, err) if self.sudo else None
+        if problem is not None:  # the command never ran: not its own exit status
+            raise problem
         return Result(argv, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
@@ -344,11 +356,12 @@ class SSHHost(BaseHost):
         else:
             argv, stdin = [*agent_command(self.python), *in_argv], b"" if in_argv else payload
             rc, out, err = self._call(lambda: self._exec_once(argv, stdin, self.command_timeout), idempotent)
+        problem = sudo_problem(self.name, rc, err) if self.sudo else None
+        if problem is not None:
+            raise problem
         if rc == 127 or (rc != 0 and b"not found" in err and self.python.encode() in err):
             raise RemoteRequirementMissing(self.name, f"{self.python} (>= 3.6) is required on the host but was not "
                                                       f"found: {err.decode(errors='replace').strip()}")
-        if rc == 1 and self.sudo and b"sudo" in err and b"password" in err:
-            raise HostError(self.name, "sudo -n needs a password: allow passwordless sudo for python3 on the host")
         if rc != 0:
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
             raise HostError(self.name, f"remote agent failed (exit {rc}): {' | '.join(tail) or 'no output'}")

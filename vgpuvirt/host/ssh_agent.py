@@ -4,10 +4,37 @@ from __future__ import annotations
 
 import base64
 import importlib.resources
+import re
 import struct
 import zlib
 
 import paramiko
+
+from vgpuvirt.errors import RemoteRequirementMissing
+
+# What a shell says when ``sudo`` itself is not there (bash: "sudo: command not found", dash: "sudo: not
+# found"), as opposed to sudo saying that the program it was asked to run is missing ("sudo: python3: ...").
+_NO_SUDO = re.compile(rb"(^|[\s:])sudo: (command )?not found|sudo: No such file or directory", re.MULTILINE)
+_SUDO_PASSWORD = re.compile(rb"^sudo: (a password is required|a terminal is required|no askpass program)",
+                            re.MULTILINE)
+_SUDO_DENIED = re.compile(rb"^(sudo: )?\S+ is not in the sudoers file|^Sorry, user \S+ is not allowed",
+                          re.MULTILINE)
+
+
+def sudo_problem(host: str, rc: int, err: bytes) -> RemoteRequirementMissing | None:
+    """The error for a ``sudo -n -- ...`` command that sudo did not run, from its exit status and stderr."""
+    if rc == 0:
+        return None
+    if _NO_SUDO.search(err):
+        return RemoteRequirementMissing(host, "sudo is not installed on the host (needed for --sudo / sudo=True): "
+                                              "install it, or log in as root without --sudo")
+    if _SUDO_PASSWORD.search(err):
+        return RemoteRequirementMissing(host, "sudo -n needs a password on the host: allow passwordless sudo "
+                                              "(NOPASSWD) for python3 for this user, or log in as root")
+    if _SUDO_DENIED.search(err):
+        return RemoteRequirementMissing(host, "sudo refused: this user may not run python3 through sudo on the "
+                                              "host (sudoers)")
+    return None
 
 
 def _read_frame(chan: paramiko.Channel) -> bytes | None:

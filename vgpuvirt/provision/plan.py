@@ -10,13 +10,17 @@ them.
 
 from __future__ import annotations
 
-import uuid as _uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity
-from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId, parse_cpulist
+from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
+
+# Re-exported: callers import the derived names from plan (they moved to identity for the steps).
+from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
+from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
+from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
@@ -31,16 +35,6 @@ from vgpuvirt.provision.steps import (
     step_from_meta,
 )
 from vgpuvirt.xml.provenance import Provenance
-
-NAMESPACE = _uuid.UUID("7f6c3b2e-5a41-4c8e-9d1f-6b0a2e9c4d17")
-
-
-def mdev_uuid_for(vm: str, index: int) -> MdevUuid:
-    return MdevUuid(str(_uuid.uuid5(NAMESPACE, f"mdev/{vm}/{index}")))
-
-
-def domain_uuid_for(vm: str) -> str:
-    return str(_uuid.uuid5(NAMESPACE, f"domain/{vm}"))
 
 
 @dataclass(frozen=True)
@@ -137,11 +131,7 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
     from vgpuvirt.xml import Disk, DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
-    if isinstance(given, DomainOptions):
-        opts = given
-    else:
-        kw = {k: v for k, v in vm.options.items() if k not in ("domain_options", "nic_vf")}
-        opts = DomainOptions(**kw)  # type: ignore[arg-type]
+    opts = given if isinstance(given, DomainOptions) else DomainOptions.from_mapping(vm.domain_settings())
     # A vGPU display needs an emulated graphics device; headless templates (compute) have none.
     headless = vm.template == "compute" or opts.graphics == "none"
     mdevs: list[Any] = []

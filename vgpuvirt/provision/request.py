@@ -10,7 +10,7 @@ real vGPU type. Everything here is pure.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -249,6 +249,20 @@ class VmRequest:
                 raise InvalidSpec("host CPU list", self.host_cpus, "at least one CPU")
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise InvalidSpec("NUMA node", self.numa_node, "a non-negative integer")
+        # Checked here, before any plan: an unknown key or a wrong type is the caller's input (Ansible's
+        # domain_options), not a TypeError deep in the build.
+        from vgpuvirt.xml import DomainOptions
+        if not isinstance(self.options, Mapping):
+            raise InvalidSpec("VM options", self.options, "a mapping of domain options")
+        given = self.options.get("domain_options")
+        if given is not None and not isinstance(given, DomainOptions):
+            raise InvalidSpec("domain_options", given, "a DomainOptions")
+        if given is None:
+            DomainOptions.from_mapping(self.domain_settings())
+
+    def domain_settings(self) -> dict[str, object]:
+        """The ``options`` that are DomainOptions fields (``domain_options`` and ``nic_vf`` are not)."""
+        return {k: v for k, v in self.options.items() if k not in ("domain_options", "nic_vf")}
 
     @classmethod
     def pool(cls, prefix: str, count: int, *, gpu: VgpuRequest | Sequence[VgpuRequest] = VgpuRequest(),

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from vgpuvirt.errors import XmlError
 from vgpuvirt.host.base import Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
+from vgpuvirt.provision.identity import made_for
 from vgpuvirt.services import mdev as mdev_svc
 from vgpuvirt.services import nvidia_modes, sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Planned
 from vgpuvirt.xml.domain import Domain, parse_xml
+from vgpuvirt.xml.refs import DomainRefs
 
 if TYPE_CHECKING:  # pragma: no cover
     from vgpuvirt.libvirt_conn import LibvirtConnection
@@ -119,6 +121,16 @@ class HostStep(Step):
         """This step's entry in the domain's provenance metadata (None: it leaves none)."""
         return None
 
+    def not_made_for(self, own: DomainRefs) -> str | None:
+        """None when the device's creation record says it was made for ``vm`` (``own``: the devices of
+        vm's live and persistent XML); otherwise why not. Metadata can be copied from another domain,
+        so teardown asks this before removing anything; a kind without such a record is refused."""
+        return f"vgpuvirt keeps no creation record for {self.kind} devices"
+
+    def used_by(self, refs: DomainRefs) -> bool:
+        """Whether a domain that references ``refs`` uses this step's device."""
+        return False
+
     @classmethod
     def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> HostStep:
         raise NotImplementedError(f"{cls.__name__} is not rebuilt from metadata")
@@ -191,6 +203,15 @@ class CreateMdev(HostStep):
     def meta(self) -> dict[str, str]:
         return {"kind": "mdev", "uuid": str(self.uuid), "parent": str(self.parent), "type": str(self.type)}
 
+    def not_made_for(self, own: DomainRefs) -> str | None:
+        # The UUID is derived from the VM name: copied metadata names the other VM's UUIDs.
+        if made_for(self.uuid, self.vm):
+            return None
+        return f"its UUID is not one vgpuvirt derives from the name {self.vm} (metadata copied from another domain?)"
+
+    def used_by(self, refs: DomainRefs) -> bool:
+        return self.uuid in refs.mdevs
+
     @classmethod
     def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> CreateMdev:
         return cls(host, vm, MdevUuid.parse(entry["uuid"]), PciAddress.parse(entry["parent"]),
@@ -241,6 +262,13 @@ class SetVfType(HostStep):
 
     def meta(self) -> dict[str, str]:
         return {"kind": "vendor-vf", "vf": str(self.vf), "type": str(self.type)}
+
+    def not_made_for(self, own: DomainRefs) -> str | None:
+        # A VF has no name-derived identity; the domain vgpuvirt defined for it holds it as a hostdev.
+        return None if self.vf in own.pci else f"VF {self.vf} is not a hostdev of {self.vm}"
+
+    def used_by(self, refs: DomainRefs) -> bool:
+        return self.vf in refs.pci
 
     @classmethod
     def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> SetVfType:

@@ -1,9 +1,14 @@
-"""Teardown: destroy + undefine the named domains and remove the vGPUs vgpuvirt created for them.
+"""Teardown: destroy the named domains, remove the vGPUs vgpuvirt made for them, then undefine them.
 
 Only domains that carry vgpuvirt's metadata are touched (a foreign domain of the same name is
-reported and left alone), and only the devices that metadata lists are removed. Disks are kept
-unless ``remove_storage=True``. Per host: the libvirt calls, then ONE read and ONE batch for all
-of the host's vGPUs. Rerunning is harmless: what is already gone is reported as such.
+reported and left alone), and of the devices that metadata lists only those that are provably the
+domain's and that no other domain uses (:mod:`.ownership`: copied metadata removes nothing).
+
+Order, per host: destroy each domain (a running VM holds its vGPUs), read every domain's live and
+persistent XML, ONE read and ONE batch removing the vGPUs, then undefine each domain whose due vGPUs
+are all gone. A vGPU whose removal failed (EBUSY: still held) keeps its domain defined, with its
+metadata, so a rerun finds it again and finishes; undefining first would lose the only record of it.
+Disks are kept unless ``remove_storage=True``. Rerunning is harmless: what is already gone is reported.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision.apply import _conn_for, _hosts_by_name
+from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.steps import HostStep, step_from_meta
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.provenance import Provenance
@@ -62,9 +68,8 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
 
     def one(hname: str) -> TeardownResult:
         r = TeardownResult()
-        host = by_name[hname]
         c = _conn_for(conn, hname)
-        devices: list[HostStep] = []
+        mine: dict[str, list[HostStep]] = {}
         for d in c.domains():
             if not _selected(d.name, wanted, patterns):
                 continue
@@ -76,41 +81,30 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
             if prov.host not in (hname, None):
                 continue  # another host's VM on a shared libvirt (test:///default)
             found.add(d.name)
-            if dry_run:
-                r.removed.append(f"{hname}: would destroy and undefine {d.name}")
-            else:
+            if not dry_run:
                 try:
                     if c.destroy(d.name):
                         r.removed.append(f"{hname}: destroyed {d.name}")
-                    r.disks_removed += c.undefine(d.name, remove_storage=remove_storage)
-                    r.removed.append(f"{hname}: undefined {d.name}")
                 except VgpuvirtError as exc:
                     r.failed.append(f"{hname}: {d.name}: {exc}")
-                    continue
-            if progress is not None:
-                progress(hname, d.name)
-            for g in prov.gpus:
-                made = step_from_meta(hname, d.name, g)
-                if made is not None:
-                    devices.append(made)
-        if devices:
-            try:
-                snap = host.read([s.state_path() for s in devices])
-                present = [s for s in devices if s.happened(snap)]
-                for s in devices:
-                    if s not in present:
-                        r.skipped.append(f"{hname}: vGPU {s.target} already gone")
-                if present and dry_run:
-                    r.removed += [f"{hname}: would remove vGPU {s.target}" for s in present]
-                elif present:
-                    outcomes = apply_items(host, [s.undo_item(wait_timeout) for s in present], on_error="continue")
-                    for s, out in zip(present, outcomes, strict=True):
-                        if out.ok:
-                            r.removed.append(f"{hname}: {s.undone()}")
-                        else:
-                            r.failed.append(f"{hname}: vGPU {s.target}: {out.error}")
-            except VgpuvirtError as exc:
-                r.failed.append(f"{hname}: removing vGPUs: {exc}")
+                    continue          # still running: its vGPUs are in use, nothing else to do
+            mine[d.name] = [s for s in (step_from_meta(hname, d.name, g) for g in prov.gpus) if s is not None]
+        if mine:
+            due = _remove_vgpus(by_name[hname], c, mine, r, dry_run, wait_timeout)
+            for name in mine:
+                if dry_run:
+                    r.removed.append(f"{hname}: would destroy and undefine {name}")
+                elif name in due:
+                    r.skipped.append(f"{hname}: kept domain {name} defined (destroyed): a vGPU of it is still "
+                                     "due; rerun teardown to finish")
+                else:
+                    try:
+                        r.disks_removed += c.undefine(name, remove_storage=remove_storage)
+                        r.removed.append(f"{hname}: undefined {name}")
+                    except VgpuvirtError as exc:
+                        r.failed.append(f"{hname}: {name}: {exc}")
+                if progress is not None:
+                    progress(hname, name)
         return r
 
     with ThreadPoolExecutor(max_workers=max(1, len(by_name)), thread_name_prefix="vgpuvirt-teardown") as pool:
@@ -123,3 +117,46 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         result.skipped.append(f"domain {n} not found (already removed)")
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _remove_vgpus(host: Host, c: LibvirtConnection, mine: Mapping[str, Sequence[HostStep]], r: TeardownResult,
+                  dry_run: bool, wait_timeout: float) -> set[str]:
+    """Remove the domains' provable, unused vGPUs in one batch; the names of the domains that still
+    have a vGPU due (its removal failed, or another domain uses it)."""
+    hname = host.name
+    due: set[str] = set()
+    todo: list[tuple[str, HostStep]] = []
+    try:
+        refs = domain_refs(c.xml_views())
+    except VgpuvirtError as exc:
+        r.failed.append(f"{hname}: reading every domain's XML before removing vGPUs: {exc}")
+        return set(mine)
+    for name, steps in mine.items():
+        for v in judge(name, steps, refs):
+            if v.refusal is None:
+                todo.append((name, v.step))
+                continue
+            r.failed.append(f"{hname}: {v.refusal}")
+            if v.blocks:
+                due.add(name)
+    if not todo:
+        return due
+    try:
+        snap = host.read([s.state_path() for _, s in todo])
+        present = [(n, s) for n, s in todo if s.happened(snap)]
+        r.skipped += [f"{hname}: vGPU {s.target} already gone" for n, s in todo if (n, s) not in present]
+        if dry_run:
+            r.removed += [f"{hname}: would remove vGPU {s.target}" for _, s in present]
+            return due
+        outcomes = apply_items(host, [s.undo_item(wait_timeout) for _, s in present], on_error="continue")
+        for (n, s), out in zip(present, outcomes, strict=True):
+            if out.ok:
+                r.removed.append(f"{hname}: {s.undone()}")
+            else:
+                r.failed.append(f"{hname}: vGPU {s.target} of {n}: {out.error}; {n} kept defined so that a "
+                                "rerun can finish")
+                due.add(n)
+    except VgpuvirtError as exc:
+        r.failed.append(f"{hname}: removing vGPUs: {exc}; their domains kept defined so that a rerun can finish")
+        due.update(n for n, _ in todo)
+    return due

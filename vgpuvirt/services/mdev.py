@@ -36,6 +36,7 @@ from vgpuvirt.errors import (
     InvalidSpec,
     NoCapacity,
     RemoteRequirementMissing,
+    TransportError,
 )
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
@@ -132,7 +133,10 @@ class MdevService:
     # -- create ------------------------------------------------------------------------------
     def create(self, parent: str | PciAddress, type_id: str | MdevTypeId, uuid: str | MdevUuid | None = None, *,
                persist: Persist = "transient", dry_run: bool = False) -> Change:
-        """Create one mdev; the same UUID/parent/type already active is success with changed=False."""
+        """Create one mdev; the same UUID/parent/type already active is success with changed=False.
+        Without ``uuid`` a random one is chosen here, on the client, and logged (``vgpuvirt.audit``)
+        before the request is sent; a dropped link raises a TransportError naming it. Callers that
+        must survive a cut choose it themselves (``MdevUuid.generate()``) and pass it again."""
         spec = MdevSpec.of(parent, type_id, uuid)
         return self.create_many([spec], persist=persist, dry_run=dry_run)[0].unwrap()
 
@@ -179,7 +183,14 @@ class MdevService:
         items = [x for x in slots if isinstance(x, Planned)]
         if dry_run or not items:
             return dry_results(host, slots)
-        outcomes = apply_items(self.host, items)
+        try:
+            outcomes = apply_items(self.host, items)
+        except TransportError as exc:
+            # The batch may have run before the link dropped. The UUIDs were chosen here (and logged by
+            # apply_items before sending), so naming them is all a caller needs to converge.
+            made = ", ".join(f"uuid={it.target}" for it in items)
+            raise TransportError(host, f"{str(exc).removeprefix(f'{host}: ')}: outcome unknown for the create of "
+                                       f"mdev {made}; rerun with the same UUID, which converges") from exc
         undo = [remove_item(host, MdevUuid.parse(o.item.target), wait_timeout=self.wait_timeout)
                 for o in outcomes if o.failure is not None and o.wrote]
         if undo:

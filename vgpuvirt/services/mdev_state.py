@@ -56,11 +56,46 @@ def active_from_snapshot(snap: Snapshot) -> dict[MdevUuid, tuple[str, str]]:
     return out
 
 
+# mdevctl's JSON nests 6 deep ([{parent: [{uuid: {attrs: [{...}]}}]}]); the host's output is data, and
+# json.loads recurses once per level, so a deeper document would end in a RecursionError.
+MDEVCTL_JSON_MAX_DEPTH = 32
+
+
+def _nesting_depth(text: str, limit: int) -> int:
+    """The deepest ``[``/``{`` nesting in a JSON text (strings skipped), counting stops past ``limit``."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_mdevctl_defined(text: str) -> dict[MdevUuid, list[Definition]]:
-    """``mdevctl list --defined --dumpjson``: ``[{parent: [{uuid: {mdev_type, start, attrs}}]}]``."""
+    """``mdevctl list --defined --dumpjson``: ``[{parent: [{uuid: {mdev_type, start, attrs}}]}]``.
+
+    Raises ValueError on anything that is not such JSON, including one nested deeper than
+    :data:`MDEVCTL_JSON_MAX_DEPTH`."""
     text = text.strip()
     if not text:
         return {}
+    if _nesting_depth(text, MDEVCTL_JSON_MAX_DEPTH) > MDEVCTL_JSON_MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MDEVCTL_JSON_MAX_DEPTH} levels")
     data = json.loads(text)
     out: dict[MdevUuid, list[Definition]] = {}
     if not isinstance(data, list):

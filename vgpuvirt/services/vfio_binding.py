@@ -1,16 +1,18 @@
 """vfio-pci binding of whole IOMMU groups (after the pre-flight) and giving the devices back.
 
 ``driver_override`` + unbind + ``drivers_probe``, never ``new_id`` (which would grab every device with
-that id); the :class:`BindingRecord` of original drivers is the caller's to keep.
+that id); the :class:`BindingRecord` of original drivers is the caller's to keep. A caller that stores
+it passes ``before_change``: the record is handed over before the first write, so a record that cannot
+be kept (a full disk, a bad path) stops the binding instead of being lost after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable
+from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable, RecordError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.model import DriverName, PciAddress
 from vgpuvirt.services import sysfs
@@ -76,10 +78,11 @@ def _release_ops(a: PciAddress, current: str | None, b: Binding, timeout: float)
 
 
 def prepare(host: Host, addresses: Iterable[str | PciAddress], *, domains: Iterable[tuple[str, str]] | None = None,
-            for_domain: str | None = None, dry_run: bool = False, timeout: float = 10.0
-            ) -> tuple[Change, BindingRecord]:
+            for_domain: str | None = None, dry_run: bool = False, timeout: float = 10.0,
+            before_change: Callable[[BindingRecord], None] | None = None) -> tuple[Change, BindingRecord]:
     """Bind every endpoint of the devices' IOMMU groups to vfio-pci; refuse (NotAssignable) when the
-    pre-flight says no. Returns the change and the record of original drivers."""
+    pre-flight says no. Returns the change and the record of original drivers. ``before_change(record)``
+    runs before the first write (only when something is to be bound); if it raises, nothing is bound."""
     reqs = _parse_addresses(addresses)
     users = _users(domains, for_domain)
     report, f = _report(host, host.read(read_patterns()), reqs, users)
@@ -110,6 +113,11 @@ def prepare(host: Host, addresses: Iterable[str | PciAddress], *, domains: Itera
     if dry_run:
         return Change(host.name, "iommu.prepare", target, changed=True, dry_run=True, ops=tuple(ops), data=data,
                       message=f"would bind {len(bindings)} device(s) to vfio-pci"), record
+    if before_change is not None:
+        try:
+            before_change(record)
+        except RecordError as exc:
+            raise RecordError(exc.path, exc.errno, f"{exc.reason}: nothing was bound") from None
     note(host.name, "iommu.prepare", target, "bind " + ", ".join(f"{b.address} (from {b.original_driver})"
                                                                   for b in bindings))
     batch = host.apply(ops, on_error="continue")

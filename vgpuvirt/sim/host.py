@@ -34,6 +34,25 @@ class _ModelLock:
         self._lock.release()
 
 
+class _MemoryAuditor:
+    """A simulated host's audit log: the agent's JSON lines, kept in memory for the host's lifetime."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 class SimFsWithTools(SimFs):
     """SimFs plus ``run(argv, op)`` so that ``exec`` ops in a batch reach the emulated tools."""
 
@@ -56,6 +75,7 @@ class SimHost(BaseHost):
         self.model = SimModel(profile)
         self.fs = SimFsWithTools(self.model)
         self._locker = _ModelLock(self.model.lock)
+        self._auditor = _MemoryAuditor()
 
     @classmethod
     def from_profile(cls, name_or_path: str | os.PathLike[str], *, name: str | None = None) -> SimHost:
@@ -63,11 +83,12 @@ class SimHost(BaseHost):
 
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
-        response: dict[str, Any] = agent.handle(request, fs=self.fs, locker=self._locker)
+        response: dict[str, Any] = agent.handle(request, fs=self.fs, locker=self._locker,
+                                                   auditor=self._auditor)
         return response
 
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            idempotent: bool = False) -> Result:
+    def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+             idempotent: bool = False) -> Result:
         args = tuple(argv)
         if not args or not all(isinstance(a, str) and "\0" not in a for a in args):
             raise InvalidSpec("argv", args, "a non-empty list of strings")

@@ -11,6 +11,7 @@ This module loads a profile; the specs are in :mod:`.profile_spec`, the field ch
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -242,11 +243,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     text: str
     s = os.fspath(name_or_path)
     if os.sep in s or s.endswith((".yaml", ".yml", ".json")):
-        try:
-            with open(s, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise ProfileError(s, "", f"cannot read: {exc.strerror}") from exc
+        text = _read_profile_file(s)
         file = s
     else:
         if s.startswith("_") or s not in list_profiles():
@@ -256,5 +253,31 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ProfileError(file, "", f"not valid YAML/JSON: {exc}") from exc
+        raise ProfileError(file, "", f"not valid YAML/JSON: {' '.join(str(exc).split())}") from exc
+    except RecursionError as exc:   # PyYAML composes nested collections recursively
+        raise ProfileError(file, "", "not valid YAML/JSON: nested too deeply") from exc
     return _parse_profile(raw, file)
+
+
+# The largest shipped profile is ~10 KiB; a bigger file is not a profile (``sim:/dev/zero`` never ended).
+PROFILE_MAX_BYTES = 1 << 20
+
+
+def _read_profile_file(path: str) -> str:
+    """A profile file's text: a regular file of at most PROFILE_MAX_BYTES of UTF-8, else ProfileError."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ProfileError(path, "", f"cannot read: {exc.strerror}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ProfileError(path, "", "not a regular file")
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(PROFILE_MAX_BYTES + 1)
+    if len(data) > PROFILE_MAX_BYTES:
+        raise ProfileError(path, "", f"larger than {PROFILE_MAX_BYTES} bytes: not a profile")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(path, "", f"not UTF-8 text (byte {exc.start}): not a YAML/JSON profile") from exc

@@ -26,19 +26,28 @@ class XmlElement(Protocol):
 def sub(parent: Element, tag: str, attrs: dict[str, str] | None = None, text: str | None = None) -> Element:
     """Append ``<tag attrs>text</tag>``; attributes keep the order given (our fixed output order)."""
     el = etree.SubElement(parent, tag)
-    if attrs:
-        for k, v in attrs.items():
-            el.set(k, v)
-    if text is not None:
-        el.text = text
+    _fill(el, attrs, text)
     return el
+
+
+def _fill(el: Element, attrs: dict[str, str] | None, text: str | None) -> None:
+    # lxml refuses what XML 1.0 cannot hold (control characters, NUL, lone surrogates) with a bare
+    # ValueError; the builders validate their values first, this is the last line for anything they missed.
+    what = ""
+    try:
+        for what, v in (attrs or {}).items():
+            el.set(what, v)
+        if text is not None:
+            what = "text"
+            el.text = text
+    except ValueError as exc:
+        value = (attrs or {}).get(what, text)
+        raise InvalidSpec(f"<{el.tag}> {what}", value, "XML text: no control characters") from exc
 
 
 def make(tag: str, attrs: dict[str, str] | None = None) -> Element:
     el = etree.Element(tag)
-    if attrs:
-        for k, v in attrs.items():
-            el.set(k, v)
+    _fill(el, attrs, None)
     return el
 
 

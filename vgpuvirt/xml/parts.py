@@ -15,9 +15,14 @@ DISK_FORMATS = ("qcow2", "raw")
 GRAPHICS_KINDS = ("spice", "vnc")
 
 
+# Control characters (XML 1.0 cannot hold most of them; none belongs in a path libvirt opens) and lone
+# surrogates (undecodable bytes from argv).
+_UNFIT = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
 def _host_path(what: str, path: str) -> str:
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path or "\n" in path:
-        raise InvalidSpec(what, path, "an absolute path")
+    if not isinstance(path, str) or not path.startswith("/") or _UNFIT.search(path):
+        raise InvalidSpec(what, path, "an absolute path without control characters")
     return path
 
 

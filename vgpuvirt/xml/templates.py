@@ -13,12 +13,12 @@ import importlib.resources
 import re
 import uuid as _uuid
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from vgpuvirt.errors import InvalidSpec, XmlError
-from vgpuvirt.model import DomainName, MdevUuid, PciAddress
+from vgpuvirt.model import DomainName, MacAddress, MdevUuid, PciAddress
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.element import Element, GuestAddress
 from vgpuvirt.xml.hostdev import HostdevInterface, MdevHostdev, PciHostdev
@@ -113,6 +113,55 @@ class DomainOptions:
         object.__setattr__(self, "evdev", tuple(EvdevInput(e) if isinstance(e, str) else e for e in self.evdev))
         if self.virtio_nics is not None:
             object.__setattr__(self, "virtio_nics", tuple(self.virtio_nics))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> DomainOptions:
+        """Options from plain data (an Ansible ``domain_options`` dict, JSON): every key must be an option and
+        every value of its type (``hugepages: "no"`` is refused, not taken as true), else InvalidSpec."""
+        if not isinstance(values, Mapping):
+            raise InvalidSpec("domain options", values, "a mapping of option names to values")
+        known = {f.name: str(f.type) for f in fields(cls)}
+        kw: dict[str, object] = {}
+        for key, value in values.items():
+            if key not in known:
+                raise InvalidSpec("domain option", key, "one of " + ", ".join(sorted(known)))
+            kw[str(key)] = _option_value(str(key), known[key], value)
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+_SCALARS: dict[str, type] = {"bool": bool, "int": int, "str": str}
+
+
+def _option_value(key: str, annotation: str, value: object) -> object:
+    """``value`` checked against a DomainOptions field annotation (``bool | None``, ``tuple[EvdevInput, ...]``)."""
+    base, _, none = annotation.partition(" | ")
+    if value is None and none == "None":
+        return None
+    if base in _SCALARS:
+        want = _SCALARS[base]
+        # bool is an int subclass, and an int is no flag: compare the exact type.
+        if type(value) is not want and not (want is int and isinstance(value, int) and not isinstance(value, bool)):
+            article = "an" if base == "int" else "a"
+            raise InvalidSpec(f"domain option {key}", value, f"{article} {base}{' or null' if none else ''}")
+        return value
+    item_cls = {"tuple[EvdevInput, ...]": EvdevInput, "tuple[VirtioNic, ...]": VirtioNic}[base]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidSpec(f"domain option {key}", value, f"a list of {item_cls.__name__} settings")
+    items: list[object] = []
+    for item in value:
+        if isinstance(item, item_cls) or (item_cls is EvdevInput and isinstance(item, str)):
+            items.append(item)
+            continue
+        if not isinstance(item, Mapping):
+            raise InvalidSpec(f"domain option {key}", item, f"a mapping of {item_cls.__name__} settings")
+        names = {f.name for f in fields(item_cls)}
+        if not set(item) <= names:
+            raise InvalidSpec(f"domain option {key}", item, "only the keys " + ", ".join(sorted(names)))
+        kw = dict(item)
+        if item_cls is VirtioNic and isinstance(kw.get("mac"), str):
+            kw["mac"] = MacAddress.parse(kw["mac"])
+        items.append(item_cls(**kw))
+    return tuple(items)
 
 
 def build_domain(

@@ -124,7 +124,7 @@ attributes:
     support: full
     description: Before and after show the vGPU (absent, or its parent and type).
 notes:
-  - All reads of one run are one batch, all writes one batch under the host-side lock (C(/run/lock/vgpuvirt.lock)).
+  - All reads of one run are one batch, all writes one batch under the host-side lock (C(/run/vgpuvirt/lock)).
 seealso:
   - module: vgpu_info
   - module: vgpu_domain

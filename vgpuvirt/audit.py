@@ -1,0 +1,94 @@
+"""The client's audit trail: what this machine asked of hosts and libvirt, with the outcome.
+
+Each record is one JSON line appended to ``$VGPUVIRT_AUDIT_LOG`` or, by default,
+``$XDG_STATE_HOME/vgpuvirt/audit.jsonl`` (``~/.local/state/vgpuvirt/audit.jsonl``), in a directory created
+0700 and a file created 0600, never through a link; the same line goes to the ``vgpuvirt.audit`` logger.
+Hosts keep their own log of every mutating batch (written by the agent, see docs/host.md); this one adds
+what only the client sees: libvirt calls (define, start, shutdown, destroy, undefine, attach, detach,
+volume deletion) and ``Host.run()``.
+
+A record that cannot be written (read-only home, full disk) costs a warning, never the operation.
+Stdlib only: every layer above ``model`` may record.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("vgpuvirt.audit.trail")
+
+#: longest text kept of one field (a domain's XML is not the log's business)
+FIELD_MAX = 256
+
+_warned: set[str] = set()
+
+
+def log_path() -> Path:
+    env = os.environ.get("VGPUVIRT_AUDIT_LOG")
+    if env:
+        return Path(env).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "vgpuvirt" / "audit.jsonl"
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def _clip(v: Any) -> Any:
+    if isinstance(v, str) and len(v) > FIELD_MAX:
+        return v[:FIELD_MAX] + f"...({len(v)} chars)"
+    if isinstance(v, (list, tuple)):
+        return [_clip(x) for x in v[:32]]
+    return v
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.geteuid())
+
+
+def record(action: str, target: str, outcome: str, **fields: Any) -> None:
+    """Append one record (``outcome``: ok, failed, or what a command exited with)."""
+    rec = {"t": _now(), "user": _user(), "client_host": socket.gethostname(), "pid": os.getpid(),
+           "action": action, "target": target, "outcome": outcome,
+           **{k: _clip(v) for k, v in fields.items() if v is not None}}
+    line = json.dumps(rec, separators=(",", ":"), default=str)
+    log.info("%s", line)
+    path = log_path()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if str(path) not in _warned:   # once per path: a read-only home should not flood the terminal
+            _warned.add(str(path))
+            log.warning("cannot write the audit log %s: %s (set VGPUVIRT_AUDIT_LOG)", path, exc.strerror or exc)
+
+
+@contextmanager
+def audited(action: str, target: str, **fields: Any) -> Iterator[None]:
+    """Record ``action`` on ``target`` with its outcome: "ok", or "failed" with the error (and its code)."""
+    try:
+        yield
+    except BaseException as exc:
+        code = getattr(exc, "code", None)
+        record(action, target, "failed", error=f"{type(exc).__name__}: {exc}",
+               code=code if isinstance(code, int) else None, **fields)
+        raise
+    record(action, target, "ok", **fields)
