@@ -9,28 +9,33 @@ A Host does three things, each in ONE round trip:
 
 :class:`BaseHost` implements ``read``/``apply`` on top of one primitive, ``_exchange(request)``,
 which LocalHost runs in-process, SSHHost runs as one remote ``python3`` exec and SimHost runs
-against the simulated sysfs. Every mutation is logged on the ``vgpuvirt.audit`` logger.
+against the simulated sysfs. Every mutation is logged on the ``vgpuvirt.audit`` logger. The values
+travel in :mod:`.ops` (Op, OpResult, BatchResult) and :mod:`.snapshot` (Result, Snapshot); this module
+re-exports them.
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import getpass
 import logging
 import os
-import posixpath
 import socket
 import threading
 import uuid
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from vgpuvirt import audit as client_audit
 from vgpuvirt.errors import HostError, InvalidSpec, LockTimeout
 from vgpuvirt.host.audit_log import AuditLog, parse_audit
+from vgpuvirt.host.ops import BatchResult, Op, OpResult
+from vgpuvirt.host.snapshot import Entry, EntryKind, Result, Snapshot
 from vgpuvirt.model import SysPath
+
+# The protocol's values live in host/ops.py and host/snapshot.py; callers import them from here.
+__all__ = ["DEFAULT_AUDIT_PATH", "DEFAULT_LOCK_PATH", "BaseHost", "BatchResult", "Entry", "EntryKind", "Host", "Op",
+           "OpResult", "Result", "Snapshot"]
 
 audit = logging.getLogger("vgpuvirt.audit")
 log = logging.getLogger("vgpuvirt.host")
@@ -40,250 +45,6 @@ log = logging.getLogger("vgpuvirt.host")
 DEFAULT_LOCK_PATH = "/run/vgpuvirt/lock"
 #: The host's audit log (JSON lines, written by the agent inside each mutating batch; see docs/host.md).
 DEFAULT_AUDIT_PATH = "/var/log/vgpuvirt/audit.jsonl"
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a command did: argv, exit code, stdout, stderr (text)."""
-
-    argv: tuple[str, ...]
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
-EntryKind = Literal["file", "link", "dir", "error"]
-_KINDS: dict[str, EntryKind] = {"f": "file", "l": "link", "d": "dir", "e": "error"}
-
-
-class Entry(NamedTuple):
-    """One path of a snapshot. A tuple, not a dataclass: a large inventory makes ~10k of them per read."""
-
-    kind: EntryKind
-    text: str | None = None      # file content (raw, with its newline)
-    target: str | None = None    # symlink target as readlink(2) gives it
-    errno: int | None = None     # for kind == "error": why the read failed
-
-
-class Snapshot(Mapping[str, Entry]):
-    """An immutable picture of part of a host's filesystem, keyed by host path (``/sys/...``)."""
-
-    def __init__(self, entries: Mapping[str, Entry], host: str = "") -> None:
-        self._entries = dict(entries)
-        self.host = host
-        self._children: dict[str, list[str]] | None = None
-
-    @classmethod
-    def from_wire(cls, raw: Mapping[str, Sequence[Any]], host: str = "") -> Snapshot:
-        kinds, new = _KINDS, Entry._make
-        snap = cls.__new__(cls)   # the comprehension's dict is ours already: no copy
-        snap._entries = {p: new((kinds[k], v if k == "f" else None, v if k == "l" else None, e))
-                         for p, (k, v, e) in raw.items()}
-        snap.host, snap._children = host, None
-        return snap
-
-    def __getitem__(self, path: str) -> Entry:
-        return self._entries[path]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    # The dict's own views: Mapping's generic ones look every key up again.
-    def items(self) -> ItemsView[str, Entry]:
-        return self._entries.items()
-
-    def keys(self) -> KeysView[str]:
-        return self._entries.keys()
-
-    def values(self) -> ValuesView[Entry]:
-        return self._entries.values()
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._entries
-
-    def get(self, path: str, default: Any = None) -> Any:
-        return self._entries.get(path, default)
-
-    def text(self, path: str) -> str | None:
-        """File content stripped of surrounding whitespace, or None when absent/unreadable."""
-        e = self._entries.get(path)
-        return e.text.strip() if e is not None and e.text is not None else None
-
-    def raw(self, path: str) -> str | None:
-        e = self._entries.get(path)
-        return e.text if e is not None else None
-
-    def int(self, path: str) -> int | None:
-        t = self.text(path)
-        if t is None:
-            return None
-        try:
-            return int(t, 0)
-        except ValueError:
-            return None
-
-    def link(self, path: str) -> str | None:
-        e = self._entries.get(path)
-        return e.target if e is not None else None
-
-    def link_name(self, path: str) -> str | None:
-        """The last component of a symlink's target (``driver`` -> ``nvidia``)."""
-        t = self.link(path)
-        return posixpath.basename(t.rstrip("/")) if t else None
-
-    def resolve_link(self, path: str) -> str | None:
-        """A symlink's target made absolute against the link's directory (lexically)."""
-        t = self.link(path)
-        if t is None:
-            return None
-        return posixpath.normpath(posixpath.join(posixpath.dirname(path), t))
-
-    def has(self, path: str) -> bool:
-        return path in self._entries
-
-    def is_dir(self, path: str) -> bool:
-        e = self._entries.get(path)
-        return e is not None and e.kind == "dir"
-
-    def children(self, directory: str) -> list[str]:
-        """Names directly below ``directory`` that the snapshot holds, sorted."""
-        if self._children is None:
-            idx: dict[str, list[str]] = {}
-            for p in self._entries:
-                parent, _, name = p.rpartition("/")
-                idx.setdefault(parent or "/", []).append(name)
-            for names in idx.values():
-                names.sort()
-            self._children = idx
-        return list(self._children.get(directory.rstrip("/") or "/", []))
-
-    def glob(self, pattern: str) -> list[str]:
-        """Paths in the snapshot matching a glob, component by component (``*`` never crosses ``/``)."""
-        parts = pattern.split("/")
-        return sorted(p for p in self._entries
-                      if len(p.split("/")) == len(parts)
-                      and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p.split("/"), parts, strict=True)))
-
-    def to_wire(self) -> dict[str, list[Any]]:
-        rev = {v: k for k, v in _KINDS.items()}
-        return {p: [rev[e.kind], e.text if e.kind == "file" else e.target, e.errno]
-                for p, e in sorted(self._entries.items())}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One step of a batch. Build with the constructors; paths are validated host paths."""
-
-    op: str
-    path: str | None = None
-    value: str | None = None
-    min: int | None = None
-    state: str | None = None
-    timeout: float | None = None
-    argv: tuple[str, ...] | None = None
-    stdin: str | None = None
-    group: str | None = None
-    ok_codes: tuple[int, ...] | None = None
-    read_only: bool = False
-
-    @staticmethod
-    def write(path: str, value: str, *, group: str | None = None) -> Op:
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidSpec("sysfs value", value, "text without NUL bytes")
-        return Op("write", str(SysPath(path)), value=value, group=group)
-
-    @staticmethod
-    def check_int(path: str, minimum: int, *, group: str | None = None) -> Op:
-        return Op("check_int", str(SysPath(path)), min=int(minimum), group=group)
-
-    @staticmethod
-    def check_absent(path: str, *, group: str | None = None) -> Op:
-        return Op("check_absent", str(SysPath(path)), group=group)
-
-    @staticmethod
-    def wait(path: str, state: str = "exists", value: str | None = None, timeout: float = 10.0,
-             *, group: str | None = None) -> Op:
-        if state not in ("exists", "absent", "equals", "link_endswith"):
-            raise InvalidSpec("wait state", state, "exists, absent, equals or link_endswith")
-        return Op("wait", str(SysPath(path)), value=value, state=state, timeout=timeout, group=group)
-
-    @staticmethod
-    def exec(argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0,
-             group: str | None = None, ok_codes: Sequence[int] = (0,), read_only: bool = False) -> Op:
-        """A program run on the host. ``read_only=True`` (e.g. ``nvidia-smi -q -x``) declares that it changes
-        nothing: it is not audited as a mutation and a batch of such ops may be retried after a dropped link."""
-        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
-            raise InvalidSpec("argv", argv, "a non-empty list of strings")
-        return Op("exec", argv=tuple(argv), stdin=stdin, timeout=timeout, group=group,
-                  ok_codes=tuple(ok_codes), read_only=read_only)
-
-    @property
-    def mutates(self) -> bool:
-        return self.op == "write" or (self.op == "exec" and not self.read_only)
-
-    def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"op": self.op}
-        for k in ("path", "value", "min", "state", "timeout", "stdin", "group"):
-            v = getattr(self, k)
-            if v is not None:
-                d[k] = v
-        if self.argv is not None:
-            d["argv"] = list(self.argv)
-        if self.ok_codes is not None:
-            d["ok_codes"] = list(self.ok_codes)
-        if self.read_only:
-            d["read_only"] = True   # the host's audit log records mutating execs only
-        return d
-
-    def describe(self) -> str:
-        if self.op == "write":
-            return f"write {self.value!r} > {self.path}"
-        if self.op == "exec":
-            return "exec " + " ".join(self.argv or ())
-        return f"{self.op} {self.path}"
-
-
-@dataclass(frozen=True)
-class OpResult:
-    op: Op
-    ok: bool
-    errno: int | None = None
-    error: str | None = None
-    skipped: bool = False
-    value: int | None = None
-    rc: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    results: tuple[OpResult, ...]
-    after: Snapshot = field(default_factory=lambda: Snapshot({}))
-    lock_wait_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.results)
-
-    def __iter__(self) -> Iterator[OpResult]:
-        return iter(self.results)
-
-    def __len__(self) -> int:
-        return len(self.results)
-
-    def __getitem__(self, i: int) -> OpResult:
-        return self.results[i]
-
-    def failures(self) -> list[OpResult]:
-        return [r for r in self.results if not r.ok and not r.skipped]
 
 
 @runtime_checkable
