@@ -171,3 +171,21 @@ def test_nic_vf_request_is_served_from_the_hosts_nic_vfs():
     xml = next(s.xml for s in p.steps if isinstance(s, DefineDomain))
     assert "type=\"hostdev\"" in xml or "type='hostdev'" in xml
     assert "0x05" in xml and "52:54:00:aa:bb:01" in xml
+
+
+def test_place_one_by_need_for_one_device_at_a_time():
+    from vgpuvirt.model import PciAddress
+    from vgpuvirt.provision.by_need import place_one, profile_at, smallest_fitting_type
+
+    inv = t4_host(mdevs=(("a1b2c3d4-0000-4000-8000-000000000001", "0000:3b:00.0", "nvidia-232"),))
+    need = VgpuRequest(min_framebuffer_mib=1024, series="Q")
+    # Anywhere: the smallest fitting type wins (1Q on the empty GPU).
+    a = place_one(inv, need, kind="mdev")
+    assert (str(a.slot), a.type.id) == ("0000:d8:00.0", "nvidia-230")
+    # Limited to the GPU that runs 4 GiB vGPUs: equal-size mode gives the 4 GiB Q type there.
+    b = place_one(inv, need, kind="mdev", where=PciAddress.parse("0000:3b:00.0"))
+    assert (str(b.slot), b.type.id) == ("0000:3b:00.0", "nvidia-232")
+    with pytest.raises(NoCapacity):
+        place_one(inv, VgpuRequest(type="nvidia-231"), kind="mdev", where=PciAddress.parse("0000:3b:00.0"))
+    assert profile_at(inv, PciAddress.parse("0000:3b:00.0"), "nvidia-232").framebuffer_mib == 4096
+    assert smallest_fitting_type(inv, need, PciAddress.parse("0000:d8:00.0")) == "nvidia-230"

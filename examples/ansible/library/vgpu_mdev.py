@@ -220,10 +220,9 @@ try:
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.model import MdevUuid, PciAddress
-    from vgpuvirt.provision.placement import place
+    from vgpuvirt.provision.by_need import place_one, profile_at, smallest_fitting_type
     from vgpuvirt.provision.plan import mdev_uuid_for
-    from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
-    from vgpuvirt.provision.state import host_state
+    from vgpuvirt.provision.request import TypeProfile, VgpuRequest, fit
     from vgpuvirt.services.inventory import VendorType, inventory
     from vgpuvirt.services.mdev import MdevService
     from vgpuvirt.services.vendor_vgpu import VendorVgpuService
@@ -271,32 +270,6 @@ def the_request(params):
     return VgpuRequest(type=params["type"], **need)
 
 
-def choose(inv, req, *, kind, label, where):
-    """(place, type profile) for ``req``: vgpuvirt's placement, limited to slots of ``kind`` at ``where``."""
-    hs = host_state(inv)
-    for g in hs.gpus:
-        g.slots = [s for s in g.slots if s.kind == kind
-                   and (where is None or where in (s.address, g.address))]
-    assignments, _ = place([VmRequest(name=label, gpus=(req,), start=False)], {hs.name: hs})
-    return assignments[0].slot, assignments[0].type
-
-
-def profile_of(inv, slot_address, type_id):
-    """The TypeProfile placement uses for an existing vGPU's type (for matching it against a request)."""
-    for g in host_state(inv).gpus:
-        for s in g.slots:
-            if s.address == slot_address and type_id in s.profiles:
-                return s.profiles[type_id]
-    return None
-
-
-def fitting_type_id(inv, req, slot_address):
-    """The id of the smallest type at ``slot_address`` that satisfies ``req``, or None."""
-    profiles = [prof for g in host_state(inv).gpus for s in g.slots if s.address == slot_address
-                for prof in s.profiles.values() if fit(req, prof) is None]
-    return min(profiles, key=smallest_key).id if profiles else None
-
-
 def mdev_present(module, host, inv, u, req):
     p = module.params
     svc = MdevService(host, mdevctl=p["mdevctl_command"])
@@ -306,16 +279,16 @@ def mdev_present(module, host, inv, u, req):
     if found is not None:
         # Keep an existing device that satisfies the request; ensure() refuses one that does not.
         type_id = found.type
-        prof = profile_of(inv, PciAddress.parse(found.parent), found.type)
+        prof = profile_at(inv, PciAddress.parse(found.parent), found.type)
         if req is not None and (prof is None or fit(req, prof) is not None):
             # Name the type that was asked for, so ensure() reports the conflict in mdevctl's words.
-            type_id = fitting_type_id(inv, req, PciAddress.parse(found.parent)) or found.type
+            type_id = smallest_fitting_type(inv, req, PciAddress.parse(found.parent)) or found.type
         return svc.ensure(u, str(parent) if parent else found.parent, type_id, persist=persist,
                           dry_run=module.check_mode), found.parent, found.type
     if req is None:
         raise InvalidSpec("type/need", None, f"a vGPU type or need: mdev {u} does not exist yet")
-    slot, prof = choose(inv, req, kind="mdev", label=str(u), where=parent)
-    change = svc.ensure(u, slot, prof.id, persist=persist, dry_run=module.check_mode)
+    chosen = place_one(inv, req, kind="mdev", vm=str(u), where=parent)
+    change = svc.ensure(u, chosen.slot, chosen.type.id, persist=persist, dry_run=module.check_mode)
     return change, None, None
 
 
@@ -336,8 +309,8 @@ def vf_present(module, host, inv, vf, req):
             return svc.assign(found.current_type, vf=vf, dry_run=module.check_mode), found.current_type
     if req is None:
         raise InvalidSpec("type/need", None, f"a vGPU type or need: VF {vf} has no vGPU type yet")
-    _, prof = choose(inv, req, kind="vendor-vf", label=f"vf-{vf.bus:02x}-{vf.slot:02x}-{vf.function}", where=vf) \
-        if found is not None and found.current_type == 0 else (None, None)
+    prof = place_one(inv, req, kind="vendor-vf", vm=f"vf-{vf.bus:02x}-{vf.slot:02x}-{vf.function}", where=vf).type \
+        if found is not None and found.current_type == 0 else None
     type_id = prof.numeric_id if prof is not None else req.type
     return svc.assign(type_id, vf=vf, dry_run=module.check_mode), (found.current_type if found else None)
 
