@@ -93,7 +93,8 @@ class LibvirtConnection:
     """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is)."""
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
-        if not isinstance(uri, str) or not uri or any(c in uri for c in "\0\n\r"):
+        # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it
+        if not isinstance(uri, str) or not uri or not uri.isprintable():
             raise InvalidSpec("libvirt URI", uri, "a URI such as qemu:///system or test:///default")
         self.uri = uri
         self.retry = retry

@@ -19,6 +19,14 @@ from vgpuvirt.errors import VgpuvirtError
 SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "sim")
 
 
+def one_line(text: str) -> str:
+    """``text`` as one terminal line: control characters and line separators (which may come from the user's
+    input or from a host) are shown escaped, never acted on by the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vgpuvirt", description="GPU-backed VMs on KVM/libvirt hosts")
     p.add_argument("--host", default="local", help="local (default), ssh://[user@]host[:port] or sim:PROFILE")
@@ -54,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc: int = args.func(ctx, args)
         return rc
     except VgpuvirtError as exc:
-        print(f"vgpuvirt: error: {exc}", file=sys.stderr)
+        print(f"vgpuvirt: error: {one_line(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)
