@@ -29,3 +29,24 @@ def test_a_file_that_is_not_utf8_gets_a_one_line_error(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert rc != 0
     assert err.startswith("vgpuvirt: error: ") and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("content", [b"\x80\n", b":\n", b"12ab\n", b"\xc2\xa0\n"])
+def test_sim_umount_with_a_pid_file_that_holds_no_pid_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path, content: bytes) -> None:
+    pid_file = tmp_path / "pid"
+    pid_file.write_bytes(content)
+    rc = main(["sim", "umount", str(tmp_path / "not-mounted"), "--pid-file", str(pid_file)])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert err.startswith("vgpuvirt: error: ") and len(err.splitlines()) == 1, err
+    assert pid_file.read_bytes() == content  # nothing removed
+
+
+def test_a_name_that_is_not_utf8_is_printed_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    # argv holds undecodable bytes as surrogates; echoing one to a UTF-8 stdout raised UnicodeEncodeError
+    rc = main(["--host", "sim:t4x2", "teardown", "--connect", "test:///default", "vm\udc80"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert "vm\\udc80" in out + err
+    assert rc in (0, 1)

@@ -214,3 +214,9 @@ def test_a_uri_that_is_not_text_is_refused_before_libvirt(uri):
     # escaped as UnicodeEncodeError with a traceback
     with pytest.raises(InvalidSpec, match="libvirt URI"):
         LibvirtConnection(uri)
+
+
+def test_an_error_message_libvirt_cannot_decode_is_a_libvirt_error():
+    # found by tests/fuzz: for test:///%80 libvirt's error text is not UTF-8; the binding then raises SystemError
+    with pytest.raises(LibvirtError, match="not UTF-8"):
+        LibvirtConnection("test:///%80", readonly=True).domains()
