@@ -50,3 +50,14 @@ def test_a_name_that_is_not_utf8_is_printed_escaped(capsys: pytest.CaptureFixtur
     assert "Traceback" not in err
     assert "vm\\udc80" in out + err
     assert rc in (0, 1)
+
+
+@pytest.mark.parametrize("content", [b"[" * 5000, b'{"a": ' * 3000 + b"1" + b"}" * 3000])
+def test_iommu_release_with_a_deeply_nested_record_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path, content: bytes) -> None:
+    record = tmp_path / "rec.json"
+    record.write_bytes(content)
+    rc = main(["--host", "sim:desktop", "iommu", "release", "--record", str(record)])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert err.startswith("vgpuvirt: error: ") and len(err.splitlines()) == 1, err
