@@ -9,6 +9,7 @@ leave the simulated host unchanged, and a write that the kernel would refuse fai
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,10 @@ def _regular_files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+MARKUP = [b"[/x]", b"GRID T4-2Q[/x]\n", b"[bold]x", b"[link=http://evil]x[/link]", b"\x1b[2J\x1b]8;;http://x\x07",
+          b"\x1b]0;title\x07", b"name\rspoof", b"\xe2\x80\xae\n"]
 content = st.one_of(junk_text(80).map(lambda s: s.encode("utf-8", "surrogateescape")), st.binary(max_size=80),
+                    st.sampled_from(MARKUP), st.sampled_from(MARKUP),
                     st.sampled_from([b"", b"\n", b"-1\n", b"99999999999999999999\n", b"0x\n", b"[/x]\n",
                                      b"GRID T4-2Q[/x]\n", b"\x1b[2J\x1b]8;;http://x\x07", b"\xff" * 5000,
                                      *(i.encode("utf-8", "surrogateescape") for i in INJECTIONS)]))
@@ -115,13 +119,16 @@ def test_hostile_file_contents_in_a_tree(trees: dict[str, Path]) -> None:
 
     from vgpuvirt.host.local import LocalHost
     files = {p: _regular_files(d) for p, d in trees.items()}
+    # files holding words (type names, descriptions, uevents) are printed as such: pick them half the time
+    wordy = {p: [f for f in fs if re.search(rb"[g-zG-Z ]", (trees[p] / f).read_bytes())] for p, fs in files.items()}
 
     @fuzz_settings(500)
     @given(profile=st.sampled_from(sorted(trees)), data=st.data())
     def case(profile: str, data: st.DataObject) -> None:
         count("sim:tree-file-contents")
         root = trees[profile]
-        picked = data.draw(st.lists(st.tuples(st.sampled_from(files[profile]), content), min_size=1, max_size=3,
+        path = st.one_of(st.sampled_from(files[profile]), st.sampled_from(wordy[profile]))
+        picked = data.draw(st.lists(st.tuples(path, content), min_size=1, max_size=3,
                                     unique_by=lambda t: t[0]))
         saved = {rel: (root / rel).read_bytes() for rel, _ in picked}
         try:
@@ -130,12 +137,16 @@ def test_hostile_file_contents_in_a_tree(trees: dict[str, Path]) -> None:
             inv = refuses_cleanly(lambda: inventory(LocalHost(str(root)), nvidia_smi=False, use_nvml=False))
             if inv is not None:
                 json.dumps(inv.to_dict())
-            verb = data.draw(st.sampled_from([["types"], ["inventory"], ["inventory", "--json"], ["mdev", "list"],
+            verb = data.draw(st.sampled_from([["types"], ["types"], ["types", "--available"], ["inventory"],
+                                              ["inventory", "--json"], ["mdev", "list"],
                                               ["iommu", "check", "0000:3b:00.0"], ["sriov", "show"]]))
             r = run_cli(["--sysfs-root", str(root), *verb[:1], *(["--no-nvidia-smi", "--nvml", "no"]
                                                                   if verb[0] in ("types", "inventory") else []),
                          *verb[1:]])
             r.check(report_rc=(1,) if verb[0] == "iommu" else ())
+            # host text is printed as text: no terminal control sequence of the host's reaches the user's terminal
+            leaked = [c for c in "\x1b\x07\x9b\r" if c in r.stdout + r.stderr]
+            assert not leaked, f"control characters {leaked!r} from host files reached the terminal: {verb!r}"
         finally:
             for rel, raw in saved.items():
                 (root / rel).write_bytes(raw)
