@@ -201,4 +201,8 @@ def run_cli(argv: list[str], opened: list[Any] | None = None) -> CliRun:
             rc = main(argv)
         except SystemExit as exc:  # argparse
             rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        except RecursionError:
+            # a crash like any other, reported without its thousand frames: formatting those for every
+            # shrinking step would take hypothesis' whole shrinking budget (minutes)
+            raise AssertionError(f"RecursionError escaped main for {argv!r}") from None
     return CliRun(list(argv), rc, out.value(), err.value(), list(opened or []))
