@@ -94,7 +94,8 @@ class LibvirtConnection:
     """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is)."""
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
-        if not isinstance(uri, str) or not uri or any(c in uri for c in "\0\n\r"):
+        # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it
+        if not isinstance(uri, str) or not uri or not uri.isprintable():
             raise InvalidSpec("libvirt URI", uri, "a URI such as qemu:///system or test:///default")
         self.uri = uri
         self.retry = retry
@@ -113,6 +114,8 @@ class LibvirtConnection:
                     self._conn = libvirt.openReadOnly(self.uri) if self.readonly else libvirt.open(self.uri)
                 except libvirt.libvirtError as exc:
                     raise self._translate(exc, None, "cannot connect") from exc
+                except SystemError as exc:
+                    raise self._undecodable(None, "cannot connect") from exc
             return self._conn
 
     def close(self) -> None:
@@ -147,6 +150,12 @@ class LibvirtConnection:
         return LibvirtError(f"{what} failed on {self.uri}: {msg or exc} (libvirt error {code})",
                             domain=domain, code=code, uri=self.uri)
 
+    def _undecodable(self, domain: str | None, what: str) -> LibvirtError:
+        # libvirt-python raises SystemError ("returned a result with an exception set") when libvirt's own
+        # error text is not UTF-8, e.g. for a URI with a percent-escaped byte such as test:///%80
+        return LibvirtError(f"{what} failed on {self.uri}: libvirt's error message is not UTF-8 text",
+                            domain=domain, uri=self.uri)
+
     def _call(self, domain: str | None, what: str, fn: Callable[[], T]) -> T:
         libvirt = _import_libvirt()
 
@@ -155,6 +164,8 @@ class LibvirtConnection:
                 return fn()
             except libvirt.libvirtError as exc:
                 raise self._translate(exc, domain, what) from exc
+            except SystemError as exc:
+                raise self._undecodable(domain, what) from exc
 
         return self.retry()(once)  # type: ignore[no-any-return]
 

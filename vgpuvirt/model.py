@@ -59,7 +59,7 @@ class PciAddress:
         """From libvirt ``<address>`` attributes (``0x3b`` or decimal)."""
         try:
             return cls(*(int(v, 0) for v in (domain, bus, slot, function)))
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a non-string (None from a missing attribute)
             raise InvalidSpec("libvirt PCI address", (domain, bus, slot, function),
                               "0x-prefixed hex or decimal integers") from None
 
@@ -82,6 +82,8 @@ class PciAddress:
 
     @classmethod
     def from_nvml(cls, text: str) -> PciAddress:
+        if not isinstance(text, str):
+            raise InvalidSpec("NVML PCI bus id", text, "dddddddd:BB:SS.F")
         m = re.fullmatch(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$", text.strip())
         if not m:
             raise InvalidSpec("NVML PCI bus id", text, "dddddddd:BB:SS.F")
@@ -275,6 +277,8 @@ class MacAddress:
 
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse a kernel CPU list (``0-3,8,10-11``) into a set of CPU numbers."""
+    if not isinstance(text, str):  # a number or None from YAML/JSON must not surface as AttributeError
+        raise InvalidSpec("CPU list", text, "comma-separated CPUs and ranges, e.g. 0-3,8")
     cpus: set[int] = set()
     s = text.strip()
     if not s:

@@ -206,3 +206,17 @@ def test_an_undefine_failing_without_an_error_code_falls_back_to_the_plain_call(
         assert conn.undefine(name) == []
         assert name not in conn.raw.listDefinedDomains()
     assert dom.calls == ["undefineFlags", "undefine"]
+
+
+@pytest.mark.parametrize("uri", ["test:///\udc80", "test:///default\udcff", "qemu:///system\ud800"])
+def test_a_uri_that_is_not_text_is_refused_before_libvirt(uri):
+    # found by tests/fuzz: a non-UTF-8 byte in argv (surrogate-escaped by Python) reached libvirt.open and
+    # escaped as UnicodeEncodeError with a traceback
+    with pytest.raises(InvalidSpec, match="libvirt URI"):
+        LibvirtConnection(uri)
+
+
+def test_an_error_message_libvirt_cannot_decode_is_a_libvirt_error():
+    # found by tests/fuzz: for test:///%80 libvirt's error text is not UTF-8; the binding then raises SystemError
+    with pytest.raises(LibvirtError, match="not UTF-8"):
+        LibvirtConnection("test:///%80", readonly=True).domains()

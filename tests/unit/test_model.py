@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -22,6 +23,8 @@ from vgpuvirt.model import (
     format_cpulist,
     parse_cpulist,
 )
+from vgpuvirt.provision.request import VmRequest, parse_resolution
+from vgpuvirt.xml import CpuPinning
 
 pci = st.builds(PciAddress, st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F), st.integers(0, 7))
 
@@ -243,3 +246,22 @@ def test_constructors_refuse_a_trailing_newline(cls: type, good: str) -> None:
     assert str(cls(good)) == good
     with pytest.raises(InvalidSpec):
         cls(good + "\n")
+
+
+
+@pytest.mark.parametrize("bad", [0, b"0-3", 1.5, ["0"]])
+@pytest.mark.parametrize("call", [
+    parse_cpulist,
+    PciAddress.from_nvml,
+    lambda v: PciAddress.from_libvirt("0x0000", "0x3b", v, "0x0"),
+    parse_resolution,
+    lambda v: VmRequest("vm1", host_cpus=v),
+    lambda v: VmRequest("vm1", gpus=v),
+    CpuPinning.from_cpulist,
+    CpuPinning,
+], ids=["parse_cpulist", "from_nvml", "from_libvirt", "parse_resolution", "VmRequest.host_cpus", "VmRequest.gpus",
+        "CpuPinning.from_cpulist", "CpuPinning"])
+def test_a_value_of_the_wrong_type_is_refused_as_invalid(call: Callable[[object], object], bad: object) -> None:
+    # found by tests/fuzz: a number or None from YAML/JSON (Ansible, request files) gave AttributeError/TypeError
+    with pytest.raises(InvalidSpec):
+        call(bad)

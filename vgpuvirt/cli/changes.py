@@ -32,6 +32,8 @@ def domains(args: argparse.Namespace) -> list[tuple[str, str]] | None:
             out.append((Path(f).stem, Path(f).read_text()))
         except OSError as exc:
             raise InvalidSpec("--domain-xml", f, f"a readable file ({exc.strerror})") from exc
+        except UnicodeDecodeError as exc:
+            raise InvalidSpec("--domain-xml", f, f"a UTF-8 domain XML file ({exc.reason} at byte {exc.start})") from exc
     uri = getattr(args, "libvirt_uri", None)
     if uri:
         from vgpuvirt.libvirt_conn import LibvirtConnection

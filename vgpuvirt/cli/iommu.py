@@ -78,7 +78,7 @@ def _release(ctx: Context, args: argparse.Namespace) -> int:
     if args.record:
         try:
             target = BindingRecord.from_dict(json.loads(Path(args.record).read_text()))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: a deeply nested document
             if isinstance(exc, InvalidSpec):
                 raise
             raise InvalidSpec("--record", args.record, f"a JSON record written by `iommu prepare` ({exc})") from exc

@@ -113,9 +113,10 @@ def _build(ctx: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str) -> str:
+def _read(path: str) -> bytes:
+    # bytes: the XML parser honours the document's own encoding and reports bad bytes as an XmlError
     try:
-        return Path(path).read_text()
+        return Path(path).read_bytes()
     except OSError as exc:
         raise InvalidSpec("domain XML file", path, f"a readable file ({exc.strerror})") from exc
 

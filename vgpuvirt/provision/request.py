@@ -28,6 +28,8 @@ _RES_RE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
 def parse_resolution(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
+    if not isinstance(text, str):
+        raise InvalidSpec("resolution", text, "WIDTHxHEIGHT such as 3840x2160")
     m = _RES_RE.match(text.strip())
     return (int(m[1]), int(m[2])) if m else None
 
@@ -236,7 +238,12 @@ class VmRequest:
 
     def __post_init__(self) -> None:
         DomainName.parse(self.name)
-        gpus = tuple(self.gpus) if not isinstance(self.gpus, VgpuRequest) else (self.gpus,)
+        if isinstance(self.gpus, VgpuRequest):
+            gpus: tuple[VgpuRequest, ...] = (self.gpus,)
+        elif isinstance(self.gpus, list | tuple) and all(isinstance(g, VgpuRequest) for g in self.gpus):
+            gpus = tuple(self.gpus)
+        else:
+            raise InvalidSpec("GPU list", self.gpus, "VgpuRequest values")
         if not gpus:
             raise InvalidSpec("GPU list", self.gpus, "at least one GPU request")
         object.__setattr__(self, "gpus", gpus)

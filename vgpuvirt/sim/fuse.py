@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from vgpuvirt.errors import HostError, MissingDependency
+from vgpuvirt.errors import HostError, InvalidSpec, MissingDependency
 from vgpuvirt.sim.fs import SimFs
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
@@ -155,8 +155,11 @@ def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0)
         else:
             raise HostError("local", f"cannot unmount {mountpoint}")
     if pid_file and os.path.exists(pid_file):
-        with open(pid_file, encoding="ascii") as fh:
-            pid = int(fh.read().strip() or "0")
+        try:
+            with open(pid_file, encoding="ascii") as fh:
+                pid = int(fh.read().strip() or "0")
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidSpec("--pid-file", pid_file, "a file holding the pid `sim mount --background` wrote") from exc
         deadline = time.monotonic() + timeout
         while pid > 0 and time.monotonic() < deadline:
             try:

@@ -179,6 +179,11 @@ class CpuPinning:
     emulator_cpus: frozenset[int] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.vcpu_cpus, list | tuple):
+            raise InvalidSpec("vCPU pinning", self.vcpu_cpus, "a non-empty list of host CPU numbers")
+        if not isinstance(self.emulator_cpus, set | frozenset | list | tuple) or any(
+                not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in self.emulator_cpus):
+            raise InvalidSpec("emulator pinning", self.emulator_cpus, "a set of host CPU numbers")
         cpus = tuple(self.vcpu_cpus)
         if not cpus or any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in cpus):
             raise InvalidSpec("vCPU pinning", self.vcpu_cpus, "a non-empty list of host CPU numbers")

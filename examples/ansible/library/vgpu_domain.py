@@ -270,7 +270,7 @@ ARGUMENT_SPEC = dict(
     domain_options=dict(type="dict"),
     policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
     remove_storage=dict(type="bool", default=False),
-    uri=dict(type="str", default="qemu:///system"),
+    uri=dict(type="str", default="qemu:///system", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     sysfs_root=dict(type="path", default="/"),
     host_name=dict(type="str"),
 )

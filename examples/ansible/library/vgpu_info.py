@@ -162,7 +162,7 @@ else:
 
 ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),
-    uri=dict(type="str"),
+    uri=dict(type="str", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     use_nvml=dict(type="bool"),
 )
 

@@ -252,7 +252,7 @@ ARGUMENT_SPEC = dict(
     parent=dict(type="str"),
     persistent=dict(type="bool", default=False),
     mdevctl_command=dict(type="list", elements="str", default=["mdevctl"]),
-    uri=dict(type="str"),
+    uri=dict(type="str", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     sysfs_root=dict(type="path", default="/"),
     host_name=dict(type="str"),
 )

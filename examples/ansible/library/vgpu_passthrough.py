@@ -173,7 +173,7 @@ ARGUMENT_SPEC = dict(
     addresses=dict(type="list", elements="str", required=True),
     state=dict(type="str", choices=["checked", "prepared", "released"], default="checked"),
     binding=dict(type="dict"),
-    uri=dict(type="str"),
+    uri=dict(type="str", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     domain=dict(type="str"),
     timeout=dict(type="float", default=10.0),
     sysfs_root=dict(type="path", default="/"),
