@@ -291,3 +291,12 @@ def test_domain_options_of_the_right_types_are_accepted() -> None:
     opts = DomainOptions.from_mapping(vm.domain_settings())
     assert opts.hugepages is True and opts.threads_per_core == 2 and opts.evdev[0].device == "/dev/input/by-id/kbd"
     assert opts.virtio_nics is not None and opts.virtio_nics[0].kind == "user"
+
+
+@pytest.mark.parametrize("kw", [{"machine": 0}, {"hyperv_vendor_id": 0}, {"threads_per_core": True}, {"hyperv": 1},
+                                {"graphics_listen": None}])
+def test_domain_options_in_python_refuse_a_value_of_the_wrong_type(kw: dict[str, object]) -> None:
+    from vgpuvirt.xml import DomainOptions
+
+    with pytest.raises(InvalidSpec, match="domain option"):
+        DomainOptions(**kw)  # type: ignore[arg-type]

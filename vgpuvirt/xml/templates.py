@@ -102,6 +102,10 @@ class DomainOptions:
     numa_mode: str = "strict"
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            # Scalars of exactly their type (machine=0 or threads_per_core=True is refused, not half-used).
+            if str(f.type).partition(" | ")[0] in _SCALARS:
+                _option_value(f.name, str(f.type), getattr(self, f.name))
         if self.graphics not in (None, "spice", "vnc", "none"):
             raise InvalidSpec("graphics", self.graphics, "spice | vnc | none")
         if self.hyperv_vendor_id is not None and not _VENDOR_ID_RE.match(self.hyperv_vendor_id):
