@@ -11,11 +11,10 @@ import argparse
 import json
 import re
 import time
-import unicodedata
 from typing import Any
 
 from vgpuvirt import audit as client_audit
-from vgpuvirt.cli.context import Context
+from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.audit_log import parse_audit
 
@@ -58,10 +57,8 @@ def since_stamp(text: str, now: float | None = None) -> str:
 
 
 def plain(value: Any) -> str:
-    """Text from a host as plain text: control and format characters (escapes, bidi overrides) escaped."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x100 and unicodedata.category(c) == "Cc"
-                   else f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf") else c for c in text)
+    """A record's field as inert text (JSON for non-strings), through the CLI's one escaper."""
+    return printable(value if isinstance(value, str) else json.dumps(value))
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
