@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,3 +186,53 @@ def _host_state_in_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.
             os.environ.pop("VGPUVIRT_AUDIT_LOG", None)
         else:
             os.environ["VGPUVIRT_AUDIT_LOG"] = saved_env
+
+
+# -- generated-case suites (tests/property, tests/fuzz) --------------------------------------------
+# Their fixtures and summary lines live here: a second file named conftest.py in a subdirectory would
+# shadow this one for the test modules that `from conftest import ...` (pytest imports each as "conftest").
+
+_REFEREE_TALLY = pytest.StashKey[Counter]()
+
+
+@pytest.fixture(scope="session")
+def referee_tally(request: pytest.FixtureRequest) -> Counter:
+    """The capacity referee's session-wide counts (cases per property, planner refusals, ...)."""
+    return request.config.stash.setdefault(_REFEREE_TALLY, Counter())
+
+
+@pytest.fixture(scope="module")
+def opened_hosts() -> Iterator[list[Any]]:
+    """Every Host the CLI opens (through ``open_host``) is appended here, so a fuzz test can look at its state."""
+    import vgpuvirt.cli.context
+    import vgpuvirt.cli.provision
+    from vgpuvirt.hosts import open_host
+
+    opened: list[Any] = []
+
+    def recording_open_host(*a: Any, **kw: Any) -> Any:
+        host = open_host(*a, **kw)
+        opened.append(host)
+        return host
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vgpuvirt.cli.context, "open_host", recording_open_host)
+        mp.setattr(vgpuvirt.cli.provision, "open_host", recording_open_host)
+        yield opened
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """How many generated cases the property and fuzz suites ran (shown under ``-q`` too)."""
+    tally = config.stash.get(_REFEREE_TALLY, None)
+    if tally:
+        total = tally["soundness cases"] + tally["completeness cases"]
+        terminalreporter.write_sep("-", "capacity referee")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+        terminalreporter.write_line(f"{total} generated cases run: {counts}")
+    fuzzkit = sys.modules.get("fuzzkit")          # tests/fuzz/fuzzkit.py, when the fuzz suite ran
+    cases: dict[str, int] = getattr(fuzzkit, "CASES", {}) if fuzzkit is not None else {}
+    if cases:
+        terminalreporter.write_sep("-", f"fuzz: {sum(cases.values())} generated cases in {len(cases)} tests")
+        if config.getoption("verbose") > 0:
+            for name, n in sorted(cases.items()):
+                terminalreporter.write_line(f"  {n:6d}  {name}")
