@@ -12,14 +12,13 @@ import pytest
 from vgpuvirt.errors import LibvirtError, NoCapacity, ProvisioningError
 from vgpuvirt.host.base import Op
 from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
+from vgpuvirt.model import PciAddress
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision
 from vgpuvirt.provision.steps import SetMixedSize
 from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budgets
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
-
-libvirt = pytest.importorskip("libvirt")
 
 
 @pytest.fixture
@@ -65,7 +64,7 @@ def test_mixed_size_mode_counts_the_framebuffer_left() -> None:
     t8 = VgpuType("t8", "X-8Q", 8192, 6)
     t16 = VgpuType("t16", "X-16Q", 16384, 3)
     places = tuple(Place(f"vf{i}", "vendor-vf", True, {"t8": 1, "t16": 1}) for i in range(8))
-    b = GpuBudget("h", pytest.importorskip("vgpuvirt.model").PciAddress.parse("0000:01:00.0"), "nvidia", "free",
+    b = GpuBudget("h", PciAddress.parse("0000:01:00.0"), "nvidia", "free",
                   {"t8": t8, "t16": t16}, places, (), framebuffer_mib=49152, sizing="mixed")
     b = b.with_vgpu("t16", "vf0").with_vgpu("t16", "vf1")      # 32 GiB taken
     assert b.fit("t8").fits_now == 2 and b.fit("t16").fits_now == 1
@@ -93,7 +92,7 @@ def test_gvtg_pool_takes_the_kernels_count_then_estimates() -> None:
 
 def test_the_host_is_the_authority_when_the_rules_cannot_count() -> None:
     t = VgpuType("t", "unknown", None, None)
-    b = GpuBudget("h", pytest.importorskip("vgpuvirt.model").PciAddress.parse("0000:01:00.0"), "nvidia", "free",
+    b = GpuBudget("h", PciAddress.parse("0000:01:00.0"), "nvidia", "free",
                   {"t": t}, (Place("0000:01:00.0", "mdev", False, {"t": 5}),), sizing="equal")
     f = b.fit("t")
     assert (f.fits_now, f.exact) == (1, False) and "the host is the only authority" in f.reason

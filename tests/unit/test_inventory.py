@@ -1,4 +1,5 @@
-"""Inventory on trees built from shared/hostdata transcripts and from scratch, read through LocalHost."""
+"""Inventory on trees built from hostdata transcripts (tests/fixtures/hostdata) and from scratch, read
+through LocalHost."""
 
 from __future__ import annotations
 
@@ -17,9 +18,6 @@ from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory, invent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import trees
-
-if not trees.HOSTDATA.exists():  # pragma: no cover
-    pytest.skip("shared/hostdata not present", allow_module_level=True)
 
 T4_MDEV = "a1b2c3d4-0000-4000-8000-000000000001"
 

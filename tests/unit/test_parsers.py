@@ -1,4 +1,4 @@
-"""Parsers against every format in shared/hostdata, real transcripts included."""
+"""Parsers against every hostdata format (tests/fixtures/hostdata), real transcripts included."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ import pytest
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
 
-HOSTDATA = Path(__file__).resolve().parents[3] / "shared" / "hostdata"
+HOSTDATA = Path(__file__).resolve().parents[1] / "fixtures" / "hostdata"
 
 
 def hostdata(name: str) -> str:
-    path = HOSTDATA / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return path.read_text()
+    return (HOSTDATA / name).read_text()
 
 
 # -- NVIDIA description ---------------------------------------------------------------------
