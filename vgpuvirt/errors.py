@@ -183,6 +183,7 @@ class ProvisioningError(VgpuvirtError):
 
     def __init__(self, message: str, *, completed: list[str], rollback: list[str],
                  cause: BaseException | None = None) -> None:
+        self.reason = message
         self.completed = completed
         self.rollback = rollback
         self.cause = cause

@@ -6,6 +6,7 @@ nvidia_vfio_vendor_specific.txt); availability follows the equal-size rule.
 
 from __future__ import annotations
 
+from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services.inventory import Gpu, Inventory, Mdev, MdevParent, MdevType, PciDevice, VendorType, VendorVf
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
@@ -112,3 +113,13 @@ def desktop_host(name: str = "h3") -> Inventory:
             backend="passthrough", numa_node=0, vfs=[], functions=[PciAddress.parse(audio)])
     return Inventory(host=name, iommu_enabled=True, pci_devices=devs, iommu_groups=groups, mdev_parents=[],
                      mdevs=[], vendor_vgpu=[], gpus=[g], warnings=[])
+
+
+def drop_test_domains(conn: LibvirtConnection) -> None:
+    """Destroy and undefine every domain a test defined on libvirt's test driver (its own ``test`` stays),
+    then close: ``test:///default`` keeps one state per process."""
+    for d in conn.domains():
+        if d.name != "test":
+            conn.destroy(d.name)
+            conn.undefine(d.name)
+    conn.close()

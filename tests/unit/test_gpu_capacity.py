@@ -8,6 +8,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
+from provision_fixtures import drop_test_domains
 
 from vgpuvirt.errors import LibvirtError, NoCapacity, ProvisioningError
 from vgpuvirt.host.base import Op
@@ -25,11 +26,7 @@ from vgpuvirt.sim import SimHost
 def conn():
     c = LibvirtConnection("test:///default", retry=no_retry)
     yield c
-    for d in c.domains():
-        if d.name != "test":
-            c.destroy(d.name)
-            c.undefine(d.name)
-    c.close()
+    drop_test_domains(c)
 
 
 def _budget(profile: str, gpu: str) -> GpuBudget:
@@ -108,7 +105,6 @@ def test_capacity_section_in_the_inventory_json() -> None:
 
 
 def test_existing_vgpus_are_residents() -> None:
-    inv = inventory(SimHost.from_profile("t4x2"))
     host = SimHost.from_profile("t4x2")
     assert host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-232/create",
                                 str(uuid.uuid4()))]).ok

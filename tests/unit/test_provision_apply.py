@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+from provision_fixtures import drop_test_domains
 
 from vgpuvirt.errors import LibvirtError, ProvisioningError, TransportError
 from vgpuvirt.host.base import Op
@@ -73,11 +74,7 @@ class FaultyConn(LibvirtConnection):
 def conn():
     c = FaultyConn("test:///default", retry=no_retry)
     yield c
-    for d in c.domains():
-        if d.name != "test":
-            c.destroy(d.name)
-            c.undefine(d.name)
-    c.close()
+    drop_test_domains(c)
 
 
 def _prefix() -> str:

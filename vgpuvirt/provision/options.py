@@ -65,7 +65,7 @@ def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> Option | s
 def _fitting_types(req: VgpuRequest, g: GpuState) -> tuple[dict[str, TypeProfile], list[str]]:
     types: dict[str, TypeProfile] = {}
     misfit: list[str] = []
-    for tid, prof in g.vgpu_profiles().items():
+    for tid, prof in g.type_profiles.items():
         why = _fit(req, prof)
         if why is None:
             types[tid] = prof
@@ -171,7 +171,6 @@ def commit(o: Option) -> None:
     g.budget = g.budget.with_vgpu(t.id, str(s.address))
     if s.is_vf:
         s.blocked = "VF holds a planned vGPU"
-    g.planned += 1
 
 
 def rank(vm: VmRequest, req: VgpuRequest, hosts: Sequence[HostState], policy: Policy,

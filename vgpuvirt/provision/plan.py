@@ -325,6 +325,6 @@ def _mixed_size_steps(hs: Mapping[str, HostState], placed: Sequence[Assignment])
     for h in hs.values():
         for g in h.gpus:
             first = next((a for a in placed if a.host == h.name and a.gpu == g.address), None)
-            if first is not None and any(p.kind == "mixed-size" for p in g.prep):
+            if first is not None and g.switch_to_mixed:
                 out.append(SetMixedSize(h.name, first.vm, g.address))
     return out

@@ -16,11 +16,12 @@ from typing import Literal
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName, PciAddress, parse_cpulist
+from vgpuvirt.services.inventory_model import VENDOR_KEYS
 
 Mode = Literal["vgpu", "passthrough", "vf"]
 SERIES = ("Q", "B", "A", "C")
 VENDORS = ("nvidia", "intel", "amd")
-VENDOR_IDS = {"0x10de": "nvidia", "0x8086": "intel", "0x1002": "amd"}
+VENDOR_IDS = VENDOR_KEYS
 
 _RES_RE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
 

@@ -126,7 +126,7 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
                 undone.append(f"{host}: FAILED to disable the VFs of {pf}: {err}")
         made = [f"{h}: enabled VFs on {pf}" for h, pf in enabled]
         if isinstance(exc, ProvisioningError):
-            raise ProvisioningError(str(exc.args[0]).split(" (completed:")[0], completed=[*made, *exc.completed],
+            raise ProvisioningError(exc.reason, completed=[*made, *exc.completed],
                                     rollback=[*exc.rollback, *undone], cause=exc.cause) from exc
         if undone and isinstance(exc, VgpuvirtError):
             raise ProvisioningError(f"after enabling SR-IOV: {exc}", completed=made, rollback=undone,

@@ -35,11 +35,11 @@ class _GaveUp(Exception):
 
 
 def _save(g: GpuState, o: Option) -> tuple[Any, ...]:
-    return (g.budget, g.whole_taken, g.vfs_in_use, g.planned, o.slot.blocked, dict(o.slot.available))
+    return (g.budget, g.whole_taken, g.vfs_in_use, o.slot.blocked, dict(o.slot.available))
 
 
 def _restore(g: GpuState, o: Option, saved: tuple[Any, ...]) -> None:
-    g.budget, g.whole_taken, g.vfs_in_use, g.planned, o.slot.blocked, available = saved
+    g.budget, g.whole_taken, g.vfs_in_use, o.slot.blocked, available = saved
     o.slot.available.clear()
     o.slot.available.update(available)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.provision.request import VENDOR_IDS, TypeProfile, VmRequest, parse_resolution
+from vgpuvirt.provision.request import TypeProfile, VmRequest, parse_resolution
 from vgpuvirt.services.gpu_capacity import GpuBudget, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
@@ -40,14 +40,6 @@ class Slot:
 
 
 @dataclass
-class Prep:
-    """Host preparation a GPU needs before it can serve a request (planned as steps)."""
-
-    kind: Literal["enable-sriov", "mixed-size"]
-    detail: str
-
-
-@dataclass
 class GpuState:
     host: str
     address: PciAddress
@@ -61,11 +53,10 @@ class GpuState:
     companions: tuple[PciAddress, ...] = ()  # same-slot functions in its IOMMU group: they go along
     whole_taken: str | None = None          # why the whole GPU is not free
     vfs_in_use: int = 0                     # plain VFs handed to domains (existing + planned)
-    planned: int = 0
     sriov_capable: int = 0                  # VFs a PF with SR-IOV off could enable (vGPU boards)
-    prep: list[Prep] = field(default_factory=list)
-    _profiles_cache: tuple[tuple[int, ...], dict[str, TypeProfile]] | None = field(
-        default=None, repr=False, compare=False)
+    switch_to_mixed: bool = False           # counted in mixed-size mode: the plan switches it (--heterogeneous)
+    # Every vGPU type of its mdev parents and vGPU 17+ VFs, once each (a GPU's VFs repeat one table).
+    type_profiles: dict[str, TypeProfile] = field(default_factory=dict)
 
     @property
     def residents(self) -> int:
@@ -75,29 +66,8 @@ class GpuState:
     def used(self) -> int:
         return self.residents + self.vfs_in_use + (1 if self.whole_taken else 0)
 
-    def vgpu_profiles(self) -> dict[str, TypeProfile]:
-        """Every vGPU type of the GPU's mdev parents and vGPU 17+ VFs, once each (a GPU's VFs repeat one
-        table; placement asks this for every request it ranks). Cached: the slots' profiles never change."""
-        key = tuple(id(s) for s in self.slots)
-        cached = self._profiles_cache
-        if cached is None or cached[0] != key:
-            found: dict[str, TypeProfile] = {}
-            for s in self.slots:
-                if s.kind in ("mdev", "vendor-vf"):
-                    for tid, prof in s.profiles.items():
-                        found.setdefault(tid, prof)
-            cached = self._profiles_cache = (key, found)
-        return cached[1]
-
     def clone(self) -> GpuState:
-        return replace(self, slots=[replace(s, available=dict(s.available)) for s in self.slots],
-                       prep=list(self.prep), _profiles_cache=None)
-
-    def profile(self, type_id: str) -> TypeProfile | None:
-        for s in self.slots:
-            if type_id in s.profiles:
-                return s.profiles[type_id]
-        return None
+        return replace(self, slots=[replace(s, available=dict(s.available)) for s in self.slots])
 
 
 @dataclass
@@ -118,10 +88,6 @@ class HostState:
         immutable and shared (a deep copy of a large host cost ~30 ms, this ~1 ms)."""
         return HostState(self.name, [g.clone() for g in self.gpus], list(self.free_nic_vfs),
                          dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types))
-
-
-def _vendor(v: str | None) -> str:
-    return VENDOR_IDS.get((v or "").lower(), "other")
 
 
 def _profile(t: MdevType, vendor: str, vt: VgpuType | None) -> TypeProfile:
@@ -188,14 +154,15 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
                    vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu})
     for g in physical_gpus(inv):
         dev = pci.get(g.address)
-        vendor = _vendor(g.vendor)
         budget = gpu_budget(inv, g)
+        vendor = budget.vendor
         holder = next((used_pci[a] for a in (g.address, *g.functions) if a in used_pci), None)
         if holder is not None and budget.whole_holder is None:
             budget = budget.whole_taken(holder)
         gs = GpuState(host=inv.host, address=g.address, vendor=vendor, numa_node=g.numa_node,
                       backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga))
         gs.slots = _vgpu_slots(inv, budget, vendor)
+        gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []
         if g.backend == "sriov-vf" or (not budget.places and vfs):
             for va in vfs:
@@ -240,7 +207,7 @@ def allow_mixed_size(hosts: Iterable[HostState]) -> None:
             b = g.budget
             if b.sizing == "equal" and not b.residents and b.mixed_size_supported:
                 g.budget = replace(b, sizing="mixed")
-                g.prep.append(Prep("mixed-size", f"switch {g.address} to mixed-size mode"))
+                g.switch_to_mixed = True
             elif b.sizing == "equal" and b.residents and b.mixed_size_supported:
                 g.budget = replace(b, notes=(*b.notes, "equal-size mode with vGPUs: it can switch to mixed-size "
                                                        "mode only once it holds none"))

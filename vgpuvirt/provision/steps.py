@@ -364,7 +364,7 @@ class SetMixedSize(HostStep):
         return {"gpu": str(self.gpu)}
 
     def done_in(self, state: HostState) -> bool:
-        return any(g.address == self.gpu and g.budget.sizing == "mixed" and not g.prep for g in state.gpus)
+        return any(g.address == self.gpu and g.budget.sizing == "mixed" and not g.switch_to_mixed for g in state.gpus)
 
     def item(self, wait_timeout: float) -> Planned:
         return nvidia_modes.mixed_size_item(self.host, self.gpu, True)

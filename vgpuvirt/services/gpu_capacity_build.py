@@ -21,10 +21,8 @@ from collections.abc import Iterable
 
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.gpu_capacity import GpuBudget, Mode, Place, Resident, Sizing, VgpuType
-from vgpuvirt.services.inventory_model import Gpu, Inventory, MdevParent, MdevType, VendorType, VendorVf
+from vgpuvirt.services.inventory_model import VENDOR_KEYS, Gpu, Inventory, MdevParent, MdevType, VendorType, VendorVf
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
-
-VENDORS = {"0x10de": "nvidia", "0x8086": "intel", "0x1002": "amd"}
 
 
 def _mdev_type(t: MdevType) -> VgpuType:
@@ -125,7 +123,7 @@ def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
     parents = {p.address: p for p in inv.mdev_parents}
     vendor_vfs = {v.address: v for v in inv.vendor_vgpu}
     facts = g.nvidia
-    vendor = VENDORS.get((g.vendor or "").lower(), "other")
+    vendor = VENDOR_KEYS.get((g.vendor or "").lower(), "other")
     types: dict[str, VgpuType] = {}
     places: list[Place] = []
     residents: list[Resident] = []

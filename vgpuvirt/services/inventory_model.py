@@ -15,6 +15,8 @@ from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 
 Backend = Literal["mdev", "mdev-sriov", "vendor-vfio", "passthrough", "gvtg", "sriov-vf"]
 
+#: The vendors vgpuvirt places GPUs of, by PCI vendor id (requests name them: ``vendor=nvidia``).
+VENDOR_KEYS = {"0x10de": "nvidia", "0x8086": "intel", "0x1002": "amd"}
 VENDOR_NAMES = {"0x10de": "NVIDIA", "0x8086": "Intel", "0x1002": "AMD", "0x1af4": "Red Hat (virtio)",
                 "0x1234": "QEMU"}
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.gpu_capacity_build import gpu_budgets
 from vgpuvirt.services.inventory_model import Inventory, MdevParent, MdevType, VendorType, VendorVf
 from vgpuvirt.services.inventory_parse import type_sort_key
 
@@ -105,8 +106,6 @@ def _counted_by_budget(inv: Inventory, rows: list[TypeCapacity]) -> list[TypeCap
     """GPU-level rows take their count from the capacity model (:mod:`.gpu_capacity`): exact where the
     rules give a number, the kernel's own figure (``exact`` False) where the host is the only authority.
     A single VF's rows keep what that VF's sysfs says."""
-    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-
     budgets = {str(b.address): b for b in gpu_budgets(inv)}
     out = []
     for r in rows:
