@@ -29,7 +29,8 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     ├── LibvirtError                      a libvirt call failed (carries .domain, .code)
     ├── XmlError                          domain XML rejected by the linter or the schema
     ├── RecordError                       a client-side record could not be written safely (.path, .errno)
-    └── ProvisioningError                 apply() failed (carries .completed and .rollback)
+    ├── ProvisioningError                 apply() failed (carries .completed and .rollback)
+    └── PreflightFailed                   plan() found a VM's needs missing on its host (carries .problems)
 """
 
 from __future__ import annotations
@@ -190,3 +191,13 @@ class ProvisioningError(VgpuvirtError):
         done = ", ".join(completed) or "nothing"
         undone = ", ".join(rollback) or "nothing"
         super().__init__(f"{message} (completed: {done}; rolled back: {undone})")
+
+
+class PreflightFailed(VgpuvirtError):
+    """The plan's pre-flight found what a VM needs missing on its host (a network, a storage pool, a golden
+    image, firmware, free hugepages, pinned CPUs); ``problems`` has one line each. Nothing was changed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        super().__init__(f"pre-flight refused the plan, nothing was changed: {shown}")

@@ -25,8 +25,11 @@ import tenacity
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
+from vgpuvirt.libvirt_storage import LibvirtFacts, StorageCalls
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import parse_xml
+
+__all__ = ["DomainInfo", "LibvirtConnection", "LibvirtFacts", "no_retry", "retry_transient"]
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -90,8 +93,11 @@ class DomainInfo:
     xml: str
 
 
-class LibvirtConnection:
-    """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is)."""
+class LibvirtConnection(StorageCalls):
+    """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is).
+
+    Storage pools and volumes (linked clones), networks and firmware: :class:`~vgpuvirt.libvirt_storage.StorageCalls`.
+    """
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
         # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it

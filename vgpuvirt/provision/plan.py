@@ -14,14 +14,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity
+from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
+from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
+from vgpuvirt.provision.disks import ClonedDisk, disk_for, expand
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
 from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
 from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
+from vgpuvirt.provision.preflight import Ledger, check_vm
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps import (
@@ -34,6 +37,8 @@ from vgpuvirt.provision.steps import (
     Step,
     step_from_meta,
 )
+from vgpuvirt.provision.steps_storage import CreateVolume
+from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.provenance import Provenance
 
 
@@ -127,8 +132,9 @@ def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
     return None
 
 
-def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None) -> str:
-    from vgpuvirt.xml import Disk, DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
+def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
+                  pool_dir: str | None = None) -> Domain:
+    from vgpuvirt.xml import DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
     opts = given if isinstance(given, DomainOptions) else DomainOptions.from_mapping(vm.domain_settings())
@@ -168,23 +174,27 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
     numa = picks[0].numa_node if vm.template == "compute" else None
     dom = build_domain(vm.template, name=vm.name, uuid=domain_uuid_for(vm.name), memory_mib=vm.memory_mib,
                        vcpus=vm.vcpus, mdevs=mdevs, pci=pci, nics=nics,
-                       disk=Disk(vm.disk) if vm.disk else None, cpu_pinning=pinning, numa_node=numa,
+                       disk=disk_for(vm.disk, vm.name, pool_dir), cpu_pinning=pinning, numa_node=numa,
                        options=opts)
     Provenance.of(host, gpus_meta).attach(dom)
-    return dom.to_xml()
+    return dom
 
 
 def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRequest], *,
          domains: Mapping[str, Iterable[tuple[str, str]]] | None = None, policy: Policy = "binpack",
-         heterogeneous: bool = False, states: Mapping[str, HostState] | None = None) -> Plan:
-    """Compute the steps; touches nothing. ``domains`` maps a host name to its libvirt (name, xml) pairs."""
+         heterogeneous: bool = False, states: Mapping[str, HostState] | None = None,
+         libvirt: Mapping[str, LibvirtFacts] | None = None) -> Plan:
+    """Compute the steps; touches nothing. ``domains`` maps a host name to its libvirt (name, xml) pairs;
+    ``libvirt`` to its networks, pools and firmware (:meth:`LibvirtConnection.facts`), for the pre-flight.
+    A VM whose host lacks what its domain needs is refused here (:class:`PreflightFailed`), never at start."""
     names = [vm.name for vm in requests]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise InvalidSpec("VM names", sorted(dup), "unique names")
+    _one_disk_each(requests)
     # Placement accounts for what it plans in the states it is given: work on copies (plan is pure).
     hs = ({k: v.clone() for k, v in states.items()} if states is not None
-          else host_states(inventories, domains))
+          else host_states(inventories, domains, libvirt))
     if heterogeneous:
         allow_mixed_size(hs.values())
     if not hs:
@@ -234,6 +244,8 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     for a in assignments:
         by_vm.setdefault(a.vm, []).append(a)
     adopted_vms = {a.vm for a in ready}
+    problems: list[str] = []
+    ledger = Ledger()
     for vm in todo:
         picks = sorted(by_vm[vm.name], key=lambda a: a.index)
         host = picks[0].host
@@ -244,13 +256,39 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
                     steps.append(made)
                     absent[host].add(made.target)
         nic_vf = _take_nic_vf(vm, hs[host]) if vm.nic is not None else None
-        steps.append(DefineDomain(host, vm.name, _build_xml(vm, host, picks, nic_vf)))
+        dom = _build_domain(vm, host, picks, nic_vf, _pool_dir(vm, hs[host]))
+        problems += check_vm(hs[host], vm.name, dom, vm.disk, ledger)
+        if isinstance(vm.disk, ClonedDisk):
+            want(CreateVolume(host, vm.name, vm.disk.pool, vm.disk.volume(vm.name)), "(adopted)")
+        steps.append(DefineDomain(host, vm.name, dom.to_xml()))
         if vm.start:
             steps.append(StartDomain(host, vm.name))
+    if problems:
+        raise PreflightFailed(problems)
     hosts = list(hs)
     steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
+
+
+def _one_disk_each(requests: Sequence[VmRequest]) -> None:
+    """Two VMs on one disk file corrupt it: refuse a path (after ``{name}``) that several VMs would share."""
+    seen: dict[str, str] = {}
+    for vm in requests:
+        if isinstance(vm.disk, str):
+            path = expand(vm.disk, vm.name)
+            if path in seen:
+                raise InvalidSpec("disk", vm.disk, f"one disk per VM ({seen[path]} and {vm.name} would share {path}): "
+                                                   "put {name} in the path, or use a ClonedDisk")
+            seen[path] = vm.name
+
+
+def _pool_dir(vm: VmRequest, h: HostState) -> str | None:
+    if not isinstance(vm.disk, ClonedDisk) or h.libvirt is None:
+        return None
+    pool = h.libvirt.pools.get(vm.disk.pool)
+    # A missing pool is the pre-flight's to report; the XML still needs a path meanwhile.
+    return pool.target if pool is not None and pool.target else f"/nonexistent-pool/{vm.disk.pool}"
 
 
 def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: list[Kept]) -> list[Assignment]:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName, PciAddress, parse_cpulist
+from vgpuvirt.provision.disks import ClonedDisk, check_disk
 from vgpuvirt.services.inventory_model import VENDOR_KEYS
 
 Mode = Literal["vgpu", "passthrough", "vf"]
@@ -231,7 +232,7 @@ class VmRequest:
     host_cpus: str | None = None             # pin to these host CPUs (also implies NUMA affinity)
     numa_node: int | None = None             # preferred NUMA node for the GPU
     numa_strict: bool = False                # refuse GPUs on other nodes instead of preferring
-    disk: str | None = None
+    disk: str | ClonedDisk | None = None     # a path ({name}: the VM's name) or a linked clone of a golden image
     nic: NicRequest | None = None
     start: bool = True
     host: str | None = None                  # pin the VM to one host (by name)
@@ -257,6 +258,7 @@ class VmRequest:
                 raise InvalidSpec("host CPU list", self.host_cpus, "at least one CPU")
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise InvalidSpec("NUMA node", self.numa_node, "a non-negative integer")
+        check_disk(self.disk)
         # Checked here, before any plan: an unknown key or a wrong type is the caller's input (Ansible's
         # domain_options), not a TypeError deep in the build.
         from vgpuvirt.xml import DomainOptions

@@ -14,6 +14,7 @@ from typing import Any
 from vgpuvirt.errors import NoCapacity, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by_name, apply
 from vgpuvirt.provision.placement import Policy
@@ -54,21 +55,26 @@ class ProvisionResult:
         return d
 
 
-def gather(hosts: Mapping[str, Host], conn: LibvirtConnection | Mapping[str, LibvirtConnection]
-           ) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
-    """Inventories and libvirt domains of every host, hosts in parallel."""
+def gather(hosts: Mapping[str, Host], conn: LibvirtConnection | Mapping[str, LibvirtConnection],
+           facts: dict[str, LibvirtFacts] | None = None) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
+    """Inventories and libvirt domains of every host, hosts in parallel; with ``facts`` (a dict to fill),
+    also each libvirt's networks, pools and firmware, for the plan's pre-flight."""
     from vgpuvirt.services.inventory import inventory
 
-    def one(name: str) -> tuple[str, Any, list[tuple[str, str]]]:
-        pairs = list(_conn_for(conn, name).domain_xml_pairs())
-        return name, inventory(hosts[name], domains=pairs), pairs
+    def one(name: str) -> tuple[str, Any, list[tuple[str, str]], LibvirtFacts | None]:
+        c = _conn_for(conn, name)
+        pairs = list(c.domain_xml_pairs())
+        lv = c.facts() if facts is not None else None
+        return name, inventory(hosts[name], domains=pairs), pairs, lv
 
     invs: dict[str, Any] = {}
     doms: dict[str, list[tuple[str, str]]] = {}
     with ThreadPoolExecutor(max_workers=max(1, len(hosts)), thread_name_prefix="vgpuvirt-inventory") as pool:
-        for name, inv, pairs in pool.map(one, list(hosts)):
+        for name, inv, pairs, lv in pool.map(one, list(hosts)):
             invs[name] = inv
             doms[name] = pairs
+            if facts is not None and lv is not None:
+                facts[name] = lv
     return invs, doms
 
 
@@ -79,9 +85,10 @@ def provision(hosts: Host | Sequence[Host] | Mapping[str, Host],
               wait_timeout: float = 10.0) -> ProvisionResult:
     by_name = _hosts_by_name(hosts)
     t0 = time.monotonic()
-    invs, doms = gather(by_name, conn)
+    facts: dict[str, LibvirtFacts] = {}
+    invs, doms = gather(by_name, conn, facts)
     t1 = time.monotonic()
-    p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
+    p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous, libvirt=facts)
     t2 = time.monotonic()
     if p.prep and not dry_run:
         return _prepare_then_provision(p, by_name, conn, requests, policy=policy, heterogeneous=heterogeneous,
@@ -106,9 +113,10 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
             change = SriovService(hosts[pr.host]).enable(pr.pf)
             if change.changed:
                 enabled.append((pr.host, pr.pf))
-        invs, doms = gather(hosts, conn)
+        facts: dict[str, LibvirtFacts] = {}
+        invs, doms = gather(hosts, conn, facts)
         t1 = time.monotonic()
-        p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
+        p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous, libvirt=facts)
         t2 = time.monotonic()
         if p.prep:
             raise NoCapacity(", ".join(hosts), ", ".join(p.pending),

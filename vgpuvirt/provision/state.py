@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.provision.request import TypeProfile, VmRequest, parse_resolution
 from vgpuvirt.services.gpu_capacity import GpuBudget, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
+from vgpuvirt.services.host_resources import HostResources
 from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
 from vgpuvirt.services.iommu_inventory import check_from_inventory
 from vgpuvirt.services.parsers import classify_vgpu_name
@@ -78,6 +80,8 @@ class HostState:
     existing_mdevs: dict[MdevUuid, tuple[str, str]] = field(default_factory=dict)
     domains: dict[str, str] = field(default_factory=dict)        # name -> XML
     vf_types: dict[PciAddress, int] = field(default_factory=dict)  # vendor VF -> current type
+    resources: HostResources = field(default_factory=HostResources)  # CPUs, free hugepages (pre-flight)
+    libvirt: LibvirtFacts | None = None      # networks, pools, firmware (pre-flight); None: not read
 
     @property
     def used(self) -> int:
@@ -87,7 +91,8 @@ class HostState:
         """A copy placement may change: GPU states and slots are copied; budgets and type profiles are
         immutable and shared (a deep copy of a large host cost ~30 ms, this ~1 ms)."""
         return HostState(self.name, [g.clone() for g in self.gpus], list(self.free_nic_vfs),
-                         dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types))
+                         dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types), self.resources,
+                         self.libvirt)
 
 
 def _profile(t: MdevType, vendor: str, vt: VgpuType | None) -> TypeProfile:
@@ -151,7 +156,7 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
     pci = {d.address: d for d in inv.pci_devices}
     existing = {m.uuid: (str(m.parent), str(m.type)) for m in inv.mdevs if m.parent}
     hs = HostState(inv.host, [], existing_mdevs=existing, domains=doms,
-                   vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu})
+                   vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu}, resources=inv.resources)
     for g in physical_gpus(inv):
         dev = pci.get(g.address)
         budget = gpu_budget(inv, g)
@@ -191,11 +196,13 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
 
 
 def host_states(inventories: Mapping[str, Inventory] | Iterable[Inventory],
-                domains: Mapping[str, Iterable[tuple[str, str]]] | None = None) -> dict[str, HostState]:
+                domains: Mapping[str, Iterable[tuple[str, str]]] | None = None,
+                libvirt: Mapping[str, LibvirtFacts] | None = None) -> dict[str, HostState]:
     invs = list(inventories.values()) if isinstance(inventories, Mapping) else list(inventories)
     out: dict[str, HostState] = {}
     for inv in invs:
         out[inv.host] = host_state(inv, (domains or {}).get(inv.host, ()))
+        out[inv.host].libvirt = (libvirt or {}).get(inv.host)
     return out
 
 

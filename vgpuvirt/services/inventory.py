@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
+from vgpuvirt.services.host_resources import RESOURCE_GLOBS
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
@@ -64,6 +65,7 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     f"{IOMMU_CLASS}/*",
     NVIDIA_VERSION,
     PROC_CMDLINE,
+    *RESOURCE_GLOBS,          # CPUs and free hugepages: the plan's pre-flight
 )
 
 

@@ -16,6 +16,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.host_resources import host_resources
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
     Backend,
@@ -76,6 +77,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
         iommu_units=sorted(idx.iommu_units),
         nvidia_driver_version=idx.nvidia_version or facts.driver_version or (nvml.driver_version if nvml else None),
         sources=sources,
+        resources=host_resources(snap),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.host_resources import HostResources
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 
 Backend = Literal["mdev", "mdev-sriov", "vendor-vfio", "passthrough", "gvtg", "sriov-vf"]
@@ -235,6 +236,8 @@ class Inventory:
     iommu_units: list[str] = field(default_factory=list)
     nvidia_driver_version: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    # CPUs and free hugepages (the plan's pre-flight); not part of the JSON contract.
+    resources: HostResources = field(default_factory=HostResources, compare=False, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
     def device(self, address: str | PciAddress) -> PciDevice | None:
