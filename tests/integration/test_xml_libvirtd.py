@@ -7,6 +7,8 @@ kernel), so only hostdev-free domains are started. Every domain defined here is 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from conftest import require_part  # type: ignore[import-not-found]
 from xmlcheck import cases, check_create
 
-from vgpuvirt.xml import Domain, DomainOptions, VirtioNic, build_domain
+from vgpuvirt.xml import Disk, Domain, DomainOptions, VirtioNic, build_domain
 
 pytestmark = pytest.mark.integration
 PREFIX = "vgpuvirt-it-xml-"
@@ -88,8 +90,15 @@ def _kvm_usable() -> bool:
                              virtio_nics=(VirtioNic("user"),))),
     ("compute", DomainOptions(disable_arch_capabilities=True, virtio_nics=(VirtioNic("user"),))),
 ])
-def test_template_without_hostdevs_starts(conn: Any, template: str, options: DomainOptions) -> None:
-    dom = build_domain(template, name=f"{PREFIX}start-{template}", memory_mib=256, vcpus=1, options=options)
+def test_template_without_hostdevs_starts(conn: Any, template: str, options: DomainOptions, tmp_path: Path) -> None:
+    disk = None
+    if template == "vdi":  # the vdi template has a disk of its own: QEMU opens it, so it must exist
+        require_part("qemu-img", shutil.which("qemu-img") is not None, "apt-get install qemu-utils")
+        path = tmp_path / "vdi.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), "16M"], check=True)
+        disk = Disk(str(path))
+    dom = build_domain(template, name=f"{PREFIX}start-{template}", memory_mib=256, vcpus=1, options=options,
+                       disk=disk)
     if not _kvm_usable():  # TCG: no host CPU to pass through
         dom.root.set("type", "qemu")
         cpu = dom.child("cpu")

@@ -243,6 +243,8 @@ class Domain(DomainTuning):
             self.add_element(tpm.to_element())
 
     def add_disk(self, disk: Disk) -> None:
+        """Add ``disk``; a disk already on its target (the template's ``vda``) is replaced, not doubled."""
+        self._remove_all(f"disk[target/@dev='{disk.target}']")   # target: validated ([a-z]+)
         self.add_element(disk.to_element())
 
     def set_virtio_nics(self, nics: Sequence[VirtioNic]) -> None:

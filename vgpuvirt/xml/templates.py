@@ -198,6 +198,9 @@ def build_domain(
 
     dom = load_template(template)
     dom.set_name(name)
+    for src in dom.root.iterfind("devices/disk/source[@file]"):
+        # A template's disk names each VM's own file ({name}); the same file for every VM would corrupt it.
+        src.set("file", src.get("file", "").replace("{name}", str(name)))
     old_uuid = dom.child("uuid")
     if old_uuid is not None:  # a template's UUID would be shared by every VM built from it
         dom.root.remove(old_uuid)
