@@ -95,7 +95,7 @@ def test_vm_pool_and_validation():
     assert [v.name for v in vms] == ["vdi-001", "vdi-002", "vdi-003"]
     assert all(v.gpus == (VgpuRequest(type="nvidia-231"),) for v in vms)
     for bad in (dict(name="bad name"), dict(name="x;rm"), dict(name="ok", memory_mib=1),
-                dict(name="ok", host_cpus="3-1"), dict(name="ok", gpus=())):
+                dict(name="ok", host_cpus="3-1"), dict(name="ok", gpus=[1])):
         with pytest.raises(InvalidSpec):
             VmRequest(**bad)
     with pytest.raises(InvalidSpec):

@@ -171,7 +171,7 @@ def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf:
         from vgpuvirt.xml import CpuPinning
         cpus = sorted(parse_cpulist(vm.host_cpus))
         pinning = CpuPinning.from_cpulist(",".join(map(str, cpus[: vm.vcpus])))
-    numa = picks[0].numa_node if vm.template == "compute" else None
+    numa = picks[0].numa_node if vm.template == "compute" and picks else None
     dom = build_domain(vm.template, name=vm.name, uuid=domain_uuid_for(vm.name), memory_mib=vm.memory_mib,
                        vcpus=vm.vcpus, mdevs=mdevs, pci=pci, nics=nics,
                        disk=disk_for(vm.disk, vm.name, pool_dir), cpu_pinning=pinning, numa_node=numa,
@@ -228,7 +228,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if vm.start:
             want(StartDomain(h.name, vm.name))
     ready = _adopt_lost(todo, hs, kept)
-    to_place = [vm for vm in todo if vm.name not in {a.vm for a in ready}]
+    to_place = [vm for vm in todo if vm.gpus and vm.name not in {a.vm for a in ready}]
     try:
         placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
     except NoCapacity as exc:
@@ -247,8 +247,8 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     problems: list[str] = []
     ledger = Ledger()
     for vm in todo:
-        picks = sorted(by_vm[vm.name], key=lambda a: a.index)
-        host = picks[0].host
+        picks = sorted(by_vm.get(vm.name, ()), key=lambda a: a.index)
+        host = picks[0].host if picks else _host_without_gpu(vm, hs)
         if vm.name not in adopted_vms:
             for a in picks:
                 made = device_step(vm, a)
@@ -281,6 +281,17 @@ def _one_disk_each(requests: Sequence[VmRequest]) -> None:
                 raise InvalidSpec("disk", vm.disk, f"one disk per VM ({seen[path]} and {vm.name} would share {path}): "
                                                    "put {name} in the path, or use a ClonedDisk")
             seen[path] = vm.name
+
+
+def _host_without_gpu(vm: VmRequest, hs: Mapping[str, HostState]) -> str:
+    """Where a VM without GPUs goes: its ``host``, or the plan's only host."""
+    if vm.host is not None:
+        if vm.host not in hs:
+            raise InvalidSpec("VM host", vm.host, f"one of the plan's hosts ({', '.join(hs)})")
+        return vm.host
+    if len(hs) != 1:
+        raise InvalidSpec(f"host of VM {vm.name}", None, "a host= for a VM without GPUs when there are several hosts")
+    return next(iter(hs))
 
 
 def _pool_dir(vm: VmRequest, h: HostState) -> str | None:

@@ -222,7 +222,7 @@ class NicRequest:
 
 @dataclass(frozen=True)
 class VmRequest:
-    """One VM: its name, its GPUs, and how its domain is built."""
+    """One VM: its name, its GPUs (``()``: none), and how its domain is built."""
 
     name: str
     gpus: tuple[VgpuRequest, ...] = (VgpuRequest(),)
@@ -246,8 +246,8 @@ class VmRequest:
             gpus = tuple(self.gpus)
         else:
             raise InvalidSpec("GPU list", self.gpus, "VgpuRequest values")
-        if not gpus:
-            raise InvalidSpec("GPU list", self.gpus, "at least one GPU request")
+        # gpus=() is a VM without host devices (a plain desktop, a golden-image check): no placement,
+        # it goes to its ``host`` (or the only host of the plan).
         object.__setattr__(self, "gpus", gpus)
         for what, v, lo in (("memory", self.memory_mib, 64), ("vCPU count", self.vcpus, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:

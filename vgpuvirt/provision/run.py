@@ -40,6 +40,10 @@ class ProvisionResult:
                         "device": dev, "numa_node": a.numa_node,
                         "status": "created" if (a.host, a.vm) in acted else "kept"})
         placed = {a.vm for a in self.plan.assignments}
+        for st in self.plan.steps:            # VMs without GPUs (gpus=()) have no assignment
+            if st.vm not in placed and isinstance(st, DefineDomain):
+                out.append({"vm": st.vm, "host": st.host, "gpu": None, "type": None, "type_name": None,
+                            "device": None, "numa_node": None, "status": "created"})
         for k in self.plan.kept:
             if k.vm not in placed and isinstance(k.step, DefineDomain):
                 out.append({"vm": k.vm, "host": k.host, "gpu": None, "type": None, "type_name": None, "device": None,

@@ -154,3 +154,22 @@ class FirmwareCaps:
         fw = {v.text for v in os_el.iterfind("enum[@name='firmware']/value") if v.text}
         loaders = {v.text for v in os_el.iterfind("loader/value") if v.text}
         return cls(frozenset(fw), frozenset(loaders))
+
+
+def backing_chains(domain_xml: str | bytes) -> dict[str, list[str]]:
+    """Each file disk of a (live) domain XML -> its chain as libvirt reports it: the disk's own file, then
+    each ``<backingStore>`` below it (``{"vda": ["/pool/desk-001.qcow2", "/pool/golden.qcow2"]}``)."""
+    out: dict[str, list[str]] = {}
+    for disk in parse_xml(domain_xml).iterfind("devices/disk"):
+        target = disk.find("target")
+        chain: list[str] = []
+        node: Element | None = disk
+        while node is not None:
+            src = node.find("source")
+            if src is None or not src.get("file"):
+                break
+            chain.append(src.get("file", ""))
+            node = node.find("backingStore")
+        if target is not None and chain:
+            out[target.get("dev", "")] = chain
+    return out
