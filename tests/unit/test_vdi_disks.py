@@ -1,0 +1,153 @@
+"""VDI disks: storage XML against libvirt's schemas, {name} templating, the vdi template's own disk, and linked
+clones made, kept, adopted, rolled back and removed through libvirt's storage API (test driver)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from provision_fixtures import drop_test_domains
+
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
+from vgpuvirt.libvirt_conn import LibvirtConnection
+from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
+from vgpuvirt.provision.disks import ClonedDisk
+from vgpuvirt.provision.run import gather
+from vgpuvirt.provision.steps import DefineDomain
+from vgpuvirt.provision.steps_storage import CreateVolume
+from vgpuvirt.sim import SimHost
+from vgpuvirt.xml import Domain, build_domain
+from vgpuvirt.xml.parts import Disk
+from vgpuvirt.xml.schema import validate
+from vgpuvirt.xml.storage import StoragePool, Volume, backing_chains
+
+pytest.importorskip("libvirt")
+POOL = "default-pool"               # the test driver's own pool, at /default-pool
+Q2 = VgpuRequest(type="nvidia-231")
+
+
+def _tag() -> str:
+    return "vd" + uuid.uuid4().hex[:6]
+
+
+@pytest.fixture
+def conn() -> Iterator[LibvirtConnection]:
+    c = LibvirtConnection("test:///default")
+    before = set(c.facts().pools[POOL].volumes)
+    yield c
+    for name in set(c.facts().pools[POOL].volumes) - before:
+        c.delete_volume(POOL, name)
+    drop_test_domains(c)
+
+
+@pytest.fixture
+def golden(conn: LibvirtConnection) -> str:
+    return conn.create_volume(POOL, Volume(f"{_tag()}-golden.qcow2", capacity_bytes=1 << 30))
+
+
+# -- XML -------------------------------------------------------------------------------------------------------
+
+def test_pool_and_volume_xml_pass_libvirts_schemas_and_round_trip() -> None:
+    pool = StoragePool("vdi", target="/var/lib/vgpuvirt/vdi")
+    vol = Volume("desk-001.qcow2", backing="/var/lib/vgpuvirt/vdi/golden.qcow2")
+    validate(pool.to_element(), "storagepool.rng")
+    validate(vol.to_element(), "storagevol.rng")
+    assert StoragePool.from_xml(pool.to_xml()) == pool
+    back = Volume.from_xml(vol.to_xml())
+    assert (back.backing, back.format, back.backing_format) == (vol.backing, "qcow2", "qcow2")
+
+
+@pytest.mark.parametrize("bad", [dict(name="../etc"), dict(name="a/b"), dict(name=".hidden"),
+                                 dict(backing="relative.qcow2"), dict(format="raw"), dict(backing=None)])
+def test_bad_volume_values_are_refused(bad: dict[str, object]) -> None:
+    kw: dict[str, object] = {"name": "v.qcow2", "backing": "/g.qcow2", **bad}
+    with pytest.raises(InvalidSpec):
+        Volume(**kw)  # type: ignore[arg-type]
+
+
+def test_backing_chains_read_a_live_disk_chain() -> None:
+    xml = ("<domain><devices><disk type='file' device='disk'><source file='/p/d.qcow2'/>"
+           "<backingStore type='file'><format type='qcow2'/><source file='/p/g.qcow2'/><backingStore/>"
+           "</backingStore><target dev='vda'/></disk></devices></domain>")
+    assert backing_chains(xml) == {"vda": ["/p/d.qcow2", "/p/g.qcow2"]}
+
+
+# -- {name} and the vdi template's disk ------------------------------------------------------------------------
+
+def test_vdi_template_gives_each_desktop_its_own_disk() -> None:
+    a, b = (build_domain("vdi", name=n, memory_mib=1024, vcpus=1) for n in ("desk-a", "desk-b"))
+    assert backing_chains(a.to_xml()) == {"vda": ["/var/lib/libvirt/images/desk-a.qcow2"]}
+    assert backing_chains(b.to_xml()) == {"vda": ["/var/lib/libvirt/images/desk-b.qcow2"]}
+    given = build_domain("vdi", name="desk-a", memory_mib=1024, vcpus=1, disk=Disk("/srv/a.qcow2"))
+    assert backing_chains(given.to_xml()) == {"vda": ["/srv/a.qcow2"]}     # replaced, not a second vda
+    validate(given)
+
+
+def test_disk_path_is_templated_per_vm() -> None:
+    host = SimHost.from_profile("t4x2")
+    from vgpuvirt.services.inventory import inventory
+    vms = VmRequest.pool("tpl", 3, gpu=Q2, disk="/srv/vdi/{name}.qcow2")
+    p = plan([inventory(host)], vms)
+    paths = [backing_chains(s.xml)["vda"][0] for s in p.steps if isinstance(s, DefineDomain)]
+    assert paths == ["/srv/vdi/tpl-001.qcow2", "/srv/vdi/tpl-002.qcow2", "/srv/vdi/tpl-003.qcow2"]
+
+
+def test_one_disk_path_for_several_vms_is_refused() -> None:
+    from vgpuvirt.services.inventory import inventory
+    inv = inventory(SimHost.from_profile("t4x2"))
+    with pytest.raises(InvalidSpec, match="one disk per VM .*tpl-001 and tpl-002 would share /srv/same.qcow2"):
+        plan([inv], VmRequest.pool("tpl", 2, gpu=Q2, disk="/srv/same.qcow2"))
+    with pytest.raises(InvalidSpec, match="only placeholder"):
+        VmRequest("x", disk="/srv/{nmae}.qcow2")
+    with pytest.raises(InvalidSpec, match="every VM gets its own volume"):
+        ClonedDisk(POOL, "/default-pool/g.qcow2", name="shared.qcow2")
+
+
+# -- linked clones through libvirt's storage API ---------------------------------------------------------------
+
+def test_cloned_disks_are_made_kept_and_removed_on_request(conn: LibvirtConnection, golden: str) -> None:
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_tag(), 2, gpu=Q2, disk=ClonedDisk(POOL, golden))
+    r = provision(host, conn, vms)
+    made = [s for s in r.plan.steps if isinstance(s, CreateVolume)]
+    assert [s.target for s in made] == [f"{POOL}/{v.name}.qcow2" for v in vms]
+    for v in vms:
+        path = f"/default-pool/{v.name}.qcow2"
+        assert backing_chains(conn.xml(v.name))["vda"] == [path]
+        vol = conn.volume(path)
+        assert (vol.format, vol.backing, vol.capacity_bytes) == ("qcow2", golden, 1 << 30)
+    again = provision(host, conn, vms, dry_run=True)
+    assert again.plan.empty
+    kept = teardown(host, conn, [vms[0].name])                 # the default: disks kept
+    assert kept.ok and kept.disks_removed == [] and f"{vms[0].name}.qcow2" in conn.facts().pools[POOL].volumes
+    gone = teardown(host, conn, [vms[1].name], remove_storage=True)
+    assert gone.disks_removed == [f"/default-pool/{vms[1].name}.qcow2"]
+    left = conn.facts().pools[POOL].volumes
+    assert f"{vms[1].name}.qcow2" not in left and golden in left.values()   # the golden image stays
+
+
+def test_a_volume_left_by_a_cut_run_is_adopted(conn: LibvirtConnection, golden: str) -> None:
+    host = SimHost.from_profile("t4x2")
+    vm = VmRequest(_tag(), gpus=(Q2,), disk=ClonedDisk(POOL, golden))
+    conn.create_volume(POOL, vm.disk.volume(vm.name))  # type: ignore[union-attr]
+    r = provision(host, conn, [vm])
+    assert not any(isinstance(s, CreateVolume) for s in r.plan.steps)
+    assert any(f"disk {POOL}/{vm.name}.qcow2 (adopted)" in k.what for k in r.plan.kept)
+
+
+def test_failed_provisioning_deletes_the_clones_it_made(conn: LibvirtConnection, golden: str) -> None:
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_tag(), 3, gpu=Q2, disk=ClonedDisk(POOL, golden))
+    facts: dict[str, object] = {}
+    invs, doms = gather({host.name: host}, {host.name: conn}, facts)  # type: ignore[arg-type]
+    p = plan(invs, vms, domains=doms, libvirt=facts)  # type: ignore[arg-type]
+    # Another client takes the third name between plan and apply: its define fails after two clones exist.
+    conn.define(f"<domain type='test'><name>{vms[2].name}</name><uuid>{uuid.uuid4()}</uuid>"
+                "<memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>")
+    before = set(conn.facts().pools[POOL].volumes)
+    with pytest.raises(ProvisioningError) as ei:
+        apply(p, host, conn)
+    assert sum("deleted disk" in line for line in ei.value.rollback) == 3
+    assert set(conn.facts().pools[POOL].volumes) == before
+    assert Domain.from_xml(conn.xml(vms[2].name)).name == vms[2].name     # the other client's domain stays
