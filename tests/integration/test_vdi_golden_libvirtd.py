@@ -37,7 +37,7 @@ def conn(testbed: Any) -> Iterator[LibvirtConnection]:
     require_part("qemu-img", shutil.which("qemu-img") is not None, "apt-get install qemu-utils")
     c = LibvirtConnection(testbed.libvirt_uri)
     try:
-        c.driver
+        assert c.driver
     except LibvirtError as exc:
         require_part("libvirtd", False, f"cannot connect to {testbed.libvirt_uri}: {exc}")
     yield c

@@ -96,7 +96,7 @@ def test_disk_path_is_templated_per_vm() -> None:
 def test_one_disk_path_for_several_vms_is_refused() -> None:
     from vgpuvirt.services.inventory import inventory
     inv = inventory(SimHost.from_profile("t4x2"))
-    with pytest.raises(InvalidSpec, match="one disk per VM .*tpl-001 and tpl-002 would share /srv/same.qcow2"):
+    with pytest.raises(InvalidSpec, match=r"one disk per VM .*tpl-001 and tpl-002 would share /srv/same\.qcow2"):
         plan([inv], VmRequest.pool("tpl", 2, gpu=Q2, disk="/srv/same.qcow2"))
     with pytest.raises(InvalidSpec, match="only placeholder"):
         VmRequest("x", disk="/srv/{nmae}.qcow2")
