@@ -3,6 +3,7 @@ clones made, kept, adopted, rolled back and removed through libvirt's storage AP
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -151,3 +152,20 @@ def test_failed_provisioning_deletes_the_clones_it_made(conn: LibvirtConnection,
     assert sum("deleted disk" in line for line in ei.value.rollback) == 3
     assert set(conn.facts().pools[POOL].volumes) == before
     assert Domain.from_xml(conn.xml(vms[2].name)).name == vms[2].name     # the other client's domain stays
+
+
+def test_cli_clone_and_pool_flags(conn: LibvirtConnection, golden: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from vgpuvirt.cli import main
+    tag = _tag()
+    base = ["--host", "sim:t4x2", "plan", "--connect", "test:///default", "--prefix", tag, "--count", "2",
+            "--gpu", "T4-2Q"]
+    assert main(["--json", *base, "--clone", golden, "--pool", POOL]) == 0
+    steps = json.loads(capsys.readouterr().out)["plan"]["steps"]
+    made = [(s["target"], s["backing"]) for s in steps if s["action"] == "create-volume"]
+    assert made == [(f"{POOL}/{tag}-001.qcow2", golden), (f"{POOL}/{tag}-002.qcow2", golden)]
+    assert main([*base, "--clone", "/default-pool/missing.qcow2", "--pool", POOL]) != 0
+    err = capsys.readouterr().err
+    assert "pre-flight refused the plan" in err and "golden image /default-pool/missing.qcow2" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main([*base, "--clone", golden]) != 0
+    assert "--clone GOLDEN and --pool POOL together" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from vgpuvirt.host.base import BaseHost
 from vgpuvirt.hosts import open_host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import PciAddress
+from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.placement import POLICIES
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
@@ -49,6 +50,11 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numa-strict", action="store_true", help="only GPUs on --numa-node")
     p.add_argument("--nic-vf", nargs="?", const="any", default=None, metavar="PF",
                    help="also give each VM an SR-IOV NIC VF (of this PF, or any)")
+    p.add_argument("--disk", default=None, metavar="PATH",
+                   help="each VM's disk file; {name} is the VM's name (e.g. /var/lib/libvirt/images/{name}.qcow2)")
+    p.add_argument("--clone", default=None, metavar="GOLDEN",
+                   help="give each VM a qcow2 linked clone of this golden image (a volume of --pool)")
+    p.add_argument("--pool", default=None, help="libvirt storage pool for the --clone volumes ({name}.qcow2)")
     p.add_argument("--policy", choices=POLICIES, default="binpack", help="binpack (default) or spread")
     p.add_argument("--heterogeneous", action="store_true", help="GPUs run in mixed-size (heterogeneous) mode")
     p.add_argument("--no-start", action="store_true", help="define the domains but do not start them")
@@ -62,12 +68,21 @@ def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
         nic = NicRequest(pf=None if args.nic_vf == "any" else PciAddress.parse(args.nic_vf))
     kw: dict[str, Any] = dict(template=args.template, memory_mib=args.memory_mib, vcpus=args.vcpus,
                               numa_node=args.numa_node, numa_strict=args.numa_strict, nic=nic,
-                              start=not args.no_start)
+                              start=not args.no_start, disk=_disk(args))
     if args.name:
         if args.count not in (None, len(args.name)):
             raise InvalidSpec("--count", args.count, f"the number of --name values ({len(args.name)}) or nothing")
         return [VmRequest(name=n, gpus=gpus, **kw) for n in args.name]
     return VmRequest.pool(args.prefix, args.count if args.count is not None else 1, gpu=gpus, **kw)
+
+
+def _disk(args: argparse.Namespace) -> str | ClonedDisk | None:
+    if args.clone is None and args.pool is None:
+        return args.disk  # type: ignore[no-any-return]
+    if args.clone is None or args.pool is None or args.disk is not None:
+        raise InvalidSpec("--clone/--pool", [args.clone, args.pool],
+                          "--clone GOLDEN and --pool POOL together, without --disk")
+    return ClonedDisk(args.pool, args.clone)
 
 
 def default_uri(spec: str) -> str:
