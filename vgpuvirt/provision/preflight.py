@@ -80,7 +80,8 @@ def _libvirt(hs: HostState, dom: Domain, disk: object) -> list[str]:
                 if p.active and p.target and posixpath.dirname(path) == p.target.rstrip("/") \
                         and path not in p.volumes.values():
                     out.append(f"disk {path} does not exist (it is not a volume of pool '{p.name}', whose "
-                               f"directory {p.target} holds it)")
+                               f"directory {p.target} holds it; create it, or give each VM a linked clone: "
+                               "--clone GOLDEN --pool POOL)")
     out += _firmware(hs, dom)
     return out
 
