@@ -395,6 +395,7 @@ def test_fleet_pool_check_apply_converge_grow_teardown(fleet: Fleet) -> None:
     assert sum(len(v) for v in grown.values()) == 2 * VDI_COUNT, run.explain()
     for h in hosts:
         assert set(placed[h.name]) <= set(grown[h.name]), "an existing member moved"
+    print(f"\nssh sessions per host: {VDI_COUNT} desktops {sessions}, {2 * VDI_COUNT} desktops {grown_sessions}")
     assert grown_sessions == sessions, (sessions, grown_sessions)
 
     # ... and back to the first count: the members above it are removed where they are
@@ -445,3 +446,46 @@ def test_fleet_one_host_down_fails_alone(fleet: Fleet) -> None:
         assert run.recap[h.name].failed == 0, run.explain()
         assert host_snapshot(h) == start[h.name]
     assert fleet_domains(uri, fleet.prefix) == {}
+
+
+LOOP_PLAYBOOK = """
+- hosts: hypervisors
+  gather_facts: false
+  tasks:
+    - vgpu_domain:
+        name: "{{ vdi_prefix }}-loop-{{ item }}"
+        state: defined
+        gpus: [{min_framebuffer_mib: 2048, series: Q}]
+        memory_mib: 512
+        uri: "{{ vgpu_uri }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+        host_name: "{{ vgpu_host_name }}"
+      loop: "{{ range(1, n + 1) | list }}"
+    - vgpu_domain:
+        name: "{{ vdi_prefix }}-loop-{{ item }}"
+        state: absent
+        uri: "{{ vgpu_uri }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+        host_name: "{{ vgpu_host_name }}"
+      loop: "{{ range(1, n + 1) | list }}"
+"""
+
+
+def test_a_task_per_vm_costs_sessions_per_vm_the_pool_does_not(fleet: Fleet) -> None:
+    """The figure behind the pool: one vgpu_domain task per VM opens a session per VM (and per removal);
+    the pool's two tasks open one each per host, whatever the count (test_fleet_pool_... asserts that)."""
+    h = fleet.hosts[0]
+    ans = fleet.ansible([h], "loop")
+    book = ans.workdir / "loop.yml"
+    book.write_text(LOOP_PLAYBOOK)
+    n = 4
+    run, loop = counted(fleet, [h], lambda: ans.playbook(book, extra={"n": n}))
+    assert run.rc == 0, run.explain()
+    run, pool = counted(fleet, [h], lambda: ans.playbook(EXAMPLES / "fleet_vdi.yml", extra={"vdi_count": n}))
+    assert run.rc == 0, run.explain()
+    run, gone = counted(fleet, [h], lambda: ans.playbook(EXAMPLES / "fleet_teardown.yml"))
+    assert run.rc == 0, run.explain()
+    print(f"\nssh sessions on {h.name} for {n} VMs: a task per VM {loop[h.name]} (define + remove), "
+          f"vgpu_pool {pool[h.name]} (survey + apply) + {gone[h.name]} (remove)")
+    assert loop[h.name] >= 2 * n and pool[h.name] + gone[h.name] <= 3
+    assert fleet_domains(fleet.env["libvirt_uri"], fleet.prefix) == {}
