@@ -31,7 +31,7 @@ class LintProblem:
 def _label(el: Element) -> str:
     if el.tag == "hostdev" and el.get("type") == "mdev":
         a = el.find("source/address")
-        return f"mdev {a.get('uuid') if a is not None else '?'}"
+        return f"mdev {(a.get('uuid') if a is not None else None) or '?'}"
     a = el.find("source/address")
     if a is not None and a.get("bus") is not None:
         try:
