@@ -152,3 +152,17 @@ def test_info_survey_is_the_fact_vgpu_pool_places_with(conn: Any) -> None:
     s = Survey.from_dict(json.loads(json.dumps(res["ansible_facts"]["vgpuvirt_survey"])))
     assert s.host == "hvA" and len(s.snapshot) > 0
     assert "vgpuvirt_survey" not in info(uri="test:///default")["ansible_facts"]
+
+
+def test_teardown_on_a_shared_libvirt_ignores_another_hosts_domain_on_the_same_vf_address(conn: Any) -> None:
+    # the fleet test's three hosts share one libvirtd and the simulated boards share PCI addresses: removing
+    # hv1's desktop must not see hv2's desktop (same VF address, another host) as a user of hv1's VF
+    h1, h2 = sim("l40s-vgpu17", "hv1"), sim("l40s-vgpu17", "hv2")
+    a = Runner("vgpu_domain", h1, conn)(name="a", gpus=[{"type": "NVIDIA L40S-2Q"}], uri="test:///default",
+                                        host_name="hv1")
+    b = Runner("vgpu_domain", h2, conn)(name="b", gpus=[{"type": "NVIDIA L40S-2Q"}], uri="test:///default",
+                                        host_name="hv2")
+    assert a["domain"]["gpus"] == b["domain"]["gpus"]          # the same VF address on both hosts
+    res = Runner("vgpu_domain", h1, conn)(name="a", state="absent", uri="test:///default", host_name="hv1")
+    assert res.get("failed") is not True and res["changed"] is True, res
+    assert not conn.exists("a") and conn.exists("b")
