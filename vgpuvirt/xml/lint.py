@@ -163,7 +163,7 @@ def _chipset_slot(domain: Domain) -> tuple[int, int, int] | None:
     machine = domain.machine or "pc"
     if "q35" in machine:
         return (0, 0, 0x1F)
-    if machine == "pc" or machine.startswith(("pc-i440fx", "pc-")):
+    if machine == "pc" or machine.startswith("pc-"):       # pc, pc-i440fx-*
         return (0, 0, 0x01)
     return None
 
