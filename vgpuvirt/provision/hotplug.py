@@ -210,6 +210,9 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
             # Removal needs the UUID only; parent and type are what the VM's XML cannot tell.
             steps.append(CreateMdev(host.name, vm, d.uuid, PciAddress(0, 0, 0, 0), MdevTypeId.parse("vfio-unknown")))
     result = HotplugResult(vm, host.name, "detach", [_label(d) for d in chosen])
+    mine = {s.target for s in steps}
+    result.left += [f"vGPU {d.uuid}: not made by vgpuvirt for {vm} (no record, UUID not derived from the name): "
+                    "left on the host" for d in chosen if isinstance(d, MdevHostdev) and str(d.uuid) not in mine]
     for d in chosen:
         conn.detach(vm, d, live=live, config=config)
     views = conn.xml_views()
