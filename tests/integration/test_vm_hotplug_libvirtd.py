@@ -133,3 +133,39 @@ def test_vm_start_list_destroy_on_libvirtd(conn, capsys):
     assert not conn.is_active(name)
     assert main(["--host", "local", "vm", "start", name, *uri]) == 0 and conn.is_active(name)
     assert main(["--host", "local", "vm", "destroy", name, *uri]) == 0
+
+
+def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, capsys):
+    from vgpuvirt.xml import DomainOptions, VirtioNic, build_domain
+
+    h = SimHost.from_profile("desktop")
+    monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
+    name = PREFIX + "pt"
+    conn.define(build_domain("gaming", name=name, memory_mib=256, vcpus=1,
+                             options=DomainOptions(virtio_nics=(VirtioNic("user"),))).to_xml())
+    uri = ["--connect", conn.uri]
+    assert main(["--host", "sim:desktop", "attach", name, "--gpu", "passthrough", "--config", *uri]) == 0
+    out = capsys.readouterr().out
+    assert "PCI hostdev 0000:01:00.0, PCI hostdev 0000:01:00.1" in out     # the audio function goes along
+    from vgpuvirt.xml import Domain
+    assert [str(a) for a in Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses] == [
+        "0000:01:00.0", "0000:01:00.1"]
+    assert main(["--host", "sim:desktop", "detach", name, "0000:02:00.0", *uri]) == 2   # not the VM's: refused
+    assert "0000:02:00.0" in capsys.readouterr().err
+    assert main(["--host", "sim:desktop", "detach", name, *uri]) == 0        # its only GPU, both functions
+    assert not Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses
+
+
+def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
+    from vgpuvirt.errors import ProvisioningError
+    from vgpuvirt.provision.hotplug import attach_gpu
+
+    name = PREFIX + "live"
+    provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
+                                    vcpus=1)])
+    before = {m.uuid for m in inventory(sim).mdevs}
+    with pytest.raises(ProvisioningError, match="not running") as ei:       # --live on a VM that is shut off
+        attach_gpu(sim, conn, name, VgpuRequest.parse("nvidia-231"), live=True, config=False)
+    assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
+    assert {m.uuid for m in inventory(sim).mdevs} == before
+    teardown(sim, conn, [name])

@@ -145,7 +145,7 @@ def gpu_cpu_pinning(vm: VmRequest, local_cpus: str | None) -> tuple[str | None, 
         return None, (f"vCPUs not pinned: the GPU's local CPUs ({local_cpus or 'unknown'}) are fewer than "
                       f"the VM's {vm.vcpus} vCPUs")
     chosen = ",".join(map(str, cpus[: vm.vcpus]))
-    return chosen, f"vCPUs pinned to the GPU's local CPUs {chosen} (of {local_cpus}; pin_cpus=false to opt out)"
+    return chosen, f"vCPUs pinned to the GPU's local CPUs {chosen} (of {local_cpus}; opt out: pin_cpus=False, --no-pin)"
 
 
 def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
