@@ -169,3 +169,43 @@ def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
     assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
     assert {m.uuid for m in inventory(sim).mdevs} == before
     teardown(sim, conn, [name])
+
+
+def test_a_vgpu17_vf_type_is_set_on_attach_and_reset_on_detach(conn, monkeypatch, capsys):
+    h = SimHost.from_profile("l40s-vgpu17")
+    monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
+    name = PREFIX + "vf17"
+    provision(h, conn, [VmRequest(name, gpus=(VgpuRequest.parse("L40S-8Q"),), start=False, memory_mib=256,
+                                  vcpus=1)])
+    assert main(["--json", "--host", "sim:l40s-vgpu17", "attach", name, "--gpu", "L40S-8Q",
+                 "--connect", conn.uri]) == 0
+    att = json.loads(capsys.readouterr().out)
+    vf = att["devices"][0].split()[-1]
+    assert att["type_name"] == "NVIDIA L40S-8Q" and not att["notes"]
+    typed = {str(v.address): v.current_type for v in inventory(h).vendor_vgpu}
+    assert typed[vf] != 0 and sum(1 for t in typed.values() if t) == 2
+    assert main(["--json", "--host", "sim:l40s-vgpu17", "detach", name, vf, "--connect", conn.uri]) == 0
+    det = json.loads(capsys.readouterr().out)
+    assert det["removed"] == [f"reset VF {vf}"]
+    typed = {str(v.address): v.current_type for v in inventory(h).vendor_vgpu}
+    assert typed[vf] == 0 and sum(1 for t in typed.values() if t) == 1      # the VM's first vGPU stays
+    assert teardown(h, conn, [name]).ok
+    assert not any(v.current_type for v in inventory(h).vendor_vgpu)
+
+
+def test_detach_keeps_a_vgpu_another_domain_holds_and_its_record(conn, sim, capsys):
+    from vgpuvirt.xml import Domain, MdevHostdev
+
+    a, b = PREFIX + "own-a", PREFIX + "own-b"
+    provision(sim, conn, [VmRequest(n, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
+                                    vcpus=1) for n in (a, b)])
+    (uuid,) = Domain.from_xml(conn.xml(a)).gpu_devices().mdev_uuids
+    conn.attach(b, MdevHostdev(uuid), config=True)               # b's definition names a's vGPU too
+    assert main(["--json", "--host", "sim:t4x2", "detach", a, "--connect", conn.uri]) == 0
+    det = json.loads(capsys.readouterr().out)
+    assert not det["removed"] and f"used by domain {b}" in det["left"][0]
+    assert uuid in {m.uuid for m in inventory(sim).mdevs}
+    assert f'uuid="{uuid}"' in conn.xml(a, inactive=True)         # still a's to remove once b lets go
+    conn.detach(b, MdevHostdev(uuid), config=True)
+    r = teardown(sim, conn, [a, b])
+    assert r.ok and not inventory(sim).mdevs

@@ -54,4 +54,6 @@ def _attach(ctx: Context, args: argparse.Namespace) -> int:
     print(printable(f"attached {', '.join(res.devices)} ({res.type}, {res.type_name}) to {res.vm} on {res.host}"))
     for line in res.created:
         print(printable(f"  created: {line}"))
+    for line in res.notes:
+        print(printable(f"  note: {line}"))
     return 0

@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import DeviceNotFound, InvalidSpec, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import DeviceNotFound, InvalidSpec, NoCapacity, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.by_need import place_one
-from vgpuvirt.provision.identity import made_for, mdev_uuid_for
+from vgpuvirt.provision.identity import MAX_GPUS_PER_VM, made_for, mdev_uuid_for
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.request import VgpuRequest
 from vgpuvirt.provision.steps import CreateMdev, HostStep, SetVfType, step_from_meta
@@ -48,11 +48,12 @@ class HotplugResult:
     created: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)        # devices left on the host, and why
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"vm": self.vm, "host": self.host, "action": self.action, "devices": self.devices,
                 "type": self.type, "type_name": self.type_name, "created": self.created, "removed": self.removed,
-                "left": self.left}
+                "left": self.left, "notes": self.notes}
 
 
 def _label(d: GpuDevice) -> str:
@@ -63,11 +64,11 @@ def _write_provenance(conn: LibvirtConnection, vm: str, prov: Provenance, live: 
     conn.set_metadata(vm, prov.metadata_xml(), "vgpuvirt", NAMESPACE, live=live, config=config)
 
 
-def _next_index(vm: str, taken: set[MdevUuid]) -> int:
-    i = 0
-    while mdev_uuid_for(vm, i) in taken:
-        i += 1
-    return i
+def _next_index(host: str, vm: str, taken: set[MdevUuid]) -> int:
+    for i in range(MAX_GPUS_PER_VM):
+        if mdev_uuid_for(vm, i) not in taken:
+            return i
+    raise NoCapacity(host, vm, f"the VM already has the {MAX_GPUS_PER_VM} vGPUs vgpuvirt can name for it")
 
 
 def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *, live: bool | None = None,
@@ -85,7 +86,8 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
     devices: list[GpuDevice]
     if a.kind == "mdev":
         taken = set(domain_device_refs(own).mdevs) | {m.uuid for m in inv.mdevs}
-        step = CreateMdev(host.name, vm, mdev_uuid_for(vm, _next_index(vm, taken)), a.slot, MdevTypeId.parse(a.type.id))
+        uuid = mdev_uuid_for(vm, _next_index(host.name, vm, taken))
+        step = CreateMdev(host.name, vm, uuid, a.slot, MdevTypeId.parse(a.type.id))
         devices = [MdevHostdev(step.uuid)]
         meta = step.meta()
     elif a.kind == "vendor-vf":
@@ -113,6 +115,9 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
         prov = Provenance.read(own)
         if prov is not None:
             _write_provenance(conn, vm, Provenance.of(prov.host or host.name, [*prov.gpus, meta]), live, config)
+        elif isinstance(step, SetVfType):
+            result.notes.append(f"{vm} was not made by vgpuvirt, so the vGPU type on VF {step.vf} is not recorded "
+                                "in it: detach leaves the type set (vgpuvirt gc finds it once no domain uses it)")
     except BaseException as exc:
         rollback = _undo_attach(host, conn, vm, made, attached, live, config, wait_timeout)
         if isinstance(exc, VgpuvirtError):
@@ -220,26 +225,29 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     still = refs.get(vm)
     refs[vm] = domain_refs({vm: views_before})[vm]
     todo: list[HostStep] = []
+    due: set[str] = set()          # still this VM's to remove (held elsewhere, or removal failed): keep its record
     for v in judge(vm, steps, refs):
         if v.refusal is not None:
             result.left.append(v.refusal)
+            if v.blocks:
+                due.add(v.step.target)
         elif still is not None and v.step.used_by(still):
-            result.left.append(f"{v.step.target}: still in {vm}'s {'live' if live is False else 'persistent'} "
-                               "definition (detached from one only): left in place")
+            result.left.append(f"{v.step.target}: still in {vm}'s other definition (live or persistent; detached "
+                               "from one only): left in place")
         else:
             todo.append(v.step)
-    gone: set[str] = set()
     for s, out in zip(todo, apply_items(host, [s.undo_item(wait_timeout) for s in todo], on_error="continue"),
                       strict=True):
         if out.ok:
             result.removed.append(s.undone())
-            gone.add(s.target)
         else:
-            result.left.append(f"{s.target}: removal failed: {out.error}")
+            due.add(s.target)
+            result.left.append(f"{s.target}: removal failed: {out.error}; still recorded in {vm}'s metadata")
     if prov is not None:
-        unused = {t for t in sources if still is None or not any(t == str(x) for x in (*still.mdevs, *still.pci))}
-        keep = [e for e in prov.gpus if _entry_target(e) not in unused or
-                (_entry_target(e) not in gone and any(s.target == _entry_target(e) for s in todo))]
+        in_use = {str(x) for x in (*still.mdevs, *still.pci)} if still is not None else set(sources)
+        # Drop the records of devices the VM no longer has, unless removing them is still due.
+        keep = [e for e in prov.gpus if _entry_target(e) not in sources or _entry_target(e) in in_use
+                or _entry_target(e) in due]
         if len(keep) != len(prov.gpus):
             _write_provenance(conn, vm, Provenance.of(prov.host or host.name, keep), live, config)
     return result
