@@ -151,3 +151,28 @@ def test_iommu_check_warns_on_the_boot_vga_device():
     assert rep.assignable
     assert any("boot VGA device (boot_vga=1)" in w for w in rep.warnings)
     assert not any("boot VGA" in w for w in check_assignable(h, ["0000:01:00.0"]).warnings)
+
+
+def test_a_vgpu_board_and_a_nic_both_with_sriov_off_are_enabled_in_turn(tmp_path):
+    pytest.importorskip("libvirt")
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision import provision, teardown
+
+    a10 = (ROOT / "vgpuvirt" / "sim" / "profiles" / "a10-sriov.yaml").read_text()
+    nic = """
+  - {address: "0000:40:05.0", vendor: 0x1022, device: 0x1483, class: 0x060400, driver: pcieport, iommu_group: 50}
+  - {address: "0000:42:00.0", parent: "0000:40:05.0", vendor: 0x8086, device: 0x1521, class: 0x020000, driver: igb,
+     iommu_group: 51, reset_method: flr,
+     sriov: {totalvfs: 4, numvfs: 0, offset: 128, stride: 4, vf_device: 0x1520, vf_driver: igbvf}}
+"""
+    (tmp_path / "a10-nic.yaml").write_text(a10.replace("name: a10-sriov", "name: a10-nic") + nic)
+    h = SimHost.from_profile(tmp_path / "a10-nic.yaml")
+    conn = LibvirtConnection("test:///default")
+    vm = VmRequest("w16vm-a10nic", gpus=(VgpuRequest.parse("fb>=2G"),), nic=NicRequest(), start=False)
+    r = provision(h, conn, [vm])
+    devs = Domain.from_xml(conn.xml(vm.name)).gpu_devices()
+    assert len(devs.mdev_uuids) == 1 and [str(a.physfn) for a in inventory(h).pci_devices
+                                          if a.address in devs.interfaces] == ["0000:42:00.0"]
+    assert r.plan.assignments[0].kind == "mdev"
+    assert teardown(h, conn, [vm.name]).ok
+    conn.close()
