@@ -177,9 +177,19 @@ def test_a_vgpu17_vf_type_is_set_on_attach_and_reset_on_detach(conn, monkeypatch
     name = PREFIX + "vf17"
     provision(h, conn, [VmRequest(name, gpus=(VgpuRequest.parse("L40S-8Q"),), start=False, memory_mib=256,
                                   vcpus=1)])
+    exchanges: list[object] = []
+    real = h._exchange
+
+    def counted(request: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        exchanges.append(request)
+        return real(request, **kw)
+
+    monkeypatch.setattr(h, "_exchange", counted)
     assert main(["--json", "--host", "sim:l40s-vgpu17", "attach", name, "--gpu", "L40S-8Q",
                  "--connect", conn.uri]) == 0
     att = json.loads(capsys.readouterr().out)
+    assert len(exchanges) == 2                   # one read of the host, one batch, whatever its size
+    monkeypatch.setattr(h, "_exchange", real)
     vf = att["devices"][0].split()[-1]
     assert att["type_name"] == "NVIDIA L40S-8Q" and not att["notes"]
     typed = {str(v.address): v.current_type for v in inventory(h).vendor_vgpu}

@@ -115,3 +115,21 @@ def test_a_failed_attach_removes_the_vgpu_it_made(conn):
         assert {m.uuid for m in inventory(h).mdevs} == before
     finally:
         teardown(h, conn, ["w16vm-hp-fail"])
+
+
+def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
+    from vgpuvirt.provision import NicRequest
+    from vgpuvirt.provision.vms import vm_infos
+    h = SimHost.from_profile("desktop")
+    vm = VmRequest("w16vm-ls-g", gpus=(VgpuRequest(mode="passthrough"),), template="gaming", nic=NicRequest(),
+                   start=False)
+    provision(h, conn, [vm])
+    try:
+        doms = [d for d in conn.domains() if d.name == vm.name]
+        (info,) = vm_infos(h.name, doms, inventory(h))
+        rows = {g.device: (g.kind, g.type, g.type_name, g.parent) for g in info.gpus}
+        assert rows["0000:01:00.0"] == ("pci", "passthrough", "GA102 [GeForce RTX 3080]", None)
+        (nic,) = [g for g in info.gpus if g.kind == "nic-vf"]
+        assert nic.parent == "0000:05:00.0"
+    finally:
+        teardown(h, conn, [vm.name])
