@@ -16,6 +16,7 @@ from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity
 from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
+from vgpuvirt.provision.cpu_pinning import gpu_cpu_pinning
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
 from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
@@ -128,26 +129,6 @@ def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
     return None
 
 
-#: Templates whose VMs are pinned to their GPU's local CPUs unless asked otherwise (``pin_cpus=False``).
-PIN_BY_DEFAULT = frozenset({"gaming"})
-
-
-def gpu_cpu_pinning(vm: VmRequest, local_cpus: str | None) -> tuple[str | None, str]:
-    """The host CPUs to pin ``vm``'s vCPUs to, and why (for the explanation). Given ``host_cpus`` win;
-    otherwise a gaming VM (or one with ``pin_cpus=True``) takes the first of its GPU's local CPUs, one
-    per vCPU, so its frames and interrupts stay on the GPU's NUMA node."""
-    if vm.host_cpus:
-        return vm.host_cpus, f"vCPUs pinned to the CPUs asked for ({vm.host_cpus})"
-    if vm.pin_cpus is False or (vm.pin_cpus is None and vm.template not in PIN_BY_DEFAULT):
-        return None, ""
-    cpus = sorted(parse_cpulist(local_cpus)) if local_cpus else []
-    if len(cpus) < vm.vcpus:
-        return None, (f"vCPUs not pinned: the GPU's local CPUs ({local_cpus or 'unknown'}) are fewer than "
-                      f"the VM's {vm.vcpus} vCPUs")
-    chosen = ",".join(map(str, cpus[: vm.vcpus]))
-    return chosen, f"vCPUs pinned to the GPU's local CPUs {chosen} (of {local_cpus}; opt out: pin_cpus=False, --no-pin)"
-
-
 def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
                pin: str | None = None) -> str:
     from vgpuvirt.xml import Disk, DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
@@ -258,7 +239,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     adopted_vms = {a.vm for a in ready}
     nics = _nic_vfs(todo, by_vm, hs)
     if isinstance(nics, Plan):
-        nics.kept, nics.vms = kept, list(requests)
+        nics.kept, nics.vms, nics.explain = kept, list(requests), explain
         return nics
     for vm in todo:
         picks = sorted(by_vm[vm.name], key=lambda a: a.index)
