@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_part
 
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision import NicRequest, VgpuRequest, VmRequest
@@ -23,6 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 NIC_PF = "0000:05:00.0"
 
 
+def _need_libvirt() -> None:
+    try:
+        import libvirt  # noqa: F401
+    except ImportError:
+        require_part("libvirt-python", False, "pip install 'vgpuvirt[libvirt]'")
+
+
 def _gaming(name: str = "gvm", **kw: object) -> VmRequest:
     kw.setdefault("vcpus", 4)
     return VmRequest(name, gpus=(VgpuRequest(mode="passthrough"),), template="gaming", memory_mib=8192,
@@ -30,7 +38,7 @@ def _gaming(name: str = "gvm", **kw: object) -> VmRequest:
 
 
 def test_the_example_with_nic_vf_runs_on_its_default_host():
-    pytest.importorskip("libvirt")
+    _need_libvirt()
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "cloud_gaming.py"), "--nic-vf"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -52,7 +60,7 @@ def test_plan_enables_the_nic_vfs_first_when_none_is_free():
 
 
 def test_a_failed_run_disables_the_vfs_it_enabled():
-    pytest.importorskip("libvirt")
+    _need_libvirt()
     from vgpuvirt.libvirt_conn import LibvirtConnection
     from vgpuvirt.provision import provision
 
@@ -154,7 +162,7 @@ def test_iommu_check_warns_on_the_boot_vga_device():
 
 
 def test_a_vgpu_board_and_a_nic_both_with_sriov_off_are_enabled_in_turn(tmp_path):
-    pytest.importorskip("libvirt")
+    _need_libvirt()
     from vgpuvirt.libvirt_conn import LibvirtConnection
     from vgpuvirt.provision import provision, teardown
 
