@@ -136,7 +136,7 @@ def test_vm_start_list_destroy_on_libvirtd(conn, capsys):
 
 
 def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, capsys):
-    from vgpuvirt.xml import DomainOptions, VirtioNic, build_domain
+    from vgpuvirt.xml import Domain, DomainOptions, VirtioNic, build_domain
 
     h = SimHost.from_profile("desktop")
     monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
@@ -147,11 +147,27 @@ def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, caps
     assert main(["--host", "sim:desktop", "attach", name, "--gpu", "passthrough", "--config", *uri]) == 0
     out = capsys.readouterr().out
     assert "PCI hostdev 0000:01:00.0, PCI hostdev 0000:01:00.1" in out     # the audio function goes along
-    from vgpuvirt.xml import Domain
     assert [str(a) for a in Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses] == [
         "0000:01:00.0", "0000:01:00.1"]
     assert main(["--host", "sim:desktop", "detach", name, "0000:02:00.0", *uri]) == 2   # not the VM's: refused
     assert "0000:02:00.0" in capsys.readouterr().err
+    # libvirt refusing the second function: the first is attached again (both or neither).
+    from vgpuvirt.errors import LibvirtError, ProvisioningError
+    from vgpuvirt.provision.hotplug import detach_gpu
+    real, calls = conn.detach, []
+
+    def second_fails(vm: str, dev: Any, **kw: Any) -> None:
+        calls.append(dev)
+        if len(calls) == 2:
+            raise LibvirtError("detach device failed: injected", domain=vm, code=1, uri=conn.uri)
+        real(vm, dev, **kw)
+
+    monkeypatch.setattr(conn, "detach", second_fails)
+    with pytest.raises(ProvisioningError, match="injected") as ei:
+        detach_gpu(h, conn, name, config=True)
+    assert ei.value.rollback == [f"attached PCI hostdev 0000:01:00.0 to {name} again"]
+    assert len(Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses) == 2
+    monkeypatch.setattr(conn, "detach", real)
     assert main(["--host", "sim:desktop", "detach", name, *uri]) == 0        # its only GPU, both functions
     assert not Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses
 

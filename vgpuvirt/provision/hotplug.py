@@ -218,8 +218,22 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     mine = {s.target for s in steps}
     result.left += [f"vGPU {d.uuid}: not made by vgpuvirt for {vm} (no record, UUID not derived from the name): "
                     "left on the host" for d in chosen if isinstance(d, MdevHostdev) and str(d.uuid) not in mine]
-    for d in chosen:
-        conn.detach(vm, d, live=live, config=config)
+    gone: list[GpuDevice] = []
+    try:
+        for d in chosen:
+            conn.detach(vm, d, live=live, config=config)
+            gone.append(d)
+    except VgpuvirtError as exc:
+        # A whole GPU leaves with all its functions or not at all: put back what did leave.
+        back = []
+        for d in reversed(gone):
+            try:
+                conn.attach(vm, d, live=live, config=config)
+                back.append(f"attached {_label(d)} to {vm} again")
+            except VgpuvirtError as err:
+                back.append(f"FAILED to attach {_label(d)} to {vm} again: {err}")
+        raise ProvisioningError(f"{host.name}: detaching from {vm}: {exc}",
+                                completed=[f"detached {_label(d)}" for d in gone], rollback=back, cause=exc) from exc
     views = conn.xml_views()
     refs = domain_refs(views)
     still = refs.get(vm)
