@@ -1,5 +1,6 @@
 """Issue 16, VM lifecycle and hot-plug on libvirt's test driver: ``vgpuvirt vm`` verbs, ``LibvirtConnection``
-taking device objects, and an attach that fails (the test driver cannot hot-plug) removing the vGPU it made."""
+taking device objects, attach refused up front on a driver that cannot hot-plug, and an attach libvirt
+refuses removing the vGPU it made."""
 
 from __future__ import annotations
 
@@ -111,18 +112,42 @@ def test_list_names_types_from_the_host_when_it_shows_them(conn):
         teardown(h, conn, ["w16vm-ls"])
 
 
-def test_a_failed_attach_removes_the_vgpu_it_made(conn):
-    from vgpuvirt.errors import ProvisioningError
+def test_attach_on_a_driver_that_cannot_hotplug_changes_nothing(conn, capsys):
+    h = SimHost.from_profile("t4x2")
+    provision(h, conn, [VmRequest("w16vm-hp-no", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        before = {m.uuid for m in inventory(h).mdevs}
+        from vgpuvirt.errors import InvalidSpec
+        from vgpuvirt.provision.hotplug import attach_gpu, detach_gpu
+        with pytest.raises(InvalidSpec, match="test driver cannot"):
+            attach_gpu(h, conn, "w16vm-hp-no", VgpuRequest.parse("nvidia-231"))
+        with pytest.raises(InvalidSpec, match="test driver cannot"):
+            detach_gpu(h, conn, "w16vm-hp-no")
+        assert {m.uuid for m in inventory(h).mdevs} == before
+    finally:
+        teardown(h, conn, ["w16vm-hp-no"])
+
+
+def test_a_failed_attach_removes_the_vgpu_it_made(conn, monkeypatch):
+    from vgpuvirt.errors import LibvirtError, ProvisioningError
+    from vgpuvirt.libvirt_conn import LibvirtConnection
     from vgpuvirt.provision.hotplug import attach_gpu
     h = SimHost.from_profile("t4x2")
     provision(h, conn, [VmRequest("w16vm-hp-fail", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+
+    def refused(*a: Any, **kw: Any) -> None:
+        raise LibvirtError("attach device failed: injected", domain="w16vm-hp-fail", code=1, uri=conn.uri)
+
     try:
         before = {m.uuid for m in inventory(h).mdevs}
-        with pytest.raises(ProvisioningError) as ei:        # the test driver refuses virDomainAttachDeviceFlags
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", refused)
+        with pytest.raises(ProvisioningError, match="injected") as ei:
             attach_gpu(h, conn, "w16vm-hp-fail", VgpuRequest.parse("nvidia-231"))
         assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
         assert {m.uuid for m in inventory(h).mdevs} == before
     finally:
+        monkeypatch.undo()
         teardown(h, conn, ["w16vm-hp-fail"])
 
 

@@ -71,6 +71,12 @@ def _next_index(host: str, vm: str, taken: set[MdevUuid]) -> int:
     raise NoCapacity(host, vm, f"the VM already has the {MAX_GPUS_PER_VM} vGPUs vgpuvirt can name for it")
 
 
+def _can_hotplug(conn: LibvirtConnection) -> None:
+    if not conn.supports_hotplug:
+        raise InvalidSpec("libvirt URI", conn.uri, "a driver that can attach and detach devices "
+                                                   "(libvirt's test driver cannot): nothing was changed")
+
+
 def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *, live: bool | None = None,
                config: bool = True, wait_timeout: float = 10.0) -> HotplugResult:
     """Place, make and attach one GPU for ``req`` to the existing domain ``vm``; undo it all on failure."""
@@ -78,6 +84,7 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
 
     if not conn.exists(vm):
         raise DeviceNotFound(host.name, vm, f"no domain {vm} on {conn.uri}")
+    _can_hotplug(conn)
     pairs = list(conn.domain_xml_pairs())
     inv = inventory(host, domains=pairs)
     a = place_one(inv, req, vm=vm, domains=pairs)
@@ -198,6 +205,7 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     """Detach a GPU device from ``vm`` and remove what vgpuvirt made for it (see the module docstring)."""
     if not conn.exists(vm):
         raise DeviceNotFound(host.name, vm, f"no domain {vm} on {conn.uri}")
+    _can_hotplug(conn)
     active = conn.is_active(vm)
     views_before = conn.xml_views().get(vm, (conn.xml(vm),))
     dom = Domain.from_xml(conn.xml(vm, inactive=not (active and live is not False)))
