@@ -17,14 +17,16 @@ from typing import Any
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
-from vgpuvirt.provision.disks import ClonedDisk, disk_for, expand
+from vgpuvirt.provision.cpu_pinning import gpu_cpu_pinning
+from vgpuvirt.provision.disks import ClonedDisk, disk_for
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
 from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
 from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
+from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
-from vgpuvirt.provision.preflight import Ledger, check_vm
+from vgpuvirt.provision.preflight import Ledger, check_vm, one_disk_each, pool_dir
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps import (
@@ -110,7 +112,7 @@ class Plan:
                 if k.host == h:
                     lines.append(f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})"))
         if self.pending:
-            lines.append(f"then, once the VFs show their vGPU types, place {len(self.pending)} VM(s): "
+            lines.append(f"then, once the VFs exist (and show their vGPU types), place {len(self.pending)} VM(s): "
                          + ", ".join(self.pending[:8]) + (" ..." if len(self.pending) > 8 else ""))
         if self.empty:
             lines.append("nothing to do: every VM is in place")
@@ -133,7 +135,7 @@ def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
 
 
 def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
-                  pool_dir: str | None = None) -> Domain:
+                  pin: str | None = None, pool_dir: str | None = None) -> Domain:
     from vgpuvirt.xml import DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
@@ -167,9 +169,9 @@ def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf:
                                      vlan=vm.nic.vlan))
         gpus_meta.append({"kind": "nic-vf", "address": str(nic_vf)})
     pinning = None
-    if vm.host_cpus:
+    if pin:
         from vgpuvirt.xml import CpuPinning
-        cpus = sorted(parse_cpulist(vm.host_cpus))
+        cpus = sorted(parse_cpulist(pin))
         pinning = CpuPinning.from_cpulist(",".join(map(str, cpus[: vm.vcpus])))
     numa = picks[0].numa_node if vm.template == "compute" and picks else None
     dom = build_domain(vm.template, name=vm.name, uuid=domain_uuid_for(vm.name), memory_mib=vm.memory_mib,
@@ -191,7 +193,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise InvalidSpec("VM names", sorted(dup), "unique names")
-    _one_disk_each(requests)
+    one_disk_each(requests)
     # Placement accounts for what it plans in the states it is given: work on copies (plan is pure).
     hs = ({k: v.clone() for k, v in states.items()} if states is not None
           else host_states(inventories, domains, libvirt))
@@ -246,6 +248,10 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     adopted_vms = {a.vm for a in ready}
     problems: list[str] = []
     ledger = Ledger()
+    nics = _nic_vfs(todo, by_vm, hs)
+    if isinstance(nics, Plan):
+        nics.kept, nics.vms, nics.explain = kept, list(requests), explain
+        return nics
     for vm in todo:
         picks = sorted(by_vm.get(vm.name, ()), key=lambda a: a.index)
         host = picks[0].host if picks else _host_without_gpu(vm, hs)
@@ -255,8 +261,14 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
                 if made is not None:
                     steps.append(made)
                     absent[host].add(made.target)
-        nic_vf = _take_nic_vf(vm, hs[host]) if vm.nic is not None else None
-        dom = _build_domain(vm, host, picks, nic_vf, _pool_dir(vm, hs[host]))
+        nic = nics.get(vm.name)
+        if nic is not None:
+            explain.append(Candidate(vm.name, host, str(nic.vf), "chosen", nic.reason))
+        gpu = next((g for g in hs[host].gpus if picks and g.address == picks[0].gpu), None)
+        pin, why = gpu_cpu_pinning(vm, gpu.local_cpus if gpu is not None else None)
+        if why:
+            explain.append(Candidate(vm.name, host, str(picks[0].gpu) if picks else "-", "chosen", why))
+        dom = _build_domain(vm, host, picks, nic.vf if nic else None, pin, pool_dir(vm, hs[host]))
         problems += check_vm(hs[host], vm.name, dom, vm.disk, ledger)
         if isinstance(vm.disk, ClonedDisk):
             want(CreateVolume(host, vm.name, vm.disk.pool, vm.disk.volume(vm.name)), "(adopted)")
@@ -271,18 +283,6 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
                 {h: frozenset(v) for h, v in absent.items()})
 
 
-def _one_disk_each(requests: Sequence[VmRequest]) -> None:
-    """Two VMs on one disk file corrupt it: refuse a path (after ``{name}``) that several VMs would share."""
-    seen: dict[str, str] = {}
-    for vm in requests:
-        if isinstance(vm.disk, str):
-            path = expand(vm.disk, vm.name)
-            if path in seen:
-                raise InvalidSpec("disk", vm.disk, f"one disk per VM ({seen[path]} and {vm.name} would share {path}): "
-                                                   "put {name} in the path, or use a ClonedDisk")
-            seen[path] = vm.name
-
-
 def _host_without_gpu(vm: VmRequest, hs: Mapping[str, HostState]) -> str:
     """Where a VM without GPUs goes: its ``host``, or the plan's only host."""
     if vm.host is not None:
@@ -292,14 +292,6 @@ def _host_without_gpu(vm: VmRequest, hs: Mapping[str, HostState]) -> str:
     if len(hs) != 1:
         raise InvalidSpec(f"host of VM {vm.name}", None, "a host= for a VM without GPUs when there are several hosts")
     return next(iter(hs))
-
-
-def _pool_dir(vm: VmRequest, h: HostState) -> str | None:
-    if not isinstance(vm.disk, ClonedDisk) or h.libvirt is None:
-        return None
-    pool = h.libvirt.pools.get(vm.disk.pool)
-    # A missing pool is the pre-flight's to report; the XML still needs a path meanwhile.
-    return pool.target if pool is not None and pool.target else f"/nonexistent-pool/{vm.disk.pool}"
 
 
 def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: list[Kept]) -> list[Assignment]:
@@ -325,15 +317,33 @@ def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: li
     return ready
 
 
-def _take_nic_vf(vm: VmRequest, h: HostState) -> PciAddress:
-    assert vm.nic is not None
-    for i, (vf, pf) in enumerate(h.free_nic_vfs):
-        if vm.nic.pf is None or pf == vm.nic.pf:
-            del h.free_nic_vfs[i]
-            return vf
-    from vgpuvirt.errors import NoCapacity
-    raise NoCapacity(h.name, str(vm.nic.pf or "NIC"), f"no free SR-IOV NIC VF for {vm.name}"
-                     + (f" on PF {vm.nic.pf}" if vm.nic.pf else ""))
+def _nic_vfs(todo: Sequence[VmRequest], by_vm: Mapping[str, list[Assignment]], hs: Mapping[str, HostState]
+             ) -> dict[str, NicChoice] | Plan:
+    """The NIC VF of each VM that asks for one, nearest its first GPU; or, when some VM finds none free but
+    NIC PFs with SR-IOV off can serve it, a plan whose only steps are enabling them (:mod:`.nic_vf`)."""
+    out: dict[str, NicChoice] = {}
+    short: dict[str, list[VmRequest]] = {}
+    refusal: NoCapacity | None = None
+    nears: dict[str, PciAddress | None] = {}
+    for vm in todo:
+        if vm.nic is None:
+            continue
+        first = min(by_vm[vm.name], key=lambda a: a.index)
+        nears[vm.name] = first.gpu
+        try:
+            out[vm.name] = take_nic_vf(vm, hs[first.host], first.gpu)
+        except NoCapacity as exc:
+            short.setdefault(first.host, []).append(vm)
+            refusal = refusal or exc
+    if refusal is None:
+        return out
+    prep = []
+    for host, vms in short.items():
+        found = nic_preparation(hs[host], vms, nears)
+        if not found:
+            raise refusal
+        prep.extend(found)
+    return Plan([], [], [], [], [], list(hs), {}, prep=prep, pending=[vm.name for vm in todo], unmet=str(refusal))
 
 
 def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Provenance] | None:

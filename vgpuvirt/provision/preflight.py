@@ -21,10 +21,13 @@ is not checked. Every problem found is collected; the plan is refused with all o
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import format_cpulist
-from vgpuvirt.provision.disks import ClonedDisk
+from vgpuvirt.provision.disks import ClonedDisk, expand
+from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState
 from vgpuvirt.xml.domain import Domain
 
@@ -151,3 +154,23 @@ def _cpus(hs: HostState, dom: Domain) -> list[str]:
         return []
     return [f"CPU pinning names CPU(s) {format_cpulist(missing)} that this host does not have online "
             f"(online: {format_cpulist(online)})"]
+
+
+def one_disk_each(requests: Sequence[VmRequest]) -> None:
+    """Two VMs on one disk file corrupt it: refuse a path (after ``{name}``) that several VMs would share."""
+    seen: dict[str, str] = {}
+    for vm in requests:
+        if isinstance(vm.disk, str):
+            path = expand(vm.disk, vm.name)
+            if path in seen:
+                raise InvalidSpec("disk", vm.disk, f"one disk per VM ({seen[path]} and {vm.name} would share {path}): "
+                                                   "put {name} in the path, or use a ClonedDisk")
+            seen[path] = vm.name
+
+
+def pool_dir(vm: VmRequest, h: HostState) -> str | None:
+    if not isinstance(vm.disk, ClonedDisk) or h.libvirt is None:
+        return None
+    pool = h.libvirt.pools.get(vm.disk.pool)
+    # A missing pool is the pre-flight's to report; the XML still needs a path meanwhile.
+    return pool.target if pool is not None and pool.target else f"/nonexistent-pool/{vm.disk.pool}"
