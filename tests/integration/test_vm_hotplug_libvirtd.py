@@ -24,6 +24,8 @@ from vgpuvirt.sim import SimHost
 
 pytestmark = pytest.mark.integration
 PREFIX = "w16vm-it-"
+# The testbed's libvirtd has no network: the plan's pre-flight refuses the templates' network 'default'.
+NO_NIC: dict[str, object] = {"virtio_nics": []}
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> SimHost:
 def test_attach_then_detach_a_vgpu_through_the_cli(conn, sim, capsys):
     name = PREFIX + "hp"
     provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
-                                    vcpus=1)])
+                                    vcpus=1, options=NO_NIC)])
     uri = ["--connect", conn.uri]
     assert main(["--json", "--host", "sim:t4x2", "attach", name, "--gpu", "GRID T4-2Q", *uri]) == 0
     att = json.loads(capsys.readouterr().out)
@@ -95,7 +97,7 @@ def test_detach_leaves_a_vgpu_that_vgpuvirt_did_not_make_for_the_vm(conn, sim, c
 
     name = PREFIX + "foreign"
     provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
-                                    vcpus=1)])
+                                    vcpus=1, options=NO_NIC)])
     other = MdevUuid.parse("5a0c1e2d-0000-4000-8000-00000000f00d")
     MdevService(sim).create("0000:3b:00.0", "nvidia-231", other)
     conn.attach(name, MdevHostdev(other), config=True)
@@ -178,7 +180,7 @@ def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
 
     name = PREFIX + "live"
     provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
-                                    vcpus=1)])
+                                    vcpus=1, options=NO_NIC)])
     before = {m.uuid for m in inventory(sim).mdevs}
     with pytest.raises(ProvisioningError, match="not running") as ei:       # --live on a VM that is shut off
         attach_gpu(sim, conn, name, VgpuRequest.parse("nvidia-231"), live=True, config=False)
@@ -192,7 +194,7 @@ def test_a_vgpu17_vf_type_is_set_on_attach_and_reset_on_detach(conn, monkeypatch
     monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
     name = PREFIX + "vf17"
     provision(h, conn, [VmRequest(name, gpus=(VgpuRequest.parse("L40S-8Q"),), start=False, memory_mib=256,
-                                  vcpus=1)])
+                                  vcpus=1, options=NO_NIC)])
     exchanges: list[object] = []
     real = h._exchange
 
@@ -224,7 +226,7 @@ def test_detach_keeps_a_vgpu_another_domain_holds_and_its_record(conn, sim, caps
 
     a, b = PREFIX + "own-a", PREFIX + "own-b"
     provision(sim, conn, [VmRequest(n, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
-                                    vcpus=1) for n in (a, b)])
+                                    vcpus=1, options=NO_NIC) for n in (a, b)])
     (uuid,) = Domain.from_xml(conn.xml(a)).gpu_devices().mdev_uuids
     conn.attach(b, MdevHostdev(uuid), config=True)               # b's definition names a's vGPU too
     assert main(["--json", "--host", "sim:t4x2", "detach", a, "--connect", conn.uri]) == 0
