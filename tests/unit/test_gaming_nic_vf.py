@@ -83,7 +83,8 @@ def test_a_failed_run_disables_the_vfs_it_enabled():
 PROFILE = """
 name: nic-numa
 description: a GPU behind a PCIe switch on node 1, NICs on node 0, node 1 and behind the same switch
-cpus: {sockets: 2, cores_per_socket: 4, threads_per_core: 1, memory_mib_per_node: 65536}
+cpus: {sockets: 2, cores_per_socket: 4, threads_per_core: 1, memory_mib_per_node: 65536,
+       hugepages_per_node: {2048: 4096}}   # 8 GiB per node: the gaming VM passes the pre-flight
 drivers: [vfio-pci]
 devices:
   - {address: "0000:00:00.0", vendor: 0x8086, device: 0x2020, class: 0x060000, numa_node: 0, iommu_group: 0}
