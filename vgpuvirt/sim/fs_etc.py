@@ -26,7 +26,7 @@ class EtcTree:
         if "nvidia" not in self.model.drivers:
             return {}
         sched = self.model.sched
-        params = {name: Attr(show=lambda n=name: sched.loaded[n] + "\n", mode=0o444)  # type: ignore[misc]
+        params: dict[str, Node] = {name: Attr(show=lambda n=name: sched.loaded[n] + "\n", mode=0o444)  # type: ignore[misc]
                   for name in sched.loaded}
         return {"nvidia": Dir(lambda: {"parameters": Dir(lambda: params)})}
 

@@ -1,0 +1,74 @@
+"""``vgpuvirt exporter --listen ADDR [HOST ...]``: a Prometheus exporter over one or several hosts.
+
+    vgpuvirt exporter --listen 127.0.0.1:9835 sim:t4x2 sim:a10-sriov
+    vgpuvirt exporter --listen :9835 ssh://root@gpu1 ssh://root@gpu2 --connect qemu+ssh://root@gpu1/system ...
+
+Every scrape of ``/metrics`` collects all hosts in parallel (one round trip each); a host that does not answer
+within ``--timeout`` is ``vgpuvirt_host_up{host=...} 0`` and never holds up the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import InvalidSpec
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("exporter", help="serve Prometheus metrics of one or several hosts")
+    p.add_argument("hosts", nargs="*", metavar="HOST",
+                   help="hosts (local, ssh://..., sim:PROFILE); default: the global --host")
+    p.add_argument("--listen", required=True, metavar="ADDR:PORT", help="where to serve /metrics, e.g. 127.0.0.1:9835")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds a scrape waits for each host before reporting it down (default 10)")
+    p.add_argument("--connect", action="append", default=[], metavar="URI",
+                   help="libvirt URI per host, in order (names the VMs owning vGPUs); one for all, or one per host")
+    p.set_defaults(func=run)
+
+
+def _domains(uri: str) -> Iterable[tuple[str, str]]:
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    with LibvirtConnection(uri, readonly=True) as conn:
+        return list(conn.domain_xml_pairs())
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.hosts import open_host
+    from vgpuvirt.observe.exporter import ParallelScraper, parse_listen, serve
+
+    addr, port = parse_listen(args.listen)
+    if not 0 < args.timeout <= 600:
+        raise InvalidSpec("--timeout", args.timeout, "seconds between 0 and 600")
+    specs = args.hosts or [ctx.args.host]
+    if args.connect and len(args.connect) not in (1, len(specs)):
+        raise InvalidSpec("--connect", args.connect, f"one URI, or one per host ({len(specs)})")
+    a = ctx.args
+    hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
+                       allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
+    uris = args.connect * len(specs) if len(args.connect) == 1 else args.connect
+    domains: dict[str, Any] = {h.name: (lambda u=u: _domains(u)) for h, u in zip(hosts, uris, strict=False)}
+    scraper = ParallelScraper(hosts, timeout=args.timeout, domains=domains)
+    stop = threading.Event()
+    try:
+        server, _ = serve(scraper, addr, port)
+    except OSError as exc:
+        raise InvalidSpec("--listen", args.listen, f"an address this machine can listen on ({exc.strerror})") from None
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(printable(f"vgpuvirt exporter: serving http://{args.listen}/metrics for {', '.join(specs)}"),
+          file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        scraper.close()
+        for h in hosts:
+            h.close()
+    return 0

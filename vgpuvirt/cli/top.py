@@ -1,0 +1,102 @@
+"""``vgpuvirt top [HOST ...]``: a live view of hosts, GPUs, their vGPUs and owning VMs, refreshed every
+``--interval`` seconds; ``q`` (or Ctrl-C) quits and gives the terminal back as it was. ``--once`` prints one
+frame and exits (for scripts and pipes).
+
+    vgpuvirt top sim:t4x2 sim:a10-sriov --interval 1
+    vgpuvirt --host sim:t4x2 top --once
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from vgpuvirt.cli.context import Context
+from vgpuvirt.errors import InvalidSpec
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("top", help="live view of GPUs, vGPUs and their VMs (q quits)")
+    p.add_argument("hosts", nargs="*", metavar="HOST", help="hosts; default: the global --host")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for each host per refresh (default: the interval, at least 5)")
+    p.add_argument("--connect", action="append", default=[], metavar="URI",
+                   help="libvirt URI per host, in order (names the VMs); one for all, or one per host")
+    p.set_defaults(func=run)
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Any]:
+    """stdin in cbreak mode (keys arrive one by one, unechoed) while the view runs; restored on any exit."""
+    if not sys.stdin.isatty():
+        yield None
+        return
+    import termios
+    import tty
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _quit_pressed(fd: int | None, wait: float) -> bool:
+    """Wait up to ``wait`` seconds for a key; True for q/Q."""
+    if fd is None:
+        time.sleep(wait)
+        return False
+    end = time.monotonic() + wait
+    while (left := end - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready and os.read(fd, 1) in (b"q", b"Q"):
+            return True
+    return False
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from vgpuvirt.cli.exporter import _domains
+    from vgpuvirt.hosts import open_host
+    from vgpuvirt.observe.exporter import ParallelScraper
+    from vgpuvirt.observe.top_view import frame
+
+    if not 0.1 <= args.interval <= 3600:
+        raise InvalidSpec("--interval", args.interval, "seconds between 0.1 and 3600")
+    specs = args.hosts or [ctx.args.host]
+    if args.connect and len(args.connect) not in (1, len(specs)):
+        raise InvalidSpec("--connect", args.connect, f"one URI, or one per host ({len(specs)})")
+    a = ctx.args
+    hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
+                       allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
+    uris = args.connect * len(specs) if len(args.connect) == 1 else args.connect
+    domains: dict[str, Any] = {h.name: (lambda u=u: _domains(u)) for h, u in zip(hosts, uris, strict=False)}
+    scraper = ParallelScraper(hosts, timeout=args.timeout or max(5.0, args.interval), domains=domains)
+    console = Console(highlight=False)
+    try:
+        if args.once:
+            console.print(frame(scraper.scrape()))
+            return 0
+        with _keys() as fd, Live(console=console, screen=True, auto_refresh=False) as live:
+            while True:
+                live.update(frame(scraper.scrape(), interval=args.interval), refresh=True)
+                if _quit_pressed(fd, args.interval):
+                    break
+    except KeyboardInterrupt:
+        pass               # Ctrl-C is the other way out: the terminal is already restored
+    finally:
+        scraper.close()
+        for h in hosts:
+            h.close()
+    return 0
