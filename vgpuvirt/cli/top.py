@@ -9,12 +9,6 @@ frame and exits (for scripts and pipes).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import select
-import sys
-import time
-from collections.abc import Iterator
 from typing import Any
 
 from vgpuvirt.cli.context import Context
@@ -33,44 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-@contextlib.contextmanager
-def _keys() -> Iterator[Any]:
-    """stdin in cbreak mode (keys arrive one by one, unechoed) while the view runs; restored on any exit."""
-    if not sys.stdin.isatty():
-        yield None
-        return
-    import termios
-    import tty
-    fd = sys.stdin.fileno()
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)
-        yield fd
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-
-def _quit_pressed(fd: int | None, wait: float) -> bool:
-    """Wait up to ``wait`` seconds for a key; True for q/Q."""
-    if fd is None:
-        time.sleep(wait)
-        return False
-    end = time.monotonic() + wait
-    while (left := end - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready and os.read(fd, 1) in (b"q", b"Q"):
-            return True
-    return False
-
-
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
-
     from vgpuvirt.cli.exporter import _domains
     from vgpuvirt.hosts import open_host
     from vgpuvirt.observe.exporter import ParallelScraper
-    from vgpuvirt.observe.top_view import frame
+    from vgpuvirt.observe.top_live import view
 
     if not 0.1 <= args.interval <= 3600:
         raise InvalidSpec("--interval", args.interval, "seconds between 0.1 and 3600")
@@ -83,18 +44,8 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     uris = args.connect * len(specs) if len(args.connect) == 1 else args.connect
     domains: dict[str, Any] = {h.name: (lambda u=u: _domains(u)) for h, u in zip(hosts, uris, strict=False)}
     scraper = ParallelScraper(hosts, timeout=args.timeout or max(5.0, args.interval), domains=domains)
-    console = Console(highlight=False)
     try:
-        if args.once:
-            console.print(frame(scraper.scrape()))
-            return 0
-        with _keys() as fd, Live(console=console, screen=True, auto_refresh=False) as live:
-            while True:
-                live.update(frame(scraper.scrape(), interval=args.interval), refresh=True)
-                if _quit_pressed(fd, args.interval):
-                    break
-    except KeyboardInterrupt:
-        pass               # Ctrl-C is the other way out: the terminal is already restored
+        view(scraper, interval=args.interval, once=args.once)
     finally:
         scraper.close()
         for h in hosts:
