@@ -16,7 +16,7 @@ from rich.text import Text
 from vgpuvirt.cli.context import plain
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot, VgpuMetrics
 
-BAR_WIDTH = 16
+BAR_WIDTH = 10
 
 
 def _bar(pct: float | None) -> RenderableType:
@@ -29,13 +29,11 @@ def _bar(pct: float | None) -> RenderableType:
     return grid
 
 
-def _fb(used: int | None, total: int | None) -> RenderableType:
-    if used is None or total is None or total <= 0:
-        return Text(f"{'-' if used is None else used}/{'-' if total is None else total} MiB")
-    grid = Table.grid(padding=(0, 1))
-    grid.add_row(Bar(total, 0, min(used, total), width=BAR_WIDTH // 2, color="cyan"),
-                 Text(f"{used}/{total} MiB"))
-    return grid
+def _fb(used: int | None, total: int | None) -> str:
+    if used is None and total is None:
+        return "-"
+    pct = f" {100 * used / total:3.0f}%" if used is not None and total else ""
+    return f"{'-' if used is None else used}/{'-' if total is None else total}{pct}"
 
 
 def _n(v: float | int | None, unit: str) -> str:
@@ -64,8 +62,8 @@ def host_table(h: HostMetrics) -> RenderableType:
         return Text.from_markup(f"{title}  [bold red]DOWN[/] {plain(h.error or '')}")
     t = Table(title=title + (f"  driver {plain(h.driver_version)}" if h.driver_version else ""),
               title_justify="left", expand=False, box=None, padding=(0, 1))
-    for col in ("GPU / vGPU", "name / type", "mode / VM", "SM use", "framebuffer", "", "health"):
-        t.add_column(col, no_wrap=True)
+    for col in ("GPU / vGPU", "name / type", "mode / VM", "SM use", "FB MiB", "", "health"):
+        t.add_column(col, no_wrap=True, overflow="ellipsis")
     if not h.gpus:
         t.add_row("[dim](no GPUs)[/]", "", "", "", "", "", "")
     for g in h.gpus:
