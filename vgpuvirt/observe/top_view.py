@@ -62,7 +62,10 @@ def host_table(h: HostMetrics) -> RenderableType:
         return Text.from_markup(f"{title}  [bold red]DOWN[/] {plain(h.error or '')}")
     t = Table(title=title + (f"  driver {plain(h.driver_version)}" if h.driver_version else ""),
               title_justify="left", expand=False, box=None, padding=(0, 1))
-    for col in ("GPU / vGPU", "name / type", "mode / VM", "SM use", "FB MiB", "", "health"):
+    for col in ("GPU / vGPU", "name / type", "mode / VM"):
+        t.add_column(col, no_wrap=True, overflow="ellipsis", min_width=10)
+    t.add_column("SM use", no_wrap=True, width=BAR_WIDTH + 5)     # a Bar would take all the width it is given
+    for col in ("FB MiB", "", "health"):
         t.add_column(col, no_wrap=True, overflow="ellipsis")
     if not h.gpus:
         t.add_row("[dim](no GPUs)[/]", "", "", "", "", "", "")
