@@ -40,9 +40,7 @@ from vgpuvirt.services.metrics import Collector  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 from vgpuvirt.sim.materialize import materialize_fs  # noqa: E402
 from vgpuvirt.sim.tools import nvidia_gpus  # noqa: E402
-
-_ANSWERS = {"nvidia-smi -q -x": "smi.xml", "nvidia-smi vgpu -q": "vgpu.txt", "nvidia-smi mig -lgi": "lgi.txt",
-            "dmesg": "dmesg.txt"}
+from vgpuvirt.testing.tool_stubs import write_tool_stubs  # noqa: E402
 
 
 def populate(sim: SimHost, per_gpu: int) -> int:
@@ -56,28 +54,6 @@ def populate(sim: SimHost, per_gpu: int) -> int:
             assert sim.apply([Op.write(path.rsplit("/", 1)[0] + "/create", u)]).ok
             made += 1
     return made
-
-
-def write_stubs(sim: SimHost, tree: str) -> dict[str, str]:
-    """Save the simulator's tool answers in the tree and write shell stubs that print them."""
-    data = os.path.join(tree, "tool-answers")
-    os.makedirs(data)
-    for cmd, fname in _ANSWERS.items():
-        r = sim.run(cmd.split())
-        Path(data, fname).write_text(r.stdout)
-    stubs = {}
-    for prog, script in (
-        ("nvidia-smi", f'case "$1 $2" in\n  "-q -x") exec cat {data}/smi.xml ;;\n'
-                       f'  "vgpu -q") exec cat {data}/vgpu.txt ;;\n'
-                       f'  "mig -lgi") cat {data}/lgi.txt; [ -s {data}/lgi.txt ] || exit 6 ;;\n'
-                       '  *) exit 2 ;;\nesac\n'),
-        ("dmesg", f"exec cat {data}/dmesg.txt\n"),
-    ):
-        path = os.path.join(tree, f"stub-{prog}")
-        Path(path).write_text("#!/bin/sh\n" + script)
-        os.chmod(path, 0o755)
-        stubs[prog] = path
-    return stubs
 
 
 def per_query(host: object, stubs: dict[str, str], buses: list[str]) -> int:
@@ -108,7 +84,7 @@ def main() -> int:
     tree = tempfile.mkdtemp(prefix=f"bench-metrics-{a.profile}-", dir=base)
     try:
         n = materialize_fs(sim.fs, tree)
-        stubs = write_stubs(sim, tree)
+        stubs = write_tool_stubs(sim, tree)
         buses = [d.addr for d in nvidia_gpus(sim.model)]
         print(f"profile {a.profile}: {len(buses)} GPUs, {made} vGPUs; materialized {n} entries in {tree}")
         port, proxy = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
