@@ -9,6 +9,8 @@ log); two small shell stubs on the host print those answers, standing in for the
 has no GPU). Prints:
 * the batched collection (:class:`vgpuvirt.services.metrics.Collector`, ONE exec): first, best and median of
   --repeat runs, round trips, the agent's own time on the host;
+* for scale, the sysfs inventory alone in the same run (the collection reads the same files: the capacity
+  model needs them);
 * a per-query collector through the same proxy: the inventory read, then per GPU ``nvidia-smi -q -x -i BUS``
   and ``nvidia-smi vgpu -q -i BUS``, then ``mig -lgi`` and ``dmesg``, one exec each (what a script calling
   the tools one by one does), and the ratio.
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_inventory import ssh_host, start_proxy, testbed_env  # noqa: E402
 
 from vgpuvirt.host.base import Op  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_GLOBS  # noqa: E402
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory  # noqa: E402
 from vgpuvirt.services.metrics import Collector  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 from vgpuvirt.sim.materialize import materialize_fs  # noqa: E402
@@ -105,6 +107,11 @@ def main() -> int:
                 agent.append(host.last_agent_s or 0.0)
             assert m.up and len(m.gpus) == len(buses), m.error
             assert sum(len(g.vgpus) for g in m.gpus) == made and all(g.sm_util_pct is not None for g in m.gpus)
+            inv_runs = []
+            for _ in range(a.repeat):
+                t0 = time.perf_counter()
+                inventory(host)
+                inv_runs.append(time.perf_counter() - t0)
             naive = []
             for _ in range(max(1, a.repeat // 2)):
                 before = host.round_trips
@@ -123,6 +130,8 @@ def main() -> int:
           f"{med * 1000:.1f} ms, round trips {max(trips)} (target: 1 round trip, < 200 ms: "
           f"{'MET' if max(trips) == 1 and med < 0.200 else 'NOT MET'}); the agent's own time on the host: best "
           f"{min(agent) * 1000:.1f} ms")
+    print(f"for scale, the inventory alone (its sysfs part, same run): best {min(inv_runs) * 1000:.1f} ms, median "
+          f"{statistics.median(inv_runs) * 1000:.1f} ms")
     print(f"per-query collector (same proxy): {naive_trips} round trips, best {min(naive) * 1000:.1f} ms")
     print(f"ratio per-query / batched: {min(naive) / best:.1f}x")
     return 0
