@@ -98,6 +98,7 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     if nvidia_smi is None:
         nvidia_smi = host.sysfs_root == "/" and not (nvml_report and nvml_report.available)
     smi: OpResult | None = None
+    dmesg: OpResult | None = None
     if nvidia_smi:
         # One exec: nvidia-smi first, then the sysfs reads, in the same agent request. A missing
         # nvidia-smi (ENOENT, rc 127) is normal; lock=False because nothing is changed.
@@ -111,6 +112,6 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
         snap, smi, lgi, dmesg = batch.after, batch[0], batch[1], batch[2]
     else:
         snap = host.read(INVENTORY_GLOBS)
-        lgi = dmesg = None
+        lgi = None
     return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi,
                            kernel_log=dmesg)

@@ -24,6 +24,7 @@ DMESG_ARGV = ("dmesg",)
 
 _XID = re.compile(r"^(?:\[\s*(?P<ts>[^\]]*)\]\s*)?(?:.*?kernel:\s*)?NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]+)\):\s*"
                   r"(?P<code>\d+)\s*,?\s*(?P<rest>.*)$")
+_WHO = re.compile(r"^(?:pid=[^,]*,\s*)?(?:name=[^,]*,\s*)?")   # the process the XID hit, not the error
 _SCHED = re.compile(r"NVRM: GPU at (?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+) has software scheduler (?P<state>ENABLED|DISABLED)"
                     r" with policy (?P<policy>[A-Z_]+)")
 
@@ -89,7 +90,8 @@ def parse_kernel_log(text: str | None) -> KernelLog:
         if m:
             a = _address(m["pci"])
             if a is not None:
-                xids.setdefault(a, []).append(Xid(int(m["code"]), _uptime(m["ts"]), m["rest"].strip()))
+                text = _WHO.sub("", m["rest"].strip())
+                xids.setdefault(a, []).append(Xid(int(m["code"]), _uptime(m["ts"]), text))
             continue
         s = _SCHED.search(line)
         if s:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from vgpuvirt.errors import VgpuvirtError
+from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
 from vgpuvirt.services.inventory_health import kernel_log_of
@@ -44,18 +44,26 @@ METRICS_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_AR
 Domains = Iterable[tuple[str, str]]
 
 
-def _ops() -> list[Op]:
-    return [Op.exec(argv, timeout=60.0, read_only=True, ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
+def _ops(programs: Mapping[str, str]) -> list[Op]:
+    return [Op.exec((programs.get(argv[0], argv[0]), *argv[1:]), timeout=60.0, read_only=True,
+                    ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
             for argv in METRICS_ARGVS]
 
 
 class Collector:
-    """Collects snapshots and remembers, per host, where the previous collection left the kernel log."""
+    """Collects snapshots and remembers, per host, where the previous collection left the kernel log.
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    ``programs`` maps a program name (``nvidia-smi``, ``dmesg``) to the path to run instead, for hosts where
+    it is not on the PATH (``/usr/lib/nvidia/bin/nvidia-smi``); the value travels as argv, never a shell."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, programs: Mapping[str, str] | None = None) -> None:
         self._cursors: dict[str, float] = {}
         self._lock = threading.Lock()
         self.clock = clock
+        for name, path in (programs or {}).items():
+            if name not in ("nvidia-smi", "dmesg") or not path or "\0" in path:
+                raise InvalidSpec("program", f"{name}={path}", "nvidia-smi=PATH or dmesg=PATH")
+        self.programs = dict(programs or {})
 
     def collect(self, host: Host, *, domains: Domains | None = None) -> HostMetrics:
         """One host's metrics in ONE round trip. A host that fails (transport, agent) gives ``up=False`` with
@@ -64,7 +72,7 @@ class Collector:
         t0 = time.perf_counter()
         rt0 = host.round_trips
         try:
-            batch = host.apply(_ops(), lock=False, on_error="continue", reads_after=INVENTORY_GLOBS)
+            batch = host.apply(_ops(self.programs), lock=False, on_error="continue", reads_after=INVENTORY_GLOBS)
         except (VgpuvirtError, OSError) as exc:
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,

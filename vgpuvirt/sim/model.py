@@ -22,6 +22,7 @@ from vgpuvirt.sim.nvidia_switches import NvidiaSwitches
 from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType
 from vgpuvirt.sim.scheduler import SimScheduler
 from vgpuvirt.sim.sriov_vfs import SriovVfs
+from vgpuvirt.sim.telemetry import SimTelemetry
 
 __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 
@@ -48,6 +49,9 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self._gvt_next = 1
         self._vg_cache: dict[str, list[tuple[VgpuType, int | None]]] = {}
         self._vg_version = -1
+        # utilisation over time and injected faults, as the emulated nvidia-smi / dmesg report them
+        self.telemetry = SimTelemetry()
+        self.telemetry.profile = profile.name
         dirs: dict[str, str] = {}
         for spec in profile.devices:
             a = str(spec.address)
