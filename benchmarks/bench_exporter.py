@@ -53,6 +53,52 @@ def timed(fn: object, repeat: int) -> list[float]:
     return out
 
 
+def scrape_figures(env: dict[str, object], tree: str, rtt_ms: float, repeat: int,
+                   programs: dict[str, str] | None = None, nhosts: int = 4) -> dict[str, object]:
+    """A scrape of ``nhosts`` testbed hosts (h1..), each through its own delay proxy and reading ``tree``:
+    the parallel scrape (ParallelScraper + the families, what /metrics runs) and the serial baseline."""
+    extra = list(env.get("hosts") or [])[:nhosts]  # type: ignore[call-overload]
+    if len(extra) < nhosts:
+        raise SystemExit(f"needs {nhosts} extra sshds (h1..h4) in the testbed: scripts/testbed.sh start")
+    proxies, hosts = [], []
+    try:
+        for h in extra:
+            proxy = DelayProxy((h["ssh_host"], int(h["ssh_port"])), rtt_ms=rtt_ms).start()
+            proxies.append(proxy)
+            port = int(proxy.address[1])
+            hosts.append(SSHHost("127.0.0.1", port=port, username=str(env.get("ssh_user", "root")),
+                                 key_filename=str(env["identity"]), retry=no_retry, sysfs_root=tree,
+                                 known_hosts=known_hosts_for(env, f"[{h['ssh_host']}]:{h['ssh_port']}", port)))
+        collector = Collector(programs=programs) if programs else Collector()
+        scraper = ParallelScraper(hosts, timeout=60, collector=collector)
+        warm = scraper.scrape()               # connections and resident agents up, as in a running exporter
+        assert all(h.up for h in warm.hosts), [h.error for h in warm.hosts]
+        out: dict[str, object] = {
+            "gpus": sum(len(h.gpus) for h in warm.hosts), "round_trips": [h.round_trips for h in warm.hosts],
+            "parallel": timed(lambda: list(families(scraper.scrape(), scraper.xid_counts)), repeat),
+            "serial": timed(lambda: [collector.collect(h) for h in hosts], repeat),
+            "one": timed(lambda: collector.collect(hosts[0]), repeat)}
+        scraper.close()
+        return out
+    finally:
+        for h in hosts:
+            h.close()
+        for p in proxies:
+            p.stop()
+
+
+def print_scrape(f: dict[str, object], nhosts: int = 4) -> None:
+    par, ser, one = (list(f[k]) for k in ("parallel", "serial", "one"))  # type: ignore[call-overload]
+    pm, sm = statistics.median(par), statistics.median(ser)
+    print(f"exporter scrape of {nhosts} hosts ({f['gpus']} GPUs), round trips per host per collection: "
+          f"{f['round_trips']}")
+    om = statistics.median(one)
+    print(f"  one host's collection:         best {min(one) * 1000:7.1f} ms, median {om * 1000:7.1f} ms")
+    print(f"  parallel (what /metrics runs): best {min(par) * 1000:7.1f} ms, median {pm * 1000:7.1f} ms")
+    print(f"  serial baseline, same run:     best {min(ser) * 1000:7.1f} ms, median {sm * 1000:7.1f} ms")
+    print(f"  serial / parallel (median):    {sm / pm:.1f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rtt-ms", type=float, default=25.0)
@@ -60,49 +106,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     env = json.loads(Path(os.environ.get("VGPUVIRT_SBX", "/tmp/vgpuvirt-testbed"), "testbed.json").read_text())
-    extra = env.get("hosts") or []
-    if len(extra) < 4:
-        print("needs the testbed's four extra sshds (h1..h4): scripts/testbed.sh start")
-        return 2
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     tree = tempfile.mkdtemp(prefix=f"bench-exporter-{a.profile}-", dir=shm)
-    n = materialize(a.profile, tree)
-    print(f"profile {a.profile}: {n} entries in {tree}; 4 hosts (h1..h4) each through a proxy adding "
-          f"{a.rtt_ms:.0f} ms RTT")
-    proxies, hosts = [], []
     try:
-        for h in extra[:4]:
-            proxy = DelayProxy((h["ssh_host"], int(h["ssh_port"])), rtt_ms=a.rtt_ms).start()
-            proxies.append(proxy)
-            port = int(proxy.address[1])
-            hosts.append(SSHHost("127.0.0.1", port=port, username=str(env.get("ssh_user", "root")),
-                                 key_filename=str(env["identity"]), retry=no_retry, sysfs_root=tree,
-                                 known_hosts=known_hosts_for(env, f"[{h['ssh_host']}]:{h['ssh_port']}", port)))
-        collector = Collector()
-        scraper = ParallelScraper(hosts, timeout=60, collector=collector)
-        warm = scraper.scrape()               # connections and resident agents up, as in a running exporter
-        assert all(h.up for h in warm.hosts), [h.error for h in warm.hosts]
-        gpus = sum(len(h.gpus) for h in warm.hosts)
-        rts = [h.round_trips for h in warm.hosts]
-        parallel = timed(lambda: list(families(scraper.scrape(), scraper.xid_counts)), a.repeat)
-        serial = timed(lambda: [collector.collect(h) for h in hosts], a.repeat)
-        one = timed(lambda: collector.collect(hosts[0]), a.repeat)
-        scraper.close()
+        n = materialize(a.profile, tree)
+        print(f"profile {a.profile}: {n} entries in {tree}; each host through a proxy adding {a.rtt_ms:.0f} ms RTT "
+              "(no nvidia-smi on these hosts: benchmarks/bench_metrics.py runs the same with the simulator's answers)")
+        print_scrape(scrape_figures(env, tree, a.rtt_ms, a.repeat))
     finally:
-        for h in hosts:
-            h.close()
-        for p in proxies:
-            p.stop()
         shutil.rmtree(tree, ignore_errors=True)
-    pb, pm = min(parallel), statistics.median(parallel)
-    sb, sm = min(serial), statistics.median(serial)
-    print(f"{gpus} GPUs in all; round trips per host per collection: {rts}")
-    print(f"one host's collection:            best {min(one) * 1000:7.1f} ms, "
-          f"median {statistics.median(one) * 1000:7.1f} ms")
-    print(f"scrape of 4 hosts, parallel:      best {pb * 1000:7.1f} ms, median {pm * 1000:7.1f} ms "
-          f"(families built too)")
-    print(f"4 hosts one after the other:      best {sb * 1000:7.1f} ms, median {sm * 1000:7.1f} ms")
-    print(f"serial / parallel (median):       {sm / pm:.1f}x")
     return 0
 
 

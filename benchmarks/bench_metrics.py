@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from bench_exporter import print_scrape, scrape_figures  # noqa: E402
 from bench_inventory import ssh_host, start_proxy, testbed_env  # noqa: E402
 
 from vgpuvirt.host.base import Op  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--vgpus-per-gpu", type=int, default=8)
     ap.add_argument("--tree-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--scrape-hosts", type=int, default=4, help="the exporter's scrape: hosts (0: skip)")
     a = ap.parse_args()
 
     env = testbed_env()
@@ -122,6 +124,8 @@ def main() -> int:
             host.close()
         finally:
             proxy.stop()
+        # the exporter's scrape: the same tree and tool answers on N hosts (h1..), each through its own proxy
+        scrape = scrape_figures(env, tree, a.rtt_ms, a.repeat, stubs, a.scrape_hosts) if a.scrape_hosts else None
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     best, med = min(runs), statistics.median(runs)
@@ -134,6 +138,8 @@ def main() -> int:
           f"{statistics.median(inv_runs) * 1000:.1f} ms")
     print(f"per-query collector (same proxy): {naive_trips} round trips, best {min(naive) * 1000:.1f} ms")
     print(f"ratio per-query / batched: {min(naive) / best:.1f}x")
+    if scrape is not None:
+        print_scrape(scrape, a.scrape_hosts)
     return 0
 
 
