@@ -165,6 +165,12 @@ def test_prometheus_scrapes_the_exporter_and_promql_returns_each_vms_series(
         assert {(s["metric"]["host"], s["metric"]["gpu"], s["metric"]["modelName"], s["value"][1])
                 for s in fb_total} == {(h.name, g, "Tesla T4", "16384")
                                        for h in hosts for g in ("0000:3b:00.0", "0000:d8:00.0")}
+        util = _query(prom_port, "DCGM_FI_DEV_GPU_UTIL")
+        assert {(s["metric"]["host"], s["metric"]["gpu"]) for s in util} == {
+            (h.name, g) for h in hosts for g in ("0000:3b:00.0", "0000:d8:00.0")}
+        sm = _query(prom_port, 'vgpuvirt_vgpu_sm_utilization_ratio{vm!=""}')
+        assert {s["metric"]["vm"] for s in sm} == set(owners)
+        assert all(0 <= float(s["value"][1]) <= 1 for s in sm)
         # capacity left per type, summed over the fleet: 2 T4s per host, 8 x 2Q each, 2 taken per host
         left = _query(prom_port, 'sum by (type) (vgpuvirt_vgpu_type_fits_now{type="nvidia-231"})')
         assert left and float(left[0]["value"][1]) == 2 * (8 + 8) - 4

@@ -48,7 +48,8 @@ class Tmux:
                               text=True, timeout=20).stdout
 
     def start(self, command: str) -> None:
-        env = f"PYTHONPATH={REPO} TERM=xterm-256color"
+        # the terminal says its size (a COLUMNS inherited from the test runner would override it)
+        env = f"env -u COLUMNS -u LINES PYTHONPATH={REPO} TERM=xterm-256color"
         # the shell stays after the command so that its exit and the restored screen can be read
         self("new-session", "-d", "-x", "150", "-y", "45", "-s", "top", "sh")
         self("send-keys", "-t", "top", f"{env} {command}; echo rc=$?", "Enter")
@@ -90,7 +91,7 @@ def test_top_shows_hosts_gpus_vgpus_and_vms_refreshes_and_q_quits(tmux, tmp_path
     tmux.start(f"{sys.executable} {driver} 0.5")
     screen = tmux.wait_for("desk-002")
     for want in ("sim-top-a", "sim-top-b", "0000:3b:00.0", "0000:d8:00.0", "desk-001", "desk-002", "cad-001",
-                 "GRID T4-2Q", "SM use", "q quits"):
+                 "GRID T4-2Q", "SM use", "%", "█", "q quits"):
         assert want in screen, f"{want!r} not on the screen:\n{screen}"
     # the vGPUs are drawn under their GPU, each with its VM
     lines = screen.splitlines()

@@ -16,7 +16,7 @@ from rich.text import Text
 from vgpuvirt.cli.context import plain
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot, VgpuMetrics
 
-BAR_WIDTH = 10
+BAR_WIDTH = 8
 
 
 def _bar(pct: float | None) -> RenderableType:
@@ -62,8 +62,9 @@ def host_table(h: HostMetrics) -> RenderableType:
         return Text.from_markup(f"{title}  [bold red]DOWN[/] {plain(h.error or '')}")
     t = Table(title=title + (f"  driver {plain(h.driver_version)}" if h.driver_version else ""),
               title_justify="left", expand=False, box=None, padding=(0, 1))
-    for col in ("GPU / vGPU", "name / type", "mode / VM"):
-        t.add_column(col, no_wrap=True, overflow="ellipsis", min_width=10)
+    t.add_column("GPU / vGPU", no_wrap=True, min_width=14)      # an address is never cut
+    for col in ("name / type", "mode / VM"):
+        t.add_column(col, no_wrap=True, overflow="ellipsis", min_width=8)
     t.add_column("SM use", no_wrap=True, width=BAR_WIDTH + 5)     # a Bar would take all the width it is given
     for col in ("FB MiB", "", "health"):
         t.add_column(col, no_wrap=True, overflow="ellipsis")
