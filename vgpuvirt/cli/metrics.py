@@ -106,7 +106,8 @@ def _render_host(console: Any, h: HostMetrics, table: Any) -> None:
         for v in g.vgpus:
             frl = "off" if v.frl_enabled is False else _v(v.frame_rate_limit_fps, " fps")
             short = v.id[:8] if v.kind == "mdev" else v.id   # the whole UUID is in --json
-            vt.add_row(plain(short), plain(g.address[5:]), plain(v.type_name or v.type_id or "-"), plain(v.vm_name or "-"),
+            vt.add_row(plain(short), plain(g.address[5:]), plain(v.type_name or v.type_id or "-"),
+                       plain(v.vm_name or "-"),
                        _v(v.fb_used_mib, " MiB"), _v(v.sm_util_pct, "%"), _v(v.encoder_util_pct, "%"),
                        _v(v.decoder_util_pct, "%"), _v(v.encoder_sessions), _v(v.encoder_fps),
                        _v(v.encoder_latency_us, " us"), frl)
