@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
@@ -118,15 +118,23 @@ class Collector:
                                   round_trips=host.round_trips - rt0, nvml=nvml)
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
-                     workers: int | None = None) -> MetricsSnapshot:
-        """Every host in parallel (one thread each, up to ``workers``); a slow or dead host never holds up the
-        others' results beyond its own transport timeout."""
+                     workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:
+        """Every host in parallel (one thread each, up to ``workers``). With ``timeout`` (seconds), a host
+        that has not answered by then is reported ``up=False`` ("no answer within ...") and the snapshot
+        returns without it; its collection finishes (or fails) in the background."""
         started = self.clock()
         if not hosts:
             return MetricsSnapshot(collected_at=started)
-        with ThreadPoolExecutor(max_workers=workers or min(32, len(hosts))) as pool:
+        pool = ThreadPoolExecutor(max_workers=workers or min(32, len(hosts)), thread_name_prefix="metrics")
+        try:
             futures = [pool.submit(self.collect, h, domains=(domains or {}).get(h.name)) for h in hosts]
-            results = tuple(f.result() for f in futures)
+            wait(futures, timeout=timeout)
+            results = tuple(f.result() if f.done() else
+                            HostMetrics(host=h.name, up=False, collected_at=started, duration_s=timeout,
+                                        error=f"no answer within {timeout} s")
+                            for h, f in zip(hosts, futures, strict=True))
+        finally:
+            pool.shutdown(wait=timeout is None, cancel_futures=False)
         return MetricsSnapshot(collected_at=started, hosts=results)
 
 
@@ -135,5 +143,6 @@ def collect(host: Host, *, domains: Domains | None = None) -> HostMetrics:
     return Collector().collect(host, domains=domains)
 
 
-def collect_many(hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None) -> MetricsSnapshot:
-    return Collector().collect_many(hosts, domains=domains)
+def collect_many(hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
+                 timeout: float | None = None) -> MetricsSnapshot:
+    return Collector().collect_many(hosts, domains=domains, timeout=timeout)
