@@ -181,3 +181,27 @@ def test_snapshot_json_round_trip():
     assert data["schema"] == 1 and data["hosts"][0]["gpus"][0]["vgpus"][0]["id"] == u
     assert data["hosts"][0]["gpus"][1]["health"]["healthy"] is False
     assert MetricsSnapshot.from_dict(data) == snap
+
+
+class _Slow(SimHost):
+    def __init__(self, *a, gate, **kw):
+        super().__init__(*a, **kw)
+        self.gate = gate
+
+    def _exchange(self, request, *, idempotent):
+        self.gate.wait(10)
+        return super()._exchange(request, idempotent=idempotent)
+
+
+def test_a_host_that_does_not_answer_in_time_is_down_and_does_not_hold_up_the_others():
+    import threading
+
+    from vgpuvirt.sim import load_profile
+    gate = threading.Event()
+    slow = _Slow(load_profile("t4x2"), name="slow", gate=gate)
+    try:
+        snap = Collector().collect_many([slow, _sim()], timeout=2.0)
+    finally:
+        gate.set()
+    assert [(h.host, h.up) for h in snap.hosts] == [("slow", False), ("sim:t4x2", True)]
+    assert snap.hosts[0].error == "no answer within 2.0 s"

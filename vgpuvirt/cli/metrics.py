@@ -67,11 +67,12 @@ def _v(value: float | int | None, unit: str = "", fmt: str = "{:.0f}") -> str:
 
 
 def _gpu_row(g: GpuMetrics) -> list[str]:
-    health = "ok" if g.health.healthy else "[bold red]UNHEALTHY[/]"
-    link = (f"gen{_v(g.pcie.gen_current)}/{_v(g.pcie.gen_max)} x{_v(g.pcie.width_current)}/{_v(g.pcie.width_max)}"
-            if g.pcie.gen_max is not None or g.pcie.width_max is not None else "-")
+    health = "yes" if g.health.healthy else "[bold red]NO[/]"
+    p = g.pcie
+    link = (f"{_v(p.gen_current)}x{_v(p.width_current)}/{_v(p.gen_max)}x{_v(p.width_max)}"
+            if p.gen_max is not None or p.width_max is not None else "-")
     fb = f"{_v(g.fb_used_mib)}/{_v(g.fb_total_mib)}"
-    return [plain(g.address), plain(g.name or "-"), plain(g.mode or "-"), _v(g.sm_util_pct, "%"),
+    return [plain(g.address), plain(g.mode or "-"), _v(g.sm_util_pct, "%"),
             _v(g.memory_util_pct, "%"), _v(g.encoder_util_pct, "%"), _v(g.decoder_util_pct, "%"), fb,
             _v(g.temperature_c, "C"), _v(g.power_w, "W"), link, str(len(g.vgpus)), health]
 
@@ -89,21 +90,24 @@ def _render_host(console: Any, h: HostMetrics, table: Any) -> None:
         return
     took = f" in {h.duration_s * 1000:.0f} ms, {h.round_trips} round trip(s)" if h.duration_s is not None else ""
     console.print(f"[bold]{plain(h.host)}[/]: {len(h.gpus)} GPU(s){plain(took)}")
+    for g in h.gpus:
+        console.print(plain(f"  {g.address}  {g.name or '-'}"))
     t = table(show_edge=False)
-    for c in ("GPU", "name", "mode", "SM", "mem", "enc", "dec", "FB MiB", "temp", "power", "PCIe", "vGPUs",
-              "health"):
-        t.add_column(c)
+    for c in ("GPU", "mode", "SM", "mem", "enc", "dec", "FB MiB", "temp", "power", "PCIe", "vGPUs", "healthy"):
+        t.add_column(c, no_wrap=c in ("GPU", "FB MiB", "PCIe"))
     for g in h.gpus:
         t.add_row(*_gpu_row(g))
     console.print(t)
     vt = table(show_edge=False, title="vGPUs")
-    for c in ("vGPU", "GPU", "type", "VM", "FB used", "SM", "enc", "dec", "sessions", "FPS", "latency", "FRL"):
-        vt.add_column(c)
+    for c in ("vGPU", "GPU", "type", "VM", "FB used", "SM", "enc", "dec", "sess", "FPS", "latency", "FRL"):
+        vt.add_column(c, overflow="fold")
     rows = 0
     for g in h.gpus:
         for v in g.vgpus:
             frl = "off" if v.frl_enabled is False else _v(v.frame_rate_limit_fps, " fps")
-            vt.add_row(plain(v.id), plain(g.address), plain(v.type_name or v.type_id or "-"), plain(v.vm_name or "-"),
+            short = v.id[:8] if v.kind == "mdev" else v.id   # the whole UUID is in --json
+            vt.add_row(plain(short), plain(g.address[5:]), plain(v.type_name or v.type_id or "-"),
+                       plain(v.vm_name or "-"),
                        _v(v.fb_used_mib, " MiB"), _v(v.sm_util_pct, "%"), _v(v.encoder_util_pct, "%"),
                        _v(v.decoder_util_pct, "%"), _v(v.encoder_sessions), _v(v.encoder_fps),
                        _v(v.encoder_latency_us, " us"), frl)

@@ -10,7 +10,9 @@ One ``host.apply`` carries four read-only programs and the inventory's sysfs rea
 * ``dmesg``: XIDs and the scheduler's boot message (:mod:`.kernel_log`);
 * the sysfs globs of the inventory: mdevs, vGPU 17+ VFs, types and capacity (:mod:`.inventory`).
 
-nvidia-smi is NVML's own client and exists wherever the driver does; on a host where it is missing,
+On the machine we run on (a LocalHost reading the real ``/``), NVML through ``pynvml`` (``nvidia-ml-py``)
+gives the readings instead when it is installed (:mod:`.nvml_metrics`). nvidia-smi is NVML's own client
+and exists wherever the driver does; on a host where it is missing,
 failing or the driver is not loaded, its readings are absent (None), the capacity model still answers,
 and ``sources`` says what happened. Owners are joined through libvirt: ``domains`` (name, XML) pairs map an
 mdev UUID or a VF's address to its domain; without them the driver's own VM name/UUID is used.
@@ -24,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
@@ -34,6 +37,8 @@ from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvml import load_pynvml
+from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
 from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
 
 __all__ = ["METRICS_ARGVS", "Collector", "collect", "collect_many"]
@@ -56,7 +61,8 @@ class Collector:
     ``programs`` maps a program name (``nvidia-smi``, ``dmesg``) to the path to run instead, for hosts where
     it is not on the PATH (``/usr/lib/nvidia/bin/nvidia-smi``); the value travels as argv, never a shell."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, programs: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, programs: Mapping[str, str] | None = None,
+                 use_nvml: bool | None = None, nvml_module: Any = None) -> None:
         self._cursors: dict[str, float] = {}
         self._lock = threading.Lock()
         self.clock = clock
@@ -64,6 +70,21 @@ class Collector:
             if name not in ("nvidia-smi", "dmesg") or not path or "\0" in path:
                 raise InvalidSpec("program", f"{name}={path}", "nvidia-smi=PATH or dmesg=PATH")
         self.programs = dict(programs or {})
+        # NVML (pynvml) for a LocalHost reading the real /: None = when installed, True = required, False = never.
+        # ``nvml_module`` injects a pynvml stand-in (tests).
+        self.use_nvml = use_nvml
+        self.nvml_module = nvml_module
+
+    def _nvml(self, host: Host) -> NvmlMetrics | None:
+        from vgpuvirt.host.local import LocalHost
+
+        if self.use_nvml is False or not (isinstance(host, LocalHost) and host.sysfs_root == "/"):
+            if self.use_nvml:
+                raise InvalidSpec("use_nvml", True, "NVML only on LocalHost reading the real / (it describes "
+                                                    "the machine we run on)")
+            return None
+        module = self.nvml_module or load_pynvml(required=bool(self.use_nvml))
+        return collect_nvml(module) if module is not None else None
 
     def collect(self, host: Host, *, domains: Domains | None = None) -> HostMetrics:
         """One host's metrics in ONE round trip. A host that fails (transport, agent) gives ``up=False`` with
@@ -71,6 +92,7 @@ class Collector:
         started = self.clock()
         t0 = time.perf_counter()
         rt0 = host.round_trips
+        nvml = self._nvml(host)
         try:
             batch = host.apply(_ops(self.programs), lock=False, on_error="continue", reads_after=INVENTORY_GLOBS)
         except (VgpuvirtError, OSError) as exc:
@@ -82,6 +104,8 @@ class Collector:
         inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
                               kernel_log=dmesg)
         sources = dict(inv.sources)
+        if nvml is not None:
+            sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
         klog = kernel_log_of(dmesg, sources)
         with self._lock:
             cursor = self._cursors.get(host.name)
@@ -91,18 +115,26 @@ class Collector:
                 self._cursors[host.name] = klog.last_uptime_s
         return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
                                   sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
-                                  round_trips=host.round_trips - rt0)
+                                  round_trips=host.round_trips - rt0, nvml=nvml)
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
-                     workers: int | None = None) -> MetricsSnapshot:
-        """Every host in parallel (one thread each, up to ``workers``); a slow or dead host never holds up the
-        others' results beyond its own transport timeout."""
+                     workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:
+        """Every host in parallel (one thread each, up to ``workers``). With ``timeout`` (seconds), a host
+        that has not answered by then is reported ``up=False`` ("no answer within ...") and the snapshot
+        returns without it; its collection finishes (or fails) in the background."""
         started = self.clock()
         if not hosts:
             return MetricsSnapshot(collected_at=started)
-        with ThreadPoolExecutor(max_workers=workers or min(32, len(hosts))) as pool:
+        pool = ThreadPoolExecutor(max_workers=workers or min(32, len(hosts)), thread_name_prefix="metrics")
+        try:
             futures = [pool.submit(self.collect, h, domains=(domains or {}).get(h.name)) for h in hosts]
-            results = tuple(f.result() for f in futures)
+            wait(futures, timeout=timeout)
+            results = tuple(f.result() if f.done() else
+                            HostMetrics(host=h.name, up=False, collected_at=started, duration_s=timeout,
+                                        error=f"no answer within {timeout} s")
+                            for h, f in zip(hosts, futures, strict=True))
+        finally:
+            pool.shutdown(wait=timeout is None, cancel_futures=False)
         return MetricsSnapshot(collected_at=started, hosts=results)
 
 
@@ -111,5 +143,6 @@ def collect(host: Host, *, domains: Domains | None = None) -> HostMetrics:
     return Collector().collect(host, domains=domains)
 
 
-def collect_many(hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None) -> MetricsSnapshot:
-    return Collector().collect_many(hosts, domains=domains)
+def collect_many(hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
+                 timeout: float | None = None) -> MetricsSnapshot:
+    return Collector().collect_many(hosts, domains=domains, timeout=timeout)

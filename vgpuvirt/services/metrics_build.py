@@ -19,6 +19,7 @@ from vgpuvirt.services.kernel_log import KernelLog, since
 from vgpuvirt.services.metrics_model import (
     Ecc,
     GpuMetrics,
+    Health,
     HostMetrics,
     MemoryRepair,
     PcieLink,
@@ -26,6 +27,7 @@ from vgpuvirt.services.metrics_model import (
     TypeUse,
     VgpuMetrics,
 )
+from vgpuvirt.services.nvml_metrics import NvmlMetrics
 from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
 from vgpuvirt.services.vgpu_query import ActiveVgpu, parse_vgpu_query
 from vgpuvirt.xml.domain import parse_xml
@@ -126,13 +128,13 @@ def _types(budget: GpuBudget | None) -> tuple[TypeUse, ...]:
 
 
 def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None, active: list[ActiveVgpu],
-         owners: _Owners, klog: KernelLog | None, cursor: float | None) -> GpuMetrics:
+         owners: _Owners, klog: KernelLog | None, cursor: float | None, nvml_sched: Scheduler | None) -> GpuMetrics:
     all_xids = klog.xids.get(g.address, ()) if klog is not None else None
     codes = tuple(x.code for x in all_xids) if all_xids is not None else None
-    health = g.health if g.health is not None else assess(r, codes)
+    health = assess(r, codes) if r is not None or codes else (g.health or Health())
     vgpu_fb = (sum(x.framebuffer_mib or 0 for x in budget.residents if x.mig_profile is None)
                if budget is not None and budget.residents else (0 if budget is not None else None))
-    sched = (klog.schedulers.get(g.address) if klog is not None else None) or Scheduler()
+    sched = (nvml_sched or (klog.schedulers.get(g.address) if klog is not None else None)) or Scheduler()
     return GpuMetrics(
         address=str(g.address), name=(r.name if r else None) or g.name, uuid=r.uuid if r else None,
         mode=budget.mode if budget else None, sizing=budget.sizing if budget else None,
@@ -155,15 +157,21 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
 def build_host_metrics(inv: Inventory, *, smi: OpResult | None, vgpu_query: OpResult | None,
                        klog: KernelLog | None, cursor: float | None, domains: Iterable[tuple[str, str]],
                        sources: dict[str, str], collected_at: float, duration_s: float | None,
-                       round_trips: int | None) -> HostMetrics:
+                       round_trips: int | None, nvml: NvmlMetrics | None = None) -> HostMetrics:
+    """``nvml``: readings of this machine through NVML; they win over nvidia-smi's, GPU by GPU."""
     readings = parse_readings(smi.stdout) if smi is not None and smi.ok else {}
     vq_ok = vgpu_query is not None and vgpu_query.ok
     sources = {**sources, "vgpu_query": _source(vgpu_query)}
     active = parse_vgpu_query(vgpu_query.stdout) if vq_ok and vgpu_query is not None else []
+    schedulers: dict[PciAddress, Scheduler] = {}
+    if nvml is not None and nvml.available:
+        readings.update(nvml.readings)
+        active = [a for a in active if a.gpu not in nvml.readings] + nvml.vgpus
+        schedulers = nvml.schedulers
     budgets = {b.address: b for b in inv.capacity()}
     owners = _owners(domains)
-    gpus = tuple(_gpu(inv, g, budgets.get(g.address), readings.get(g.address), active, owners, klog, cursor)
-                 for g in inv.gpus)
+    gpus = tuple(_gpu(inv, g, budgets.get(g.address), readings.get(g.address), active, owners, klog, cursor,
+                      schedulers.get(g.address)) for g in inv.gpus)
     return HostMetrics(host=inv.host, up=True, collected_at=collected_at, duration_s=duration_s,
                        round_trips=round_trips, driver_version=inv.nvidia_driver_version, sources=sources,
                        warnings=tuple(inv.warnings), gpus=gpus)
