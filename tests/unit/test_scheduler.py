@@ -226,3 +226,27 @@ def test_frl_off_on_a_vendor_vf_is_refused_clearly(conn):
         provision(host, conn, [VmRequest("frl-vf-" + uuid.uuid4().hex[:6],
                                          gpus=(VgpuRequest.parse("fb>=2G,frl=off"),))])
     assert not host.model.mdevs and all(d.vendor_type == 0 for d in host.model.devices.values())
+
+
+def test_agent_nvml_structures_match_pynvml():
+    """The agent's ctypes layouts of the scheduler structures are NVML's (pynvml's, field for field in size)."""
+    pynvml = pytest.importorskip("pynvml")
+    import ctypes
+
+    from vgpuvirt.host import agent
+    _, get_state, set_state, caps, log = agent._nvml_structs()
+    assert ctypes.sizeof(get_state) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerGetState_t)
+    assert ctypes.sizeof(set_state) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerSetState_t)
+    assert ctypes.sizeof(caps) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerCapabilities_t)
+    assert ctypes.sizeof(log) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerLog_t)
+    assert log.entries.offset == pynvml.c_nvmlVgpuSchedulerLog_t.logEntries.offset
+
+
+def test_without_the_nvml_library_the_agent_says_so(tmp_path):
+    from vgpuvirt.host.local import LocalHost
+    from vgpuvirt.sim import materialize
+    materialize("t4x2", str(tmp_path))
+    g0 = read_schedulers(LocalHost(str(tmp_path)), [GPU0])[0]
+    # this machine has no NVIDIA driver: NVML's library is missing (or has no such GPU)
+    assert not g0.nvml and ("NVML library not found" in g0.nvml_error or "Not Found" in g0.nvml_error)
+    assert g0.current == S(policy="best-effort") and g0.current_source == "module parameters"

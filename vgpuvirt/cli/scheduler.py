@@ -47,6 +47,8 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
         print(printable(f"{g.address}  current: {_fmt(g.current)} (from {g.current_source})"))
         note = "  <- takes effect at the next load of the nvidia module" if g.differs else ""
         print(printable(f"{'':14}pending: {_fmt(g.pending)}{note}"))
+        if g.log_entries:
+            print(printable(f"{'':14}scheduler log: {g.log_entries} entries (nvmlDeviceGetVgpuSchedulerLog)"))
         if not g.nvml:
             print(printable(f"{'':14}NVML scheduler calls unavailable ({g.nvml_error}): "
                             "set writes the registry key"))

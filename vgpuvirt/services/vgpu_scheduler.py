@@ -51,6 +51,7 @@ class GpuScheduler:
     nvml: bool                           # whether the driver has the NVML scheduler calls for this GPU
     nvml_error: str | None = None
     capabilities: Mapping[str, Any] | None = None
+    log_entries: int | None = None       # nvmlDeviceGetVgpuSchedulerLog's entry count (runlist switches logged)
 
     @property
     def differs(self) -> bool:
@@ -61,7 +62,8 @@ class GpuScheduler:
         return {"gpu": self.address, "current": self.current.to_dict() if self.current else None,
                 "current_source": self.current_source, "pending": self.pending.to_dict(),
                 "pending_differs": self.differs, "nvml": self.nvml, "nvml_error": self.nvml_error,
-                "capabilities": dict(self.capabilities) if self.capabilities else None}
+                "capabilities": dict(self.capabilities) if self.capabilities else None,
+                "log_entries": self.log_entries}
 
 
 @dataclass
@@ -117,13 +119,13 @@ def _read(host: Host, gpus: Sequence[str]) -> _Read:
         if res.ok:
             state = json.loads(res.stdout or "{}")
             current: SchedulerSetting | None = SchedulerSetting.from_nvml(state)
-            source, caps, err = "nvml", state.get("capabilities"), None
+            source, caps, err, log = "nvml", state.get("capabilities"), None, state.get("log_entries")
         else:
             current = effective(loaded, a) if params_known else None
-            source, caps, err = "module parameters", None, res.error
+            source, caps, err, log = "module parameters", None, res.error, None
         out.append(GpuScheduler(address=a, current=current, current_source=source,
                                 pending=effective(pending_values, a), nvml=res.ok, nvml_error=err,
-                                capabilities=caps))
+                                capabilities=caps, log_entries=log))
     return _Read(out, files, ours, foreign)
 
 
