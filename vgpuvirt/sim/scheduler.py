@@ -106,6 +106,7 @@ class SimScheduler:
                     return {"ok": False, "errno": errno.EINVAL, "rc": INVALID_ARGUMENT, "error": "Invalid Argument"}
                 self.state[addr] = {"policy": policy, "arr": 0 if policy == 1 else arr,
                                     "timeslice_ns": 0 if policy == 1 or arr == 2 else ts}
+                self.model.bump()
                 return {"ok": True, "rc": 0, "stdout": "{}"}
         return {"ok": False, "errno": errno.EINVAL, "rc": INVALID_ARGUMENT, "error": f"unknown NVML call {call!r}"}
 
