@@ -175,8 +175,8 @@ VERBS["scheduler set"] = cat(host, st.just(["scheduler", "set"]), st.lists(pci, 
                              kv("--timeslice-us", num), opt(st.sampled_from([["--adaptive"], ["--no-adaptive"]])),
                              flag("--persist"), flag("--dry-run"), json_flag)
 
-READ_ONLY = {"scheduler show", "inventory", "types", "mdev list", "sriov show", "iommu check", "xml build", "xml lint", "xml devices",
-             "plan", "sim list", "sim show", "global"}
+READ_ONLY = {"inventory", "types", "mdev list", "sriov show", "iommu check", "xml build", "xml lint", "xml devices",
+             "plan", "sim list", "sim show", "global", "scheduler show"}
 
 # file contents: domain XML, JSON records, YAML profiles (a shipped one with one value replaced), junk
 PROFILE_TEXT = (Path(__file__).resolve().parents[2] / "vgpuvirt" / "sim" / "profiles" / "t4x2.yaml").read_text()
