@@ -250,3 +250,12 @@ def test_without_the_nvml_library_the_agent_says_so(tmp_path):
     # this machine has no NVIDIA driver: NVML's library is missing (or has no such GPU)
     assert not g0.nvml and ("NVML library not found" in g0.nvml_error or "Not Found" in g0.nvml_error)
     assert g0.current == S(policy="best-effort") and g0.current_source == "module parameters"
+
+
+def test_a_gpu_without_vgpu_is_refused_and_nothing_written():
+    host = SimHost.from_profile("desktop")               # a consumer GPU on the nvidia driver
+    (g,) = read_schedulers(host)
+    assert not g.nvml and not g.vgpu_capable and g.nvml_error == "Not Supported"
+    with pytest.raises(SchedulerError, match="not supported on this GPU"):
+        plan_schedulers(host, {g.address: S(policy="equal-share")})
+    assert host.model.sched.modprobe == {}

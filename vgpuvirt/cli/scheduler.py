@@ -49,7 +49,9 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
         print(printable(f"{'':14}pending: {_fmt(g.pending)}{note}"))
         if g.log_entries:
             print(printable(f"{'':14}scheduler log: {g.log_entries} entries (nvmlDeviceGetVgpuSchedulerLog)"))
-        if not g.nvml:
+        if not g.vgpu_capable:
+            print(printable(f"{'':14}no vGPU on this GPU (NVML: {g.nvml_error}): nothing to schedule"))
+        elif not g.nvml:
             print(printable(f"{'':14}NVML scheduler calls unavailable ({g.nvml_error}): "
                             "set writes the registry key"))
     return 0

@@ -36,6 +36,7 @@ __all__ = ["GpuScheduler", "SchedulerChange", "SchedulerPlan", "apply_schedulers
            "plan_schedulers", "read_schedulers"]
 
 _PCI = "/sys/bus/pci/devices"
+NVML_NOT_SUPPORTED = 3
 
 
 class SchedulerError(DeviceError):
@@ -50,8 +51,14 @@ class GpuScheduler:
     pending: SchedulerSetting            # what the next load of the nvidia module applies
     nvml: bool                           # whether the driver has the NVML scheduler calls for this GPU
     nvml_error: str | None = None
+    nvml_code: int | None = None         # NVML's return code when it failed (3: NOT_SUPPORTED for this GPU)
     capabilities: Mapping[str, Any] | None = None
     log_entries: int | None = None       # nvmlDeviceGetVgpuSchedulerLog's entry count (runlist switches logged)
+
+    @property
+    def vgpu_capable(self) -> bool:
+        """False when NVML answers NOT_SUPPORTED: the driver has the calls, this GPU (or driver) has no vGPU."""
+        return self.nvml_code != NVML_NOT_SUPPORTED
 
     @property
     def differs(self) -> bool:
@@ -62,6 +69,7 @@ class GpuScheduler:
         return {"gpu": self.address, "current": self.current.to_dict() if self.current else None,
                 "current_source": self.current_source, "pending": self.pending.to_dict(),
                 "pending_differs": self.differs, "nvml": self.nvml, "nvml_error": self.nvml_error,
+                "vgpu_capable": self.vgpu_capable,
                 "capabilities": dict(self.capabilities) if self.capabilities else None,
                 "log_entries": self.log_entries}
 
@@ -125,7 +133,7 @@ def _read(host: Host, gpus: Sequence[str]) -> _Read:
             source, caps, err, log = "module parameters", None, res.error, None
         out.append(GpuScheduler(address=a, current=current, current_source=source,
                                 pending=effective(pending_values, a), nvml=res.ok, nvml_error=err,
-                                capabilities=caps, log_entries=log))
+                                capabilities=caps, log_entries=log, nvml_code=None if res.ok else res.rc))
     return _Read(out, files, ours, foreign)
 
 
@@ -178,6 +186,9 @@ def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, per
     changes, nvml_ops = [], []
     for g in r.gpus:
         want = wanted[g.address]
+        if not g.vgpu_capable:
+            raise SchedulerError(host.name, g.address, "NVML reports the vGPU scheduler not supported on this GPU "
+                                 "(no vGPU host driver for it): there is no time-sliced vGPU to schedule")
         if g.nvml:
             caps = g.capabilities or {}
             ts = (want.timeslice_us or 0) * 1000

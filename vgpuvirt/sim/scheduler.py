@@ -88,8 +88,11 @@ class SimScheduler:
             return {"ok": False, "errno": None, "rc": FUNCTION_NOT_FOUND,
                     "error": "NVML has no nvmlDeviceGetVgpuSchedulerState (driver too old)"}
         addr = _address(args[0]) if args else None
-        if addr is None or addr not in self.gpus():
+        dev = self.model.devices.get(addr or "")
+        if dev is None or dev.driver != "nvidia" or dev.physfn is not None:
             return {"ok": False, "errno": None, "rc": NOT_FOUND, "error": f"{args[:1]}: Not Found"}
+        if addr not in self.gpus():     # an NVML device without vGPU (a consumer or passthrough board)
+            return {"ok": False, "errno": None, "rc": NOT_SUPPORTED, "error": "Not Supported"}
         with self.model.lock:
             if call == "vgpu_scheduler_get":
                 out: dict[str, Any] = self.get(addr)
