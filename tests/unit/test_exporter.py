@@ -206,3 +206,19 @@ def test_cli_exporter_bad_listen_is_one_line():
     r = subprocess.run([sys.executable, "-m", "vgpuvirt", "--host", "sim:t4x2", "exporter", "--listen", "nowhere"],
                        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--listen" in r.stderr
+
+
+def test_connect_per_host_or_one_for_all(capsys):
+    from vgpuvirt.cli import main
+    from vgpuvirt.cli.exporter import domain_sources
+    one = domain_sources(["a", "b"], ["test:///default"])
+    assert [d.uri for d in one.values()] == ["test:///default"] * 2
+    try:
+        assert [n for n, _ in one["a"]()] == ["test"]          # the test driver's own domain
+    finally:
+        for d in one.values():
+            d.close()
+    assert main(["exporter", "--listen", "127.0.0.1:1", "sim:t4x2", "sim:gvtg", "sim:desktop",
+                 "--connect", "test:///default", "--connect", "test:///default"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "one per host (3)" in err

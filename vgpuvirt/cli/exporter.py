@@ -13,7 +13,7 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vgpuvirt.cli.context import Context, printable
@@ -32,10 +32,45 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _domains(uri: str) -> Iterable[tuple[str, str]]:
-    from vgpuvirt.libvirt_conn import LibvirtConnection
-    with LibvirtConnection(uri, readonly=True) as conn:
-        return list(conn.domain_xml_pairs())
+class DomainsOf:
+    """A host's (domain name, XML) pairs from its libvirt, asked at each scrape through one kept read-only
+    connection (reopened once after a failure: libvirtd restarted, the SSH link dropped)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Iterable[tuple[str, str]]:
+        from vgpuvirt.errors import VgpuvirtError
+        from vgpuvirt.libvirt_conn import LibvirtConnection
+        with self._lock:
+            for attempt in (1, 2):
+                if self._conn is None:
+                    self._conn = LibvirtConnection(self.uri, readonly=True)
+                try:
+                    return list(self._conn.domain_xml_pairs())
+                except VgpuvirtError:
+                    self.close_locked()
+                    if attempt == 2:
+                        raise
+            return []
+
+    def close_locked(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+
+def domain_sources(names: Sequence[str], uris: Sequence[str]) -> dict[str, DomainsOf]:
+    """Host name -> its domain source: ``uris`` holds one URI for every host, or one per host, in order."""
+    if len(uris) == 1:
+        uris = list(uris) * len(names)
+    return {n: DomainsOf(u) for n, u in zip(names, uris, strict=True)}
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
@@ -51,8 +86,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     a = ctx.args
     hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
                        allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
-    uris = args.connect * len(specs) if len(args.connect) == 1 else args.connect
-    domains: dict[str, Any] = {h.name: (lambda u=u: _domains(u)) for h, u in zip(hosts, uris, strict=False)}
+    domains = domain_sources([h.name for h in hosts], args.connect) if args.connect else {}
     scraper = ParallelScraper(hosts, timeout=args.timeout, domains=domains)
     stop = threading.Event()
     try:
@@ -71,4 +105,6 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         scraper.close()
         for h in hosts:
             h.close()
+        for d in domains.values():
+            d.close()
     return 0

@@ -9,7 +9,6 @@ frame and exits (for scripts and pipes).
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import InvalidSpec
@@ -28,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    from vgpuvirt.cli.exporter import _domains
+    from vgpuvirt.cli.exporter import domain_sources
     from vgpuvirt.hosts import open_host
     from vgpuvirt.observe.exporter import ParallelScraper
     from vgpuvirt.observe.top_live import view
@@ -41,8 +40,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     a = ctx.args
     hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
                        allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
-    uris = args.connect * len(specs) if len(args.connect) == 1 else args.connect
-    domains: dict[str, Any] = {h.name: (lambda u=u: _domains(u)) for h, u in zip(hosts, uris, strict=False)}
+    domains = domain_sources([h.name for h in hosts], args.connect) if args.connect else {}
     scraper = ParallelScraper(hosts, timeout=args.timeout or max(5.0, args.interval), domains=domains)
     try:
         view(scraper, interval=args.interval, once=args.once)
@@ -50,4 +48,6 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         scraper.close()
         for h in hosts:
             h.close()
+        for d in domains.values():
+            d.close()
     return 0
