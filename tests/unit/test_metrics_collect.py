@@ -205,3 +205,19 @@ def test_a_host_that_does_not_answer_in_time_is_down_and_does_not_hold_up_the_ot
         gate.set()
     assert [(h.host, h.up) for h in snap.hosts] == [("slow", False), ("sim:t4x2", True)]
     assert snap.hosts[0].error == "no answer within 2.0 s"
+
+
+def test_readings_survive_a_non_zero_nvidia_smi_exit():
+    from dataclasses import replace
+
+    from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
+    from vgpuvirt.services.metrics_build import build_host_metrics
+
+    h = _sim()
+    batch = h.apply([Op.exec(("nvidia-smi", "-q", "-x"), read_only=True)], lock=False, reads_after=INVENTORY_GLOBS)
+    # what a host with a lost GPU answers: exit 15 (NVML_ERROR_GPU_IS_LOST), the other GPUs still printed
+    smi = replace(batch[0], ok=False, rc=15, stderr="Unable to determine the device handle for GPU: GPU is lost\n")
+    inv = build_inventory(batch.after, host="x", nvidia_smi=smi)
+    m = build_host_metrics(inv, smi=smi, vgpu_query=None, klog=None, cursor=None, domains=(), sources={},
+                           collected_at=0.0, duration_s=None, round_trips=1)
+    assert all(g.temperature_c is not None for g in m.gpus)

@@ -33,7 +33,8 @@ def kernel_log_of(result: OpResult | None, sources: dict[str, str]) -> KernelLog
 def with_health(gpus: list[Gpu], nvidia_smi: OpResult | None, kernel_log: OpResult | None,
                 warnings: list[str], sources: dict[str, str]) -> list[Gpu]:
     klog = kernel_log_of(kernel_log, sources)
-    readings = parse_readings(nvidia_smi.stdout) if nvidia_smi is not None and nvidia_smi.ok else {}
+    # whatever nvidia-smi printed, even with a non-zero exit (a lost GPU fails it, the others are still listed)
+    readings = parse_readings(nvidia_smi.stdout) if nvidia_smi is not None else {}
     if klog is None and not readings:
         return gpus
     out: list[Gpu] = []

@@ -159,7 +159,8 @@ def build_host_metrics(inv: Inventory, *, smi: OpResult | None, vgpu_query: OpRe
                        sources: dict[str, str], collected_at: float, duration_s: float | None,
                        round_trips: int | None, nvml: NvmlMetrics | None = None) -> HostMetrics:
     """``nvml``: readings of this machine through NVML; they win over nvidia-smi's, GPU by GPU."""
-    readings = parse_readings(smi.stdout) if smi is not None and smi.ok else {}
+    # a lost GPU makes nvidia-smi exit non-zero while it still reports the others: read what it printed
+    readings = parse_readings(smi.stdout) if smi is not None else {}
     vq_ok = vgpu_query is not None and vgpu_query.ok
     sources = {**sources, "vgpu_query": _source(vgpu_query)}
     active = parse_vgpu_query(vgpu_query.stdout) if vq_ok and vgpu_query is not None else []
