@@ -222,3 +222,30 @@ def test_connect_per_host_or_one_for_all(capsys):
                  "--connect", "test:///default", "--connect", "test:///default"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "one per host (3)" in err
+
+
+def test_an_injected_xid_reaches_the_exporter_once():
+    """The simulator's fault -> the kernel log -> health, DCGM_FI_DEV_XID_ERRORS and the XID counter, which
+    counts each XID once however many scrapes see the kernel log."""
+    host = SimHost.from_profile("t4x2", name="x")
+    scraper = ParallelScraper([host], timeout=10)
+    try:
+        def scrape() -> dict[str, list]:
+            fams = list(SnapshotCollector(scraper).collect())
+            return {f.name: [(s.labels, s.value) for s in f.samples if s.labels.get("gpu") == "0000:3b:00.0"]
+                    for f in fams}
+        before = scrape()
+        assert [v for _, v in before["vgpuvirt_gpu_healthy"]] == [1.0]
+        assert [v for _, v in before["DCGM_FI_DEV_XID_ERRORS"]] == [0.0]
+        host.model.telemetry.inject_xid("0000:3b:00.0", 79)
+        after = scrape()
+        assert [v for _, v in after["DCGM_FI_DEV_XID_ERRORS"]] == [79.0]
+        assert [v for _, v in after["vgpuvirt_gpu_healthy"]] == [0.0]
+        assert [(lab["xid"], v) for lab, v in after["vgpuvirt_gpu_xid_errors"]] == [("79", 1.0)]
+        again = scrape()
+        assert [(lab["xid"], v) for lab, v in again["vgpuvirt_gpu_xid_errors"]] == [("79", 1.0)]
+        host.model.telemetry.inject_xid("0000:3b:00.0", 79)
+        third = scrape()
+        assert [(lab["xid"], v) for lab, v in third["vgpuvirt_gpu_xid_errors"]] == [("79", 2.0)]
+    finally:
+        scraper.close()
