@@ -259,3 +259,12 @@ def test_a_gpu_without_vgpu_is_refused_and_nothing_written():
     with pytest.raises(SchedulerError, match="not supported on this GPU"):
         plan_schedulers(host, {g.address: S(policy="equal-share")})
     assert host.model.sched.modprobe == {}
+
+
+def test_registry_path_rerun_converges_with_adaptive():
+    host = SimHost.from_profile("t4x2")
+    host.model.sched.nvml_supported = False
+    want = S(policy="fixed-share", adaptive=True)
+    apply_schedulers(host, plan_schedulers(host, {GPU0: want}))
+    again = plan_schedulers(host, {GPU0: want})
+    assert [c.via for c in again.changes] == ["none"] and again.ops == ()

@@ -207,7 +207,8 @@ def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, per
                 values[g.address] = want.to_rmpvmrl()
         else:
             values[g.address] = want.to_rmpvmrl()      # validates the registry key's timeslice range
-            via = "none" if g.pending == want else "registry"
+            # compared as the key encodes them: "adaptive" and the driver's default are one value there
+            via = "none" if g.pending.to_rmpvmrl() == values[g.address] else "registry"
         changes.append(SchedulerChange(g.address, g.current, want, via, persist and g.nvml))
     ops: list[Op] = []
     if values != r.ours:
