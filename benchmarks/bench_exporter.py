@@ -3,7 +3,8 @@ serial baseline (one host after the other), measured in the same run.
 
     .venv/bin/python benchmarks/bench_exporter.py [--rtt-ms 25] [--profile large] [--repeat 5]
 
-Needs the testbed's four extra sshds (h1..h4 on 127.0.2.1-4; scripts/testbed.sh start). Each host is reached
+Needs the testbed's four extra sshds (h1..h4 on 127.0.2.1-4: scripts/testbed.sh start && scripts/testbed.sh
+hosts-up 4). Each host is reached
 through its own TCP delay proxy (vgpuvirt.testing.delayproxy) adding --rtt-ms, and reads the same profile
 materialized on tmpfs as its sysfs. Prints, for a scrape of the 4 hosts: best and median wall time of the
 parallel collection (vgpuvirt.observe.exporter.ParallelScraper, what each /metrics request runs) and of the
@@ -59,7 +60,7 @@ def scrape_figures(env: dict[str, object], tree: str, rtt_ms: float, repeat: int
     the parallel scrape (ParallelScraper + the families, what /metrics runs) and the serial baseline."""
     extra = list(env.get("hosts") or [])[:nhosts]  # type: ignore[call-overload]
     if len(extra) < nhosts:
-        raise SystemExit(f"needs {nhosts} extra sshds (h1..h4) in the testbed: scripts/testbed.sh start")
+        raise SystemExit(f"needs {nhosts} extra sshds in the testbed: scripts/testbed.sh hosts-up {nhosts}")
     proxies, hosts = [], []
     try:
         for h in extra:
