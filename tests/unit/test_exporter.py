@@ -249,3 +249,23 @@ def test_an_injected_xid_reaches_the_exporter_once():
         assert [(lab["xid"], v) for lab, v in third["vgpuvirt_gpu_xid_errors"]] == [("79", 2.0)]
     finally:
         scraper.close()
+
+
+def test_scheduler_set_through_the_registry_shows_in_the_exporter_after_a_driver_reload():
+    from vgpuvirt.services.scheduler_model import SchedulerSetting
+    from vgpuvirt.services.vgpu_scheduler import apply_schedulers, plan_schedulers
+    host = SimHost.from_profile("t4x2", name="s")
+    host.model.sched.nvml_supported = False
+    scraper = ParallelScraper([host], timeout=10)
+
+    def policy() -> str:
+        fam = next(f for f in SnapshotCollector(scraper).collect() if f.name == "vgpuvirt_gpu_scheduler_info")
+        return next(s.labels["policy"] for s in fam.samples if s.labels["gpu"] == "0000:3b:00.0")
+    try:
+        assert policy() == "best-effort"
+        apply_schedulers(host, plan_schedulers(host, {"0000:3b:00.0": SchedulerSetting(policy="fixed-share")}))
+        assert policy() == "best-effort"                # pending: the driver has not reloaded
+        host.model.sched.reload_driver()
+        assert policy() == "fixed-share"
+    finally:
+        scraper.close()

@@ -188,7 +188,10 @@ def dmesg(model: SimModel, gpus: list[Dev]) -> str:
     lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel.")]
     for d in gpus:
         if d.gpu is not None:
-            lines.append((9.8, f"NVRM: GPU at {d.addr} has software scheduler DISABLED with policy BEST_EFFORT."))
+            # printed at the driver's load: the policy the loaded registry (RmPVMRL) gave, not later NVML sets
+            policy = model.sched.loaded_policy(d.addr)
+            state = "DISABLED" if policy == "BEST_EFFORT" else "ENABLED"
+            lines.append((9.8, f"NVRM: GPU at {d.addr} has software scheduler {state} with policy {policy}."))
         a = d.spec.address
         for code, at, text in tel.gpu_faults(d.addr).xids:
             lines.append((max(0.0, at - BOOT_TIME),

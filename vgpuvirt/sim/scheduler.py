@@ -68,6 +68,10 @@ class SimScheduler:
                 found = int(val.strip(), 0)
         return _decode(found or 0)
 
+    def loaded_policy(self, addr: str) -> str:
+        """The policy name the driver's boot message gives (from the registry as loaded)."""
+        return {1: "BEST_EFFORT", 2: "EQUAL_SHARE", 3: "FIXED_SHARE"}[self._registry(addr)["policy"]]
+
     def reload_driver(self) -> None:
         """The nvidia module unloaded and loaded again: modprobe.d's options apply, NVML's changes are gone."""
         with self.model.lock:
