@@ -10,14 +10,18 @@ within ``--timeout`` is ``vgpuvirt_host_up{host=...} 0`` and never holds up the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec
+
+if TYPE_CHECKING:
+    from vgpuvirt.observe.exporter import ParallelScraper
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -73,38 +77,53 @@ def domain_sources(names: Sequence[str], uris: Sequence[str]) -> dict[str, Domai
     return {n: DomainsOf(u) for n, u in zip(names, uris, strict=True)}
 
 
-def run(ctx: Context, args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def watched_hosts(ctx: Context, specs: Sequence[str], connect: Sequence[str],
+                  timeout: float) -> Iterator[ParallelScraper]:
+    """The hosts named on the command line (default: the global --host), each with its libvirt for the VM
+    join, behind one :class:`ParallelScraper`; all closed on the way out (exporter and top share it)."""
     from vgpuvirt.hosts import open_host
-    from vgpuvirt.observe.exporter import ParallelScraper, parse_listen, serve
+    from vgpuvirt.observe.exporter import ParallelScraper
 
-    addr, port = parse_listen(args.listen)
-    if not 0 < args.timeout <= 600:
-        raise InvalidSpec("--timeout", args.timeout, "seconds between 0 and 600")
-    specs = args.hosts or [ctx.args.host]
-    if args.connect and len(args.connect) not in (1, len(specs)):
-        raise InvalidSpec("--connect", args.connect, f"one URI, or one per host ({len(specs)})")
+    specs = list(specs) or [ctx.args.host]
+    if connect and len(connect) not in (1, len(specs)):
+        raise InvalidSpec("--connect", list(connect), f"one URI, or one per host ({len(specs)})")
     a = ctx.args
     hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
                        allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
-    domains = domain_sources([h.name for h in hosts], args.connect) if args.connect else {}
-    scraper = ParallelScraper(hosts, timeout=args.timeout, domains=domains)
-    stop = threading.Event()
+    domains = domain_sources([h.name for h in hosts], connect) if connect else {}
+    scraper = ParallelScraper(hosts, timeout=timeout, domains=domains)
     try:
-        server, _ = serve(scraper, addr, port)
-    except OSError as exc:
-        raise InvalidSpec("--listen", args.listen, f"an address this machine can listen on ({exc.strerror})") from None
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(printable(f"vgpuvirt exporter: serving http://{args.listen}/metrics for {', '.join(specs)}"),
-          file=sys.stderr, flush=True)
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        yield scraper
     finally:
-        server.shutdown()
         scraper.close()
         for h in hosts:
             h.close()
         for d in domains.values():
             d.close()
+
+
+def run(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.observe.exporter import parse_listen, serve
+
+    addr, port = parse_listen(args.listen)
+    if not 0 < args.timeout <= 600:
+        raise InvalidSpec("--timeout", args.timeout, "seconds between 0 and 600")
+    with watched_hosts(ctx, args.hosts, args.connect, args.timeout) as scraper:
+        stop = threading.Event()
+        try:
+            server, _ = serve(scraper, addr, port)
+        except OSError as exc:
+            raise InvalidSpec("--listen", args.listen,
+                              f"an address this machine can listen on ({exc.strerror})") from None
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        names = ", ".join(h.name for h in scraper.hosts)
+        print(printable(f"vgpuvirt exporter: serving http://{args.listen}/metrics for {names}"),
+              file=sys.stderr, flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.shutdown()
     return 0

@@ -27,27 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    from vgpuvirt.cli.exporter import domain_sources
-    from vgpuvirt.hosts import open_host
-    from vgpuvirt.observe.exporter import ParallelScraper
+    from vgpuvirt.cli.exporter import watched_hosts
     from vgpuvirt.observe.top_live import view
 
     if not 0.1 <= args.interval <= 3600:
         raise InvalidSpec("--interval", args.interval, "seconds between 0.1 and 3600")
-    specs = args.hosts or [ctx.args.host]
-    if args.connect and len(args.connect) not in (1, len(specs)):
-        raise InvalidSpec("--connect", args.connect, f"one URI, or one per host ({len(specs)})")
-    a = ctx.args
-    hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
-                       allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
-    domains = domain_sources([h.name for h in hosts], args.connect) if args.connect else {}
-    scraper = ParallelScraper(hosts, timeout=args.timeout or max(5.0, args.interval), domains=domains)
-    try:
+    with watched_hosts(ctx, args.hosts, args.connect, args.timeout or max(5.0, args.interval)) as scraper:
         view(scraper, interval=args.interval, once=args.once)
-    finally:
-        scraper.close()
-        for h in hosts:
-            h.close()
-        for d in domains.values():
-            d.close()
     return 0

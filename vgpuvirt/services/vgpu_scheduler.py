@@ -95,8 +95,7 @@ def nvidia_gpus(host: Host) -> list[str]:
 
 
 def _bus_id(addr: str) -> str:
-    a = PciAddress.parse(addr)
-    return f"{a.domain:08X}:{a.bus:02X}:{a.slot:02X}.{a.function:X}"
+    return PciAddress.parse(addr).nvml_bus_id
 
 
 def _read(host: Host, gpus: Sequence[str]) -> _Read:
