@@ -32,6 +32,8 @@ def register(sub: Any) -> None:
     um.add_argument("mountpoint")
     um.add_argument("--pid-file", default=None, help="wait for (and remove) the server named in this file")
     um.set_defaults(func=_umount)
+    from vgpuvirt.cli import sim_fault
+    sim_fault.register(s)
 
 
 def _list(ctx: Context, args: argparse.Namespace) -> int:

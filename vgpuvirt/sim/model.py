@@ -20,7 +20,9 @@ from vgpuvirt.sim.driver_binding import DriverBinding
 from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.nvidia_switches import NvidiaSwitches
 from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType
+from vgpuvirt.sim.scheduler import SimScheduler
 from vgpuvirt.sim.sriov_vfs import SriovVfs
+from vgpuvirt.sim.telemetry import SimTelemetry
 
 __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 
@@ -43,9 +45,13 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.hugepages: dict[int, dict[int, int]] = {n.id: dict(n.hugepages) for n in profile.nodes}
         self.overcommit: dict[int, int] = {2048: 0, 1048576: 0}
         self.gpus: dict[str, Gpu] = {}
+        self.sched = SimScheduler(self)        # the vGPU scheduler (NVML and the RmPVMRL registry key)
         self._gvt_next = 1
         self._vg_cache: dict[str, list[tuple[VgpuType, int | None]]] = {}
         self._vg_version = -1
+        # utilisation over time and injected faults, as the emulated nvidia-smi / dmesg report them
+        self.telemetry = SimTelemetry()
+        self.telemetry.profile = profile.name
         dirs: dict[str, str] = {}
         for spec in profile.devices:
             a = str(spec.address)
