@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from vgpuvirt.cli.api_words import cli_words
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.options import CliParser, merge_globals
 from vgpuvirt.errors import VgpuvirtError
@@ -42,7 +43,7 @@ class _PlainFormatter(logging.Formatter):
     """Log messages carry host text too (agent stderr, kernel messages): written inert, like every line."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        return printable(cli_words(super().formatMessage(record)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc: int = args.func(ctx, args)
         return rc
     except VgpuvirtError as exc:
-        print(printable(f"vgpuvirt: error: {exc}"), file=sys.stderr)
+        print(printable(f"vgpuvirt: error: {cli_words(str(exc))}"), file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -62,7 +63,10 @@ def connect_uris(args: argparse.Namespace, n_hosts: int) -> list[str | None]:
 
 
 def open_one(spec: str, args: argparse.Namespace) -> BaseHost:
-    return open_host(spec, sysfs_root=args.sysfs_root, identity=args.identity, known_hosts=args.known_hosts,
+    root = args.sysfs_root
+    if root and spec == "local":
+        root = os.path.abspath(root)       # a directory on this machine: relative to where the user stands
+    return open_host(spec, sysfs_root=root, identity=args.identity, known_hosts=args.known_hosts,
                      sudo=args.sudo, allow_unknown_hosts=args.allow_unknown_hosts)
 
 
