@@ -66,7 +66,7 @@ _REASONS: tuple[tuple[str, str], ...] = (
     # (pattern in libvirt's message, reason); {kh} {key} {where} are filled in
     (r"Can't verify the session host key|host key .* was not accepted",
      "host key of {where} is not in {kh} (checked strictly; add the host's key after checking its fingerprint)"),
-    (r"HOST KEY VERIFICATION FAILED|differs from stored identity",
+    (r"(?-i:HOST KEY VERIFICATION FAILED)|differs from stored identity",
      "host key of {where} CHANGED: it differs from the one in {kh}; refusing (possible man-in-the-middle)"),
     (r"Host key verification failed",
      "host key of {where} not verified by ssh (unknown or changed in ssh's known_hosts)"),
