@@ -10,7 +10,10 @@ The convention (docs/testbed.md, "Documentation examples"):
   It still runs, and must fail the way an unreachable host fails: exit 1 with one line on stderr. So it parses,
   and the marker cannot hide a line that would work here (that one must lose its marker);
 - a line whose comment says ``(testbed)`` needs the running testbed (libvirtd, sshd): it runs when the testbed
-  is up, and fails the test under CI when it is not.
+  is up, and fails the test under CI when it is not;
+- a block tagged ``text`` is shown, not run (a transcript, or a sequence that needs a set-up of its own); in any
+  other block (untagged, ``bash``, ``shell``, ``console``) a ``vgpuvirt`` line must be a synopsis: it has
+  ``[...]``, ``a|b``, ``...`` or an UPPERCASE placeholder. So no runnable example escapes the test by its fence.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.M | re.S)
 _EXIT = re.compile(r"\(exit (\d+)\)")
+
+
+_SYNOPSIS = re.compile(r"\[|\||\.\.\.|(?<![\w/:.-])[A-Z][A-Z_]{1,}(?![\w/:.-])")
 
 
 def examples(path: Path) -> list[list[tuple[int, str]]]:
@@ -71,6 +77,26 @@ def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" -m vgpuvirt "$@"\n')
     exe.chmod(0o755)
     return d
+
+
+def test_every_example_line_is_run_or_a_synopsis() -> None:
+    loose = []
+    for path in DOCS:
+        text = path.read_text()
+        for m in _FENCE.finditer(text):
+            if m.group(1) not in ("", "bash", "shell", "console"):
+                continue
+            first = text.count("\n", 0, m.start(2)) + 1
+            lines = m.group(2).splitlines()
+            for i, line in enumerate(lines):
+                j, cmd = i, line.split(" #")[0]
+                while cmd.endswith("\\") and j + 1 < len(lines):
+                    j += 1
+                    cmd = cmd[:-1] + " " + lines[j].split(" #")[0]
+                if re.match(r"(\$ )?vgpuvirt\b", cmd) and not _SYNOPSIS.search(cmd):
+                    loose.append(f"{path.name}:{first + i}: {line.strip()}")
+    assert not loose, "runnable examples outside a ```sh block (tag the block sh, or text if it cannot run):\n" + \
+        "\n".join(loose)
 
 
 def test_the_docs_have_examples() -> None:
