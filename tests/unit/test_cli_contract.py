@@ -112,6 +112,7 @@ def test_named_simulated_hosts_have_their_own_state(capsys: pytest.CaptureFixtur
     (["--host", "sim:t4x2@a", "--host", "sim:t4x2@b", "plan", "--connect", "test:///default", "--connect",
       "test:///default", "--connect", "test:///default"], "one per --host"),
     (["--host", "sim:t4x2@bad/name", "types"], "sim:PROFILE@NAME"),
+    (["--host", "sim:t4x2", "plan", "--connect", ""], "invalid --connect ''"),
 ])
 def test_hosts_are_all_used_or_refused_in_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                    words: str) -> None:
@@ -126,6 +127,16 @@ def test_errors_name_the_cli_flag_not_the_python_keyword(capsys: pytest.CaptureF
                    "</devices></domain>")
     rc, _, err = run(capsys, "--host", "sim:a100-sriov", "sriov", "disable", "0000:17:00.0", "--domain-xml", str(dom))
     assert rc == 1 and "--force" in err and "force=True" not in err, err
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--host", "sim:t4x2", "inventory", "--nvml", "yes"], "invalid --nvml yes"),
+    (["--sysfs-root", "/nonexistent-w16", "types"], "invalid --sysfs-root"),
+])
+def test_invalid_values_are_named_by_their_flag(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                flag: str) -> None:
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2 and flag in err and "use_nvml" not in err, err
 
 
 def _message_strings() -> list[tuple[str, int, str]]:

@@ -18,6 +18,8 @@ FLAG_FOR_KEYWORD: dict[str, str] = {
     "dry_run=True": "--dry-run",
     # what= words of InvalidSpec that name an option
     "invalid sysfs root ": "invalid --sysfs-root ",
+    "invalid use_nvml True": "invalid --nvml yes",
+    "invalid libvirt URI ": "invalid --connect ",
 }
 
 

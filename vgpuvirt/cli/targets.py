@@ -53,6 +53,9 @@ def one_host_spec(args: argparse.Namespace) -> str:
 def connect_uris(args: argparse.Namespace, n_hosts: int) -> list[str | None]:
     """One URI (or None: the host's default) per host, from ``--connect`` given 0, 1 or ``n_hosts`` times."""
     uris: list[str] = list(getattr(args, "connect", None) or [])
+    for uri in uris:
+        if not uri.strip():
+            raise InvalidSpec("--connect", uri, "a libvirt URI such as qemu:///system or test:///default")
     if len(uris) == n_hosts:
         return list(uris)
     if len(uris) == 1:
