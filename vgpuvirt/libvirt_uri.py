@@ -52,6 +52,24 @@ def default_uri(host: Any) -> str:
     return "test:///default"
 
 
+def accepted_key_uri(host: Any, directory: str) -> str:
+    """:func:`default_uri` of an SSH host opened with ``allow_unknown_hosts``: libvirt checks the key that the
+    host's own connection accepted (a changed key was refused there), through a known_hosts file written in
+    ``directory`` for this run only (the user's file plus that key); the user's file is never written."""
+    known = os.path.abspath(os.path.expanduser(host.known_hosts or DEFAULT_KNOWN_HOSTS))
+    try:
+        with open(known, encoding="utf-8", errors="replace") as f:
+            lines = f.read()
+    except FileNotFoundError:
+        lines = ""
+    path = os.path.join(directory, "known_hosts")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(lines + ("" if not lines or lines.endswith("\n") else "\n") + host.host_key_line())
+    return ssh_uri(host.hostname, port=host.port, username=host.username, identity=host.key_filename,
+                   known_hosts=path)
+
+
 def display_uri(uri: str) -> str:
     """The URI without its query (key and known_hosts paths): what a one-line error names."""
     return uri.split("?", 1)[0]

@@ -55,3 +55,18 @@ def test_the_cli_default_uri_for_an_ssh_host_uses_identity_and_known_hosts(
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert out.strip().startswith("{")
+
+
+def test_insecure_accept_unknown_host_key_lets_libvirt_check_the_key_ssh_accepted(
+        testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kh = _known_hosts_with(tmp_path, testbed, None)
+    spec = f"ssh://root@{testbed.ssh_host}:{testbed.ssh_port}"
+    argv = ["--host", spec, "--identity", testbed.identity, "--known-hosts", kh, "teardown", "--pattern",
+            "w16cli-none-*", "--dry-run", "--json"]
+    assert main(argv) == 1                                 # without the flag: refused, the key is unknown
+    _, err = capsys.readouterr()
+    assert ("host key unknown" in err or f"is not in {kh}" in err) and err.count("\n") == 1, err
+    rc = main([*argv, "--insecure-accept-unknown-host-key"])
+    _, err = capsys.readouterr()
+    assert rc == 0, err
+    assert Path(kh).read_text() == ""                      # accepted for this run, never saved

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +21,7 @@ from vgpuvirt.errors import InvalidSpec, LibvirtError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.hosts import open_host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.libvirt_uri import default_uri
+from vgpuvirt.libvirt_uri import accepted_key_uri, default_uri
 
 LOCAL_URI = "qemu:///system"
 
@@ -81,6 +83,7 @@ def open_targets(args: argparse.Namespace) -> Iterator[tuple[dict[str, BaseHost]
     hosts: dict[str, BaseHost] = {}
     conns: dict[str, LibvirtConnection] = {}
     given: dict[str, str] = {}
+    scratch: list[str] = []       # a directory for this run's known_hosts files (--insecure-accept-unknown-host-key)
     try:
         for spec, uri in zip(specs, uris, strict=True):
             h = open_one(spec, args)
@@ -91,9 +94,14 @@ def open_targets(args: argparse.Namespace) -> Iterator[tuple[dict[str, BaseHost]
                                                   "with sim:PROFILE@NAME")
             hosts[h.name] = h
             given[h.name] = spec
+            if uri is None and getattr(h, "allow_unknown_hosts", False):    # an SSHHost opened with the flag
+                scratch = scratch or [tempfile.mkdtemp(prefix="vgpuvirt-")]
+                uri = accepted_key_uri(h, tempfile.mkdtemp(dir=scratch[0]))
             conns[h.name] = LibvirtConnection(uri or default_uri(h))
         yield hosts, conns
     finally:
+        for d in scratch:
+            shutil.rmtree(d, ignore_errors=True)
         for c in conns.values():
             c.close()
         for h in hosts.values():
