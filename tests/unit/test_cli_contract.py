@@ -188,3 +188,14 @@ def test_terminal_tables_wrap_instead_of_cutting(monkeypatch: pytest.MonkeyPatch
     text = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())
     assert "…" not in text and max(len(ln) for ln in text.splitlines()) <= 30
     assert "0000" in text and "descriptio" in text
+
+
+def test_a_verb_with_its_own_copy_of_a_global_flag_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    # a verb module written the old way (its own --host/--json) must neither break start-up nor lose values
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    old = sub.add_parser("oldstyle")
+    old.add_argument("--host", dest="hosts", action="append", default=None)
+    old.add_argument("--json", action="store_true", dest="sub_json")
+    ns = merge_globals(p.parse_args(["--host", "sim:t4x2@a", "oldstyle", "--host", "sim:t4x2@b", "--json"]))
+    assert ns.hosts == ["sim:t4x2@a", "sim:t4x2@b"] and ns.sub_json

@@ -78,6 +78,10 @@ def merge_globals(ns: argparse.Namespace) -> argparse.Namespace:
             delattr(ns, key)
     for name, (flags, kind, _kw) in GLOBALS.items():
         values = [v for _lvl, v in sorted(found.get(name, []), key=lambda t: t[0])]
+        own = getattr(ns, name, None)
+        if own not in (None, [], False, 0):
+            # a verb that defines the flag itself (conflict "resolve") stored under the plain name: keep it too
+            values.append(own)
         if kind == "list":
             value: Any = [x for v in values for x in v]
         elif kind == "count":
