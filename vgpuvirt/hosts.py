@@ -30,7 +30,7 @@ def open_host(spec: str = "local", *, sysfs_root: str | None = None, identity: s
         from vgpuvirt.sim import SimHost
         profile, at, name = spec[4:].partition("@")
         if at and not _SIM_NAME.match(name):
-            raise InvalidSpec("--host", spec, "sim:PROFILE@NAME with a NAME of letters, digits, '.', '_', '-'")
+            raise InvalidSpec("host", spec, "sim:PROFILE@NAME with a NAME of letters, digits, '.', '_', '-'")
         return SimHost.from_profile(profile, name=spec if at else None)
     m = _SSH_RE.match(spec)
     if m:
@@ -38,4 +38,4 @@ def open_host(spec: str = "local", *, sysfs_root: str | None = None, identity: s
         return SSHHost(m["host"].strip("[]"), port=int(m["port"] or 22), username=m["user"],
                        key_filename=identity, known_hosts=known_hosts, sudo=sudo,
                        sysfs_root=sysfs_root or "/", allow_unknown_hosts=allow_unknown_hosts)
-    raise InvalidSpec("--host", spec, "local, ssh://[user@]host[:port], sim:PROFILE or sim:PROFILE@NAME")
+    raise InvalidSpec("host", spec, "local, ssh://[user@]host[:port], sim:PROFILE or sim:PROFILE@NAME")

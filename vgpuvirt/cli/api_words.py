@@ -20,6 +20,7 @@ FLAG_FOR_KEYWORD: dict[str, str] = {
     "invalid sysfs root ": "invalid --sysfs-root ",
     "invalid use_nvml True": "invalid --nvml yes",
     "invalid libvirt URI ": "invalid --connect ",
+    "invalid host ": "invalid --host ",
 }
 
 
