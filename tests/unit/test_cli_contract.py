@@ -82,9 +82,10 @@ def test_json_after_every_verb(capsys: pytest.CaptureFixture[str], argv: list[st
 
 
 @pytest.mark.parametrize("argv", [["sim", "show", "t4x2"], ["xml", "build", "--template", "vdi", "--name", "d"],
-                                  ["sim", "list"]])
-def test_json_after_hostless_verbs(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
-    rc, out, _ = run(capsys, *argv, "--json")
+                                  ["sim", "list"], ["sim", "umount", "{tmp}"],
+                                  ["sim", "materialize", "t4x2", "{tmp}/t"]])
+def test_json_after_hostless_verbs(capsys: pytest.CaptureFixture[str], argv: list[str], tmp_path: Path) -> None:
+    rc, out, _ = run(capsys, *(a.replace("{tmp}", str(tmp_path)) for a in argv), "--json")
     assert rc == 0
     json.loads(out)
 
