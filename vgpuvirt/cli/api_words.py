@@ -7,7 +7,9 @@ an entry here, so a new one cannot reach a user as Python.
 
 from __future__ import annotations
 
-FLAG_FOR_KEYWORD: dict[str, str] = {
+FLAG_FOR_KEYWORD: dict[str, str] = {   # applied in this order: a longer phrase before its parts
+    "pin_cpus=False, --no-pin": "--no-pin",
+    "pin_cpus=False": "--no-pin",
     "force=True": "--force",
     "allow_unknown_hosts=True": "--insecure-accept-unknown-host-key",
     "sudo=True": "--sudo",

@@ -45,6 +45,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numa-strict", action="store_true", help="only GPUs on --numa-node")
     p.add_argument("--nic-vf", nargs="?", const="any", default=None, metavar="PF",
                    help="also give each VM an SR-IOV NIC VF (of this PF, or any)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="gaming template: do not pin the vCPUs to the GPU's local CPUs (pinned by default)")
     p.add_argument("--policy", choices=POLICIES, default="binpack", help="binpack (default) or spread")
     p.add_argument("--heterogeneous", action="store_true", help="GPUs run in mixed-size (heterogeneous) mode")
     p.add_argument("--no-start", action="store_true", help="define the domains but do not start them")
@@ -58,6 +60,7 @@ def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
         nic = NicRequest(pf=None if args.nic_vf == "any" else PciAddress.parse(args.nic_vf))
     kw: dict[str, Any] = dict(template=args.template, memory_mib=args.memory_mib, vcpus=args.vcpus,
                               numa_node=args.numa_node, numa_strict=args.numa_strict, nic=nic,
+                              pin_cpus=False if args.no_pin else None,
                               start=not args.no_start)
     if args.name:
         if args.count not in (None, len(args.name)):

@@ -229,6 +229,7 @@ class VmRequest:
     memory_mib: int = 4096
     vcpus: int = 2
     host_cpus: str | None = None             # pin to these host CPUs (also implies NUMA affinity)
+    pin_cpus: bool | None = None             # pin to the GPU's local CPUs; None: as the template says (gaming)
     numa_node: int | None = None             # preferred NUMA node for the GPU
     numa_strict: bool = False                # refuse GPUs on other nodes instead of preferring
     disk: str | None = None
@@ -255,6 +256,8 @@ class VmRequest:
             cpus = parse_cpulist(self.host_cpus)
             if not cpus:
                 raise InvalidSpec("host CPU list", self.host_cpus, "at least one CPU")
+        if self.pin_cpus not in (None, True, False):
+            raise InvalidSpec("pin_cpus", self.pin_cpus, "true, false or unset (the template decides)")
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise InvalidSpec("NUMA node", self.numa_node, "a non-negative integer")
         # Checked here, before any plan: an unknown key or a wrong type is the caller's input (Ansible's
