@@ -116,5 +116,8 @@ def _mount(ctx: Context, args: argparse.Namespace) -> int:
 
 def _umount(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.sim import fuse
-    fuse.stop(os.path.abspath(args.mountpoint), pid_file=args.pid_file)
+    mnt = os.path.abspath(args.mountpoint)
+    fuse.stop(mnt, pid_file=args.pid_file)
+    if ctx.json:
+        ctx.emit_json({"mountpoint": mnt, "mounted": False})
     return 0

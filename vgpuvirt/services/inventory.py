@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import (
@@ -113,5 +113,10 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     else:
         snap = host.read(INVENTORY_GLOBS)
         lgi = None
+    if not any(path.startswith(f"{PCI}/") for path in snap):
+        # Every Linux sysfs lists PCI devices (the host bridge at least): an empty answer means the root is not
+        # a sysfs tree (an empty or wrong --sysfs-root), not a host with no GPU and the IOMMU off.
+        raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}{PCI} "
+                                   "(a sysfs root is the directory that holds sys/, e.g. / or a materialized tree)")
     return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi,
                            kernel_log=dmesg)
