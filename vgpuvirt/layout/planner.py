@@ -50,7 +50,7 @@ class LayoutStep:
     item: Planned = field(compare=False)
     undo: Planned | None = field(default=None, compare=False)
     removes: tuple[Vgpu, ...] = ()               # vGPUs it takes away (the drain looks at their domains)
-    frees_gpu: bool = False                      # it takes the whole GPU or its VFs from a domain
+    touches: tuple[str, ...] = ()                # devices it takes away (mdev UUIDs, PCI addresses)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "gpu": str(self.gpu), "phase": self.phase, "step": self.item.action,
@@ -177,14 +177,14 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                                 f"set {vfs_want} SR-IOV VFs on {g.address} (from {len(g.vfs)})",
                                 sriov.count_item(host, g.address, len(g.vfs), vfs_want, wait_timeout=WAIT),
                                 sriov.count_item(host, g.address, vfs_want, len(g.vfs), wait_timeout=WAIT),
-                                frees_gpu=bool(g.vfs)))
+                                touches=tuple(str(v) for v in g.vfs)))
     if drv is not None and drv != g.driver:
         diff.append(f"driver {g.driver} -> {drv}")
         for a in (g.address, *(g.functions if drv == VFIO or g.driver == VFIO else ())):
             cur = g.driver if a == g.address else None
             steps.append(LayoutStep(host, g.address, 1, DRIVER, f"bind {a} to {drv}",
                                     vfio_binding.bind_item(host, a, cur, drv), None if cur is None else
-                                    vfio_binding.bind_item(host, a, drv, cur), frees_gpu=g.holder is not None))
+                                    vfio_binding.bind_item(host, a, drv, cur), touches=(str(a),)))
     if want.sizing is not None and g.budget.sizing is not None and want.sizing != g.budget.sizing:
         if not g.budget.mixed_size_supported:
             raise InvalidSpec(f"sizing for {g.address}", want.sizing, "equal: the GPU has no mixed-size mode")
@@ -222,11 +222,12 @@ def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
         return LayoutStep(host, g.address, 1, REMOVE, f"remove mdev {u} ({name}) from {v.place}",
                           mdev_ops.remove_item(host, u, wait_timeout=WAIT),
                           mdev_ops.create_item(host, mdev_ops.MdevSpec(v.place, MdevTypeId(v.type_id), u),
-                                               wait_timeout=WAIT), removes=(v,))
+                                               wait_timeout=WAIT), removes=(v,), touches=(str(u),))
     t = VgpuTypeId.parse(v.type_id)
     return LayoutStep(host, g.address, 1, REMOVE, f"clear vGPU type {name} from VF {v.place}",
                       vendor_vgpu.release_item(host, v.place, wait_timeout=WAIT),
-                      vendor_vgpu.assign_item(host, v.place, t, wait_timeout=WAIT), removes=(v,))
+                      vendor_vgpu.assign_item(host, v.place, t, wait_timeout=WAIT), removes=(v,),
+                      touches=(str(v.place),))
 
 
 def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu]) -> list[LayoutStep]:
