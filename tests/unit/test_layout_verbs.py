@@ -11,9 +11,9 @@ from vgpuvirt.errors import InvalidSpec, NoCapacity, ProvisioningError
 from vgpuvirt.host.base import Op
 from vgpuvirt.layout import dump_layout, parse_layout, verbs
 from vgpuvirt.layout.planner import LayoutStep, plan_host
+from vgpuvirt.services.mutation import Planned
 from vgpuvirt.sim.host import SimHost
 from vgpuvirt.sim.profiles import list_profiles
-from vgpuvirt.services.mutation import Planned
 
 PROFILES = list_profiles()
 

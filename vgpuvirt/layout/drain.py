@@ -6,7 +6,8 @@ one (``users``: for VMs whose device does not show in their XML). ``refuse`` rai
 anything is written. ``shutdown`` shuts them down (ACPI; after ``timeout`` ``force`` destroys, without it
 the apply stops and restarts what it stopped), applies, then gives each drained VM a device of the type it
 had (same GPU first) that no other domain uses, rewrites its XML to it, and starts the ones that ran.
-A VM that no longer fits is reported and left defined but stopped.
+"Fits": a free vGPU of the type it had (its GPU first), else a free vGPU its GPU was retyped to. A VM
+that no longer fits is reported and left defined but stopped.
 """
 
 from __future__ import annotations
@@ -133,14 +134,16 @@ def _refit(host: Host, conn: LibvirtConnection, vm: str, devs: set[str], types: 
                 return False
             continue
         gpu, tid = types[dev]
-        cands = sorted(free.get(tid, []), key=lambda c: c[0] != gpu)
+        # its own type (its GPU first), else what its GPU was retyped to
+        cands = [(t, c) for t in [tid] for c in sorted(free.get(t, []), key=lambda c: c[0] != gpu)]
+        cands += [(t, c) for t, cs in sorted(free.items()) if t != tid for c in cs if c[0] == gpu]
         if not cands:
-            report.unfit.setdefault(host.name, {})[vm] = f"no free vGPU of type {tid} left for device {dev}"
+            report.unfit.setdefault(host.name, {})[vm] = f"no free vGPU of type {tid} or on GPU {gpu} for {dev}"
             return False
-        _, new = cands[0]
-        free[tid].remove(cands[0])
+        t, (at, new) = cands[0]
+        free[t].remove((at, new))
         xml = _retarget(xml, dev, new)
-        report.moved.setdefault(host.name, {})[vm] = f"{dev} -> {new} ({tid})"
+        report.moved.setdefault(host.name, {})[vm] = f"{dev} -> {new} ({t} on {at})"
     conn.define(xml)
     return True
 
