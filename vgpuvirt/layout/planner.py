@@ -206,11 +206,12 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                 diff.append("vGPUs re-made after the places change")
         return steps, diff, pending
     removed = Counter(v.type_id for v in remove)
+    taken: set[PciAddress] = set()              # VFs this plan already gives a vGPU
     for tid, n in wanted.items():
         have = counts.get(tid, 0) - removed.get(tid, 0)
         target = have + g.budget.fit(tid).fits_now if n is None else n
         if target > have:
-            steps += _create_steps(host, g, tid, target - have, remove)
+            steps += _create_steps(host, g, tid, target - have, remove, taken)
             diff.append(f"{g.short_name(tid)} {have} -> {target}")
     return steps, diff, pending
 
@@ -230,10 +231,11 @@ def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
                       touches=(str(v.place),))
 
 
-def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu]) -> list[LayoutStep]:
+def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
+                  taken: set[PciAddress]) -> list[LayoutStep]:
     name = g.short_name(tid)
     gone = {v.place for v in removed}
-    busy = {v.place for v in g.vgpus} - gone
+    busy = ({v.place for v in g.vgpus} - gone) | taken
     out: list[LayoutStep] = []
     vendor_place = any(p.kind == "vendor-vf" for p in g.budget.places)
     if vendor_place:
@@ -243,6 +245,7 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu]) -
             raise NoCapacity(host, str(g.address), f"{n} x {name} wanted, {len(free)} free VF(s) offer it")
         t = VgpuTypeId.parse(tid)
         for vf in free[:n]:
+            taken.add(vf)
             out.append(LayoutStep(host, g.address, 2, VF_TYPE, f"set vGPU type {name} on VF {vf}",
                                   vendor_vgpu.assign_item(host, vf, t, wait_timeout=WAIT),
                                   vendor_vgpu.release_item(host, vf, wait_timeout=WAIT)))
@@ -258,6 +261,8 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu]) -
     used = {v.uuid for v in g.vgpus}
     k = 0
     for parent in slots[:n]:
+        if parent != g.address:
+            taken.add(parent)
         while str(u := layout_uuid(parent, tid, k)) in used:
             k += 1
         used.add(str(u))
