@@ -24,11 +24,14 @@ configs:
   night: [{devices: all, mode: passthrough}]
   t4: [{devices: all, mode: vgpu, vgpu-devices: {T4-2Q: 3}}]
   l40s: [{devices: all, mode: vgpu, vgpu-devices: {L40S-8Q: 2, L40S-16Q: 1}, sizing: mixed}]
+  train: [{devices: all, mode: mig, mig-devices: {"3g.40gb": 2}}]
+  seven: [{devices: all, mode: mig-vgpu, mig-devices: {"1g.10gb": 7}, vgpu-devices: {A100D-1-10C: 7}}]
 """, "boot.yaml")
 
 
 @pytest.mark.parametrize(("profile", "config"), [("a10-sriov", "day"), ("a10-sriov", "night"), ("t4x2", "t4"),
-                                                 ("l4-hetero", "l40s"), ("l40s-vgpu17", "l40s")])
+                                                 ("l4-hetero", "l40s"), ("l40s-vgpu17", "l40s"),
+                                                 ("a100-sriov", "train"), ("a100-sriov", "seven")])
 def test_apply_reboot_boot_command_assert(profile: str, config: str) -> None:
     if profile == "l4-hetero":
         config = "l4"

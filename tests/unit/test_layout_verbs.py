@@ -135,3 +135,40 @@ def test_cli_plan_apply_assert(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["--host", "sim:t4x2", "layout", "plan", str(f)]) == 2
     assert "several configs" in capsys.readouterr().err
     assert main(["--host", "sim:t4x2", "layout", "plan", str(tmp_path / "nope.yaml"), "-c", "day"]) == 2
+
+
+MIG = parse_layout("""\
+version: v1
+configs:
+  train: [{devices: all, mode: mig, mig-devices: {"3g.40gb": 2}}]
+  seven: [{devices: all, mode: mig-vgpu, mig-devices: {"1g.10gb": 7}, vgpu-devices: {A100D-1-10C: 7}}]
+  ts: [{devices: all, mode: vgpu, vgpu-devices: {A100D-8C: 4}}]
+  bad: [{devices: all, mode: mig, mig-devices: {"5g.50gb": 1}}]
+""", "mig.yaml")
+
+
+def test_mig_reshapes_train_seven_time_sliced_and_back() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    for name in ("train", "seven", "ts", "train"):
+        r = verbs.apply_host(host, MIG.config(name))
+        assert r.changed and verbs.check(host, MIG.config(name)) == [], name
+        assert set(r.round_trips.values()) <= {0, 1}, r.round_trips
+    b = SimHost.from_profile("a100-sriov")
+    verbs.apply_host(b, verbs.export(host).config())
+    assert dump_layout(verbs.export(b)) == dump_layout(verbs.export(host))
+
+
+def test_mig_bad_profile_and_pending_mode() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    before = dump_layout(verbs.export(host))
+    with pytest.raises(InvalidSpec, match="5g.50gb"):
+        verbs.apply_host(host, MIG.config("bad"))
+    # a VF bound to vfio-pci makes a mode change wait for a reset: refused, and rolled back
+    vf = host.model.vfs(host.model.dev("0000:65:00.0"))[0]
+    vf.driver = "vfio-pci"
+    with pytest.raises(ProvisioningError, match="pending") as exc:
+        verbs.apply_host(host, parse_layout("version: v1\nconfigs:\n  a:\n    - devices: ['0000:65:00.0']\n"
+                                            "      mode: mig\n").config())
+    assert any("MIG mode" in line for line in exc.value.rollback)
+    vf.driver = "nvidia"
+    assert dump_layout(verbs.export(host)) == before

@@ -66,8 +66,11 @@ def _op(kind: str, path: "Optional[str]" = None, value: "Optional[str]" = None, 
     return op
 
 
-def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = ()) -> "List[Dict[str, Any]]":
-    """The ops that take the host from ``entries`` (an agent read) to the program; [] when it is there."""
+def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = (),
+         lgi: "Optional[Dict[str, Dict[str, int]]]" = None) -> "List[Dict[str, Any]]":
+    """The ops that take the host from ``entries`` (an agent read) and ``lgi`` (GPU -> MIG profile -> GPU
+    instances) to the program; [] when it is there."""
+    lgi = lgi or {}
     ops = []  # type: List[Dict[str, Any]]
     for g in program["gpus"]:
         a = g["address"]
@@ -91,8 +94,14 @@ def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = ()
             if want:
                 ops += [_op("write", path, str(want), grp),
                         _op("wait", "%s/%s/virtfn%d" % (PCI, a, want - 1), None, grp, state="exists", timeout=WAIT)]
-        for argv in g.get("mig", []):
-            ops.append(_op("exec", group="mig:" + a, argv=list(argv), timeout=60.0))
+        mig = g.get("mig")
+        if mig:
+            have = lgi.get(a, {})
+            missing = [p for p, n in sorted(mig["want"].items()) for _ in range(max(0, n - have.get(p, 0)))]
+            if missing:
+                argv = ["nvidia-smi", "mig", "-i", str(int(mig["index"])), "-cgi", ",".join(missing)]
+                ops.append(_op("exec", group="mig:" + a, argv=argv + (["-C"] if mig.get("compute") else []),
+                               timeout=300.0))
         missing_types = [vf for vf, t in g.get("vf_types", {}).items()
                          if _text(entries, "%s/%s/nvidia/current_vgpu_type" % (PCI, vf)) != str(t)]
         if missing_types:
@@ -114,6 +123,16 @@ def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = ()
     return ops
 
 
+def _gi_counts(text: str) -> "Dict[str, int]":
+    """MIG profile -> GPU instances, from ``nvidia-smi mig -i N -lgi`` (rows ``|  0  MIG 3g.40gb  9  1  4:4  |``)."""
+    out = {}  # type: Dict[str, int]
+    for line in text.splitlines():
+        cells = line.strip("| \t").split()
+        if len(cells) >= 3 and cells[1] == "MIG":
+            out[cells[2]] = out.get(cells[2], 0) + 1
+    return out
+
+
 def mdevctl_defined(mdevctl_dir: str) -> "Set[str]":
     """UUIDs mdevctl keeps definitions of (``/etc/mdevctl.d/PARENT/UUID``): theirs to start, never ours."""
     out = set()  # type: Set[str]
@@ -133,10 +152,14 @@ def run(program: "Dict[str, Any]", fs: Any = None, locker: Any = None,
         defined: Any = ()) -> "Tuple[int, List[str]]":
     """Converge once; returns (exit status, report lines)."""
     root = program.get("root", "/")
-    seen = agent.handle({"root": root, "reads": _reads(program)}, fs=fs)
+    migs = [g for g in program["gpus"] if g.get("mig")]
+    lgi_ops = [_op("exec", argv=["nvidia-smi", "mig", "-i", str(int(g["mig"]["index"])), "-lgi"], timeout=60.0,
+                   read_only=True, ok_codes=[0, 6]) for g in migs]
+    seen = agent.handle({"root": root, "reads": _reads(program), "ops": lgi_ops, "on_error": "continue"}, fs=fs)
     if "fatal" in seen:
         return 1, ["read refused: %s" % seen.get("error")]
-    ops = plan(program, seen["entries"], defined)
+    lgi = {g["address"]: _gi_counts(r.get("stdout", "")) for g, r in zip(migs, seen["ops"])}
+    ops = plan(program, seen["entries"], defined, lgi)
     if not ops:
         return 0, ["layout %s: already in place" % program.get("config")]
     lock = {"path": program.get("lock", "/run/vgpuvirt/lock"), "timeout": 60}

@@ -14,6 +14,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_capacity import GpuBudget
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory_model import Gpu, Inventory
+from vgpuvirt.services.mig import MigGpu, MigState
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class GpuNow:
     type_names: dict[str, str] = field(default_factory=dict)   # type id -> name as the host names it
     backend: str = ""
     holder: str | None = None                   # the domain the whole GPU is passed through to
+    mig: MigGpu | None = None                   # nvidia-smi's MIG view (index, GIs, CIs), when read
 
     @property
     def mig_enabled(self) -> bool:
@@ -89,15 +91,15 @@ class GpuNow:
                          vgpu_devices=vg, sizing=sizing)
 
 
-def gpus_now(inv: Inventory) -> list[GpuNow]:
-    """Every physical GPU of the inventory, in address order."""
+def gpus_now(inv: Inventory, mig: MigState | None = None) -> list[GpuNow]:
+    """Every physical GPU of the inventory, in address order (with its MIG view from ``mig``)."""
     out = []
     for g in sorted(physical_gpus(inv), key=lambda g: g.address):
-        out.append(_gpu_now(inv, g))
+        out.append(_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None))
     return out
 
 
-def _gpu_now(inv: Inventory, g: Gpu) -> GpuNow:
+def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
     b = gpu_budget(inv, g)
     members = {str(a) for a in (g.address, *g.vfs)}
     names: dict[str, str] = {tid: t.name or tid for tid, t in b.types.items()}
@@ -111,13 +113,9 @@ def _gpu_now(inv: Inventory, g: Gpu) -> GpuNow:
             names.setdefault(tid, v.current_type_name or tid)
             vgpus.append(Vgpu(tid, v.address, None, v.domain))
     functions = tuple(a for a in g.functions if a != g.address)
-    return GpuNow(g.address, g.name or _pci_name(inv, g), g.driver, functions, b, g.sriov_totalvfs or 0,
+    return GpuNow(g.address, g.name, g.driver, functions, b, g.sriov_totalvfs or 0,
                   tuple(sorted(g.vfs)), tuple(sorted(vgpus, key=lambda v: (v.place, v.type_id, v.uuid or ""))),
-                  names, g.backend, b.whole_holder)
-
-
-def _pci_name(inv: Inventory, g: Gpu) -> str | None:
-    return None
+                  names, g.backend, b.whole_holder, mig)
 
 
 def export_layout(inv: Inventory, name: str = "exported") -> Layout:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import uuid as _uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
+from vgpuvirt.host.base import OpResult
+from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, Vgpu
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
@@ -29,7 +31,8 @@ VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu", "0x8086": "i915"}
 WAIT = 30.0
 
 # step order within a phase
-REMOVE, SIZING_OFF, SRIOV_DOWN, DRIVER, SRIOV_UP, SIZING, MIG, VF_TYPE, MDEV = 10, 15, 20, 30, 40, 45, 50, 60, 70
+# MIG: GPU instances go at 12, the mode at 42, new GPU instances at 55 (mig_steps)
+REMOVE, SRIOV_DOWN, DRIVER, SRIOV_UP, SIZING, VF_TYPE, MDEV = 10, 20, 30, 40, 45, 60, 70
 
 
 def layout_uuid(place: PciAddress, type_id: str, k: int) -> MdevUuid:
@@ -51,6 +54,8 @@ class LayoutStep:
     undo: Planned | None = field(default=None, compare=False)
     removes: tuple[Vgpu, ...] = ()               # vGPUs it takes away (the drain looks at their domains)
     touches: tuple[str, ...] = ()                # devices it takes away (mdev UUIDs, PCI addresses)
+    # an undo known only from the host's answer (the id of a GPU instance nvidia-smi created)
+    undo_after: Callable[[tuple[OpResult, ...]], Planned | None] | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "gpu": str(self.gpu), "phase": self.phase, "step": self.item.action,
@@ -193,12 +198,15 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
         steps.append(LayoutStep(host, g.address, 1, SIZING, f"switch {g.address} to {want.sizing}-size mode",
                                 nvidia_modes.mixed_size_item(host, g.address, on),
                                 nvidia_modes.mixed_size_item(host, g.address, not on)))
-    if want.resolved_mig() != g.mig_enabled or (want.resolved_mig() and want.mig_devices and
-                                                dict(want.mig_devices) != dict(g.budget.gpu_instances or {})):
-        raise InvalidSpec(f"MIG layout for {g.address}", dict(want.mig_devices) or want.resolved_mig(),
-                          "the GPU's current MIG state (creating and destroying GPU instances is not built yet)")
+    mig_planned, mig_diff = mig_steps.mig_plan(g, want)
+    diff += mig_diff
+    for order, text, item, undo, from_answer in mig_planned:
+        index = g.mig.index if g.mig is not None else 0
+        after = ((lambda res, gpu=str(g.address), i=index: mig_steps.undo_created(host, gpu, i, res))
+                 if from_answer else None)
+        steps.append(LayoutStep(host, g.address, 1, order, text, item, undo, undo_after=after))
     # -- phase 2: the vGPUs to make, on places that exist now (or pending until phase 1 made them) ------
-    if vf_change or remove or (drv is not None and drv != g.driver):
+    if vf_change or remove or mig_planned or (drv is not None and drv != g.driver):
         if wanted or unknown:
             pending.append(f"{g.address}: " + ", ".join(f"{vc.type} x {vc.count if vc.count is not None else 'fill'}"
                                                          for vc in want.vgpu_devices))

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpuvirt.errors import ProvisioningError, VgpuvirtError
-from vgpuvirt.host.base import Host
+from vgpuvirt.errors import DeviceError, ProvisioningError, VgpuvirtError
+from vgpuvirt.host.base import Host, Op
+from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services import mig
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory
+from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.mutation import apply_items
 
@@ -45,13 +48,19 @@ class HostApply:
 
 
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
-    """One round trip: the inventory (with nvidia-smi where the host has it) and the GPUs in it."""
-    inv = inventory(host, domains=domains)
-    return inv, gpus_now(inv)
+    """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
+    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request."""
+    if host.sysfs_root != "/":
+        inv = inventory(host, domains=domains, use_nvml=False, nvidia_smi=False)
+        return inv, gpus_now(inv)
+    batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS], lock=False,
+                       on_error="continue", reads_after=INVENTORY_GLOBS)
+    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1])
+    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)))
 
 
 def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
-    return export_layout(inventory(host, domains=domains), name)
+    return export_layout(read_gpus(host, domains)[0], name)
 
 
 def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
@@ -79,9 +88,13 @@ def _run(host: Host, steps: list[LayoutStep], journal: list[LayoutStep]) -> None
     outcomes = apply_items(host, [s.item for s in steps], on_error="stop")
     for step, o in zip(steps, outcomes, strict=True):
         if o.ok or o.wrote:
-            journal.append(step)
+            journal.append(replace(step, undo=step.undo_after(o.results)) if step.undo_after else step)
         if not o.ok and not o.skipped:
             raise o.error or VgpuvirtError(f"{host.name}: {step.text} failed")
+        if step.item.action == "mig.mode" and mig_steps.pending(o.results):
+            raise DeviceError(host.name, str(step.gpu), "the MIG mode change is pending until the GPU is reset "
+                                                        "(VFs bound to vfio-pci or processes use it): stop them, or "
+                                                        "reboot, and apply again")
 
 
 def rollback(host: Host, journal: Sequence[LayoutStep]) -> list[str]:

@@ -1,0 +1,96 @@
+"""The MIG part of a layout plan: GPU instances that go (their compute instances first), the MIG mode, and
+the GPU instances to create, as steps over :mod:`vgpuvirt.services.mig_ops` (validated argv, never a shell).
+
+Pure. A created GPU instance's id is known only from nvidia-smi's answer, so a create step's undo is
+made from that answer (:func:`undo_created`); a destroyed one is re-created with its profile at its
+placement. In mode ``mig`` every new GPU instance gets its default compute instance (``-C``: what
+containers and passthrough use); in ``mig-vgpu`` none (the MIG-backed vGPU takes the whole GPU instance).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from vgpuvirt.errors import DeviceError, InvalidSpec
+from vgpuvirt.host.base import Op, OpResult
+from vgpuvirt.layout.model import GpuLayout
+from vgpuvirt.layout.observe import GpuNow
+from vgpuvirt.services.mig_ops import MigAction
+from vgpuvirt.services.mig_parse import created_gpu_instances, mode_change_pending
+from vgpuvirt.services.mutation import Planned
+
+# step orders (see planner): after the vGPUs that go, around SR-IOV, before the vGPU types
+GI_DOWN, MODE, GI_UP = 12, 42, 55
+
+
+def item(host: str, gpu: str, action: MigAction) -> Planned:
+    """One MIG action as a batch item (its argv in one exec op)."""
+    op = Op.exec(action.argv(), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
+
+    def explain(bad: OpResult) -> DeviceError:
+        said = (bad.stderr or bad.stdout or bad.error or "").strip().splitlines()[-1:] or ["no output"]
+        return DeviceError(host, gpu, f"{action.describe()} failed (exit {bad.rc}): {said[0]}")
+
+    return Planned(f"mig.{action.kind}", gpu, (op,), explain, action.to_dict(), intent=action.describe(),
+                   message=action.describe(), dry_message="would " + action.describe())
+
+
+def undo_created(host: str, gpu: str, index: int, results: tuple[OpResult, ...]) -> Planned | None:
+    """What undoes a create-gi that ran: destroying the GPU instances its answer says it created."""
+    ids = [gi for r in results for g, gi in created_gpu_instances(r.stdout) if g == index]
+    return item(host, gpu, MigAction.destroy_gi(index, ids)) if ids else None
+
+
+def pending(results: tuple[OpResult, ...]) -> bool:
+    """The mode change waits for a GPU reset (VFs bound to vfio-pci, processes): the layout is not reached."""
+    return any(mode_change_pending(r.stdout + r.stderr) for r in results)
+
+
+def mig_plan(g: GpuNow, want: GpuLayout) -> tuple[list[tuple[int, str, Planned, Planned | None, bool]], list[str]]:
+    """(order, text, item, undo, undo-from-answer) per step, and the diff lines."""
+    on_now, on_want = g.mig_enabled, want.resolved_mig()
+    have: dict[str, int] = dict(g.budget.gpu_instances or {})
+    wanted = (dict(want.mig_devices) if want.mig_devices else dict(have)) if on_want else {}
+    if on_now == on_want and {k: v for k, v in wanted.items() if v} == {k: v for k, v in have.items() if v}:
+        return [], []
+    m = g.mig
+    if m is None or not m.capable:
+        raise InvalidSpec(f"MIG layout for {g.address}", dict(want.mig_devices) or on_want,
+                          "a GPU whose MIG mode nvidia-smi reports (MIG-capable, nvidia-smi on the host)")
+    host, gpu, idx = g.budget.host, str(g.address), m.index
+    for prof in wanted:
+        if m.profiles and m.profile(prof) is None:
+            offered = ", ".join(sorted({p.name for p in m.profiles}))
+            raise InvalidSpec(f"MIG profile for {gpu}", prof, f"one the GPU lists (-lgip): {offered}")
+    diff: list[str] = []
+    if on_now != on_want:
+        diff.append(f"mig-enabled {str(on_now).lower()} -> {str(on_want).lower()}")
+    for prof in sorted(set(have) | set(wanted)):
+        if have.get(prof, 0) != wanted.get(prof, 0):
+            diff.append(f"MIG {prof} {have.get(prof, 0)} -> {wanted.get(prof, 0)}")
+    steps: list[tuple[int, str, Planned, Planned | None, bool]] = []
+    surplus = Counter({p: n - wanted.get(p, 0) for p, n in have.items() if n > wanted.get(p, 0)})
+    for gi in sorted(m.gpu_instances, key=lambda x: -x.id):
+        if surplus[gi.profile] <= 0:
+            continue
+        surplus[gi.profile] -= 1
+        cis = [c for c in m.compute_instances if c.gi == gi.id]
+        if cis:
+            steps.append((GI_DOWN, f"destroy the compute instances of GPU instance {gi.id} ({gi.profile}) on {gpu}",
+                          item(host, gpu, MigAction.destroy_ci(idx, gi.id, [c.id for c in cis])),
+                          item(host, gpu, MigAction.create_ci(idx, gi.id, [c.profile for c in cis])), False))
+        steps.append((GI_DOWN, f"destroy GPU instance {gi.id} ({gi.profile}) on {gpu}",
+                      item(host, gpu, MigAction.destroy_gi(idx, [gi.id])),
+                      item(host, gpu, MigAction.create_gi(idx, [gi.profile], placements=[gi.start],
+                                                          default_ci=bool(cis))), False))
+    if on_now != on_want:
+        steps.append((MODE, f"turn MIG mode {'on' if on_want else 'off'} on {gpu}",
+                      item(host, gpu, MigAction.mode(idx, on_want)), item(host, gpu, MigAction.mode(idx, on_now)),
+                      False))
+    for prof, n in wanted.items():
+        missing = n - have.get(prof, 0)
+        if missing > 0:
+            action = MigAction.create_gi(idx, [prof] * missing, default_ci=want.mode == "mig")
+            steps.append((GI_UP, f"create {missing} x GPU instance {prof} on {gpu}", item(host, gpu, action), None,
+                          True))
+    return steps, diff
