@@ -161,7 +161,7 @@ def test_mig_reshapes_train_seven_time_sliced_and_back() -> None:
 def test_mig_bad_profile_and_pending_mode() -> None:
     host = SimHost.from_profile("a100-sriov")
     before = dump_layout(verbs.export(host))
-    with pytest.raises(InvalidSpec, match="5g.50gb"):
+    with pytest.raises(InvalidSpec, match=r"5g\.50gb"):
         verbs.apply_host(host, MIG.config("bad"))
     # a VF bound to vfio-pci makes a mode change wait for a reset: refused, and rolled back
     vf = host.model.vfs(host.model.dev("0000:65:00.0"))[0]
