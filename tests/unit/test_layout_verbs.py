@@ -172,3 +172,13 @@ def test_mig_bad_profile_and_pending_mode() -> None:
     assert any("MIG mode" in line for line in exc.value.rollback)
     vf.driver = "nvidia"
     assert dump_layout(verbs.export(host)) == before
+
+
+def test_the_example_layout_reshapes_the_mixed_host() -> None:
+    lab = parse_layout((Path(__file__).parents[2] / "examples/layouts/lab.yaml").read_text(), "lab.yaml")
+    host = SimHost.from_profile("mixed")
+    for name in ("day", "night", "day"):
+        verbs.apply_host(host, lab.config(name))
+        assert verbs.check(host, lab.config(name)) == [], name
+    modes = {str(e.devices[0].value): e.layout.mode for e in verbs.export(host).config().entries}
+    assert modes["0000:41:00.0"] == "vgpu" and modes["0000:85:00.0"] == "vgpu"   # the AMD MxGPU: not selected

@@ -106,7 +106,8 @@ def _plan(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit_json([p.to_dict() for p in plans])
         return 0
     for p in plans:
-        print(printable(f"{p.host}: layout {cfg.name}: " + ("nothing to do" if p.empty else "")))
+        print(printable(f"{p.host}: layout {cfg.name}: " + ("nothing to do" if p.empty else
+                                                            f"{len(p.steps)} step(s), {len(p.diffs)} GPU(s) change")))
         for d in p.diffs:
             print(printable(f"  ~ {d.format()}"))
         for s in p.phase(1) + p.phase(2):

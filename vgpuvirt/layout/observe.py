@@ -7,7 +7,7 @@ Pure over an :class:`~vgpuvirt.services.inventory_model.Inventory` (which is one
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Selector, VgpuCount
 from vgpuvirt.model import PciAddress
@@ -15,6 +15,16 @@ from vgpuvirt.services.gpu_capacity import GpuBudget
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory_model import Gpu, Inventory
 from vgpuvirt.services.mig import MigGpu, MigState
+
+#: PCI id -> product name as nvidia-smi prints it, for GPUs it cannot see (bound to vfio-pci).
+KNOWN_PRODUCTS = {
+    "0x10de:0x1eb8": "Tesla T4", "0x10de:0x1db4": "Tesla V100-PCIE-16GB", "0x10de:0x1b38": "Tesla P40",
+    "0x10de:0x2236": "NVIDIA A10", "0x10de:0x2235": "NVIDIA A40", "0x10de:0x25b6": "NVIDIA A16",
+    "0x10de:0x20b7": "NVIDIA A30", "0x10de:0x20b5": "NVIDIA A100 80GB PCIe",
+    "0x10de:0x20f1": "NVIDIA A100-PCIE-40GB", "0x10de:0x20b0": "NVIDIA A100-SXM4-40GB",
+    "0x10de:0x2331": "NVIDIA H100 PCIe", "0x10de:0x2330": "NVIDIA H100 80GB HBM3",
+    "0x10de:0x26b9": "NVIDIA L40S", "0x10de:0x26b5": "NVIDIA L40", "0x10de:0x27b8": "NVIDIA L4",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class GpuNow:
     backend: str = ""
     holder: str | None = None                   # the domain the whole GPU is passed through to
     mig: MigGpu | None = None                   # nvidia-smi's MIG view (index, GIs, CIs), when read
+    pci_id: str | None = None                   # "0x10de:0x2236"
 
     @property
     def mig_enabled(self) -> bool:
@@ -93,9 +104,23 @@ class GpuNow:
 
 def gpus_now(inv: Inventory, mig: MigState | None = None) -> list[GpuNow]:
     """Every physical GPU of the inventory, in address order (with its MIG view from ``mig``)."""
-    out = []
-    for g in sorted(physical_gpus(inv), key=lambda g: g.address):
-        out.append(_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None))
+    out = [_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None)
+           for g in sorted(physical_gpus(inv), key=lambda g: g.address)]
+    # nvidia-smi does not see a GPU bound to vfio-pci, so its product name (what a selector may name) comes
+    # from a GPU of the same PCI id on the host, else from the boards NVIDIA's vGPU documents list.
+    by_id = {g.pci_id: g.product for g in out if g.product and g.pci_id}
+    for i, g in enumerate(out):
+        if g.product is None and g.pci_id:
+            name = by_id.get(g.pci_id) or KNOWN_PRODUCTS.get(g.pci_id)
+            if name:
+                out[i] = replace(g, product=name)
+    # A full GPU lists no creatable types, so its vGPUs' types have no name there: another GPU (or NVML's
+    # supported list) may know it. Type ids are the driver's, the same on every GPU of the host.
+    known = {t: n for g in out for t, n in g.type_names.items() if n != t}
+    for g in out:
+        for t, n in list(g.type_names.items()):
+            if n == t and t in known:
+                g.type_names[t] = known[t]
     return out
 
 
@@ -103,6 +128,9 @@ def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
     b = gpu_budget(inv, g)
     members = {str(a) for a in (g.address, *g.vfs)}
     names: dict[str, str] = {tid: t.name or tid for tid, t in b.types.items()}
+    for t in (g.nvidia.supported_vgpu_types or []) if g.nvidia is not None else []:
+        if isinstance(t, dict) and t.get("id") is not None and t.get("name"):
+            names.setdefault(f"nvidia-{t['id']}", str(t["name"]))
     vgpus: list[Vgpu] = []
     for m in inv.mdevs:
         if m.parent in members and m.type is not None:
@@ -115,7 +143,8 @@ def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
     functions = tuple(a for a in g.functions if a != g.address)
     return GpuNow(g.address, g.name, g.driver, functions, b, g.sriov_totalvfs or 0,
                   tuple(sorted(g.vfs)), tuple(sorted(vgpus, key=lambda v: (v.place, v.type_id, v.uuid or ""))),
-                  names, g.backend, b.whole_holder, mig)
+                  names, g.backend, b.whole_holder, mig,
+                  f"{g.vendor}:{g.device}".lower() if g.vendor and g.device else None)
 
 
 def export_layout(inv: Inventory, name: str = "exported") -> Layout:
