@@ -15,6 +15,7 @@ from pathlib import Path
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
+from vgpuvirt.host.local import LocalHost
 from vgpuvirt.hosts import open_host
 from vgpuvirt.layout import verbs
 from vgpuvirt.layout.model import Layout, LayoutConfig
@@ -156,7 +157,14 @@ def _install_boot(ctx: Context, args: argparse.Namespace) -> int:
     layout, cfg = load(args.file, args.config)
     with open_hosts(args) as hosts:
         for h in hosts:
-            done = install_boot(h, layout, cfg, prefix=args.prefix)
+            target = None
+            if h.name.startswith("sim:"):
+                # a simulated host has no /etc of its own: its files go below --prefix on this machine
+                if args.prefix == "/":
+                    raise InvalidSpec("--prefix", args.prefix,
+                                      f"a directory for {h.name}'s files (a sim host has no /etc)")
+                target = LocalHost()
+            done = install_boot(h, layout, cfg, prefix=args.prefix, target=target)
             if ctx.json:
                 ctx.emit_json(done)
             else:
