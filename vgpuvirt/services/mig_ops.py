@@ -198,10 +198,11 @@ class MigApplyResult:
 
 
 def _last_line(r: OpResult) -> str:
-    lines = [ln for ln in (r.stderr + "\n" + r.stdout).strip().splitlines() if ln.strip()]
+    """A failure's last error line (stderr first), or a success's first confirmation line."""
     if r.ok:
-        lines = [ln for ln in r.stdout.strip().splitlines() if ln.strip() and ln.strip() != "All done."] or lines
+        lines = [ln for ln in r.stdout.strip().splitlines() if ln.strip() and ln.strip() != "All done."]
         return lines[0] if lines else ""
+    lines = [ln for ln in (r.stderr.strip() or r.stdout.strip()).splitlines() if ln.strip()]
     return lines[-1] if lines else (r.error or "")
 
 
