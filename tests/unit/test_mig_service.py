@@ -50,7 +50,7 @@ def test_bad_values_are_refused_before_anything_reaches_the_host() -> None:
     a = MigAction.create_gi(1, ["MIG 1g.10gb", 9, "14"], placements=[6, None, 0], default_ci=True)
     assert a.argv() == ["nvidia-smi", "mig", "-i", "1", "-cgi", "1g.10gb:6,9,14:0", "-C"]
     state = read_mig_state(SimHost.from_profile("a30-mig"))
-    with pytest.raises(InvalidSpec, match="1g.10gb"):
+    with pytest.raises(InvalidSpec, match=r"1g\.10gb"):
         check_against(MigAction.create_gi(0, ["1g.10gb"]), state.gpus[0])
     check_against(MigAction.create_gi(0, ["1g.6gb", 5]), state.gpus[0])
 
@@ -95,3 +95,16 @@ def test_exec_ops_are_argv_never_a_shell() -> None:
     a = MigAction.create_gi(0, ["1g.10gb"])
     op = Op.exec(a.argv())
     assert op.argv == ("nvidia-smi", "mig", "-i", "0", "-cgi", "1g.10gb") and "sh" not in op.argv
+
+
+def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip() -> None:
+    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+    from vgpuvirt.services.inventory import inventory
+    host = SimHost.from_profile("a30-mig")
+    b = gpu_budgets(inventory(host))[0]
+    assert host.round_trips == 1
+    assert b.gi_free == {"1g.6gb": 2, "1g.6gb+me": 1, "2g.12gb": 1, "2g.12gb+me": 1, "4g.24gb": 0}
+    assert b.to_dict()["budget"]["gpu_instance_profiles_free"] == b.gi_free
+    fit = b.fit("nvidia-689")                                               # GRID A30-1-6C on 1g.6gb
+    assert fit.fits_now == 2 and "the free slices take 2 more GPU instance(s) of it" in fit.reason
+    assert gpu_budgets(inventory(host, nvidia_smi=False))[0].gi_free is None   # not read: not known
