@@ -53,6 +53,8 @@ def test_bad_values_are_refused_before_anything_reaches_the_host() -> None:
     with pytest.raises(InvalidSpec, match=r"1g\.10gb"):
         check_against(MigAction.create_gi(0, ["1g.10gb"]), state.gpus[0])
     check_against(MigAction.create_gi(0, ["1g.6gb", 5]), state.gpus[0])
+    with pytest.raises(InvalidSpec, match=r"one of its starts \{0,2\}"):
+        check_against(MigAction.create_gi(0, ["2g.12gb"], placements=[1]), state.gpus[0])
 
 
 def test_apply_in_one_batch_with_per_item_status() -> None:

@@ -159,13 +159,18 @@ class MigAction:
 
 
 def check_against(action: MigAction, gpu: MigGpu) -> None:
-    """Refuse (InvalidSpec, nothing sent) a create whose profile the GPU does not list in ``-lgip``."""
+    """Refuse (InvalidSpec, nothing sent) a create whose profile the GPU does not list in ``-lgip``, or whose
+    start is not one of the profile's possible placements (``-lgipp``)."""
     if action.kind != "create-gi" or not gpu.profiles:
         return
-    for p in action.profiles:
-        if gpu.profile(p) is None:
+    for p, start in zip(action.profiles, action.placements, strict=True):
+        prof = gpu.profile(p)
+        if prof is None:
             known = ", ".join(f"{q.name} ({q.id})" for q in gpu.profiles)
             raise InvalidSpec(f"MIG profile on GPU {gpu.index}", p, f"one of {known}")
+        if start is not None and prof.placements and start not in prof.placements:
+            raise InvalidSpec(f"placement of {prof.name} on GPU {gpu.index}", start,
+                              f"one of its starts {{{','.join(map(str, prof.placements))}}} (nvidia-smi mig -lgipp)")
 
 
 @dataclass(frozen=True)
