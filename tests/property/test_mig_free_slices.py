@@ -82,6 +82,12 @@ def test_lgip_free_is_what_creating_achieves(tmp_path: Path, case: tuple[str, li
     budget = gpu_budgets(inventory(host))[0]
     assert budget.gi_free == {p.name: p.free for p in profiles}
     assert _oracle(host, builtin_type_tables()[table].compute_slices) == budget.gi_free
+    # MIG-backed vGPU types: the capacity model's count is the kernel's available_instances (one per unused GI)
+    avail = "/sys/bus/pci/devices/0000:17:00.0/mdev_supported_types/*/available_instances"
+    snap = host.read([avail])
+    kernel = {p.split("/")[-2]: int(snap.text(p) or "-1") for p in snap.glob(avail)}
+    mig_types = [t for t in budget.types.values() if t.mig_profile]
+    assert mig_types and all(budget.fit(t.id).fits_now == kernel[t.id] for t in mig_types)
     for p in profiles:
         trial = _host(tmp_path, table)
         _replay(trial, steps)

@@ -127,6 +127,13 @@ def test_mode_is_pending_while_the_gpu_is_busy_until_reset_or_reboot(tmp_path: P
     assert _modes(host) == [("Disabled", "Disabled")]
 
 
+def test_hopper_needs_no_reset(tmp_path: Path) -> None:
+    host = one_gpu(tmp_path, "h100", mig=False)
+    host.model.gpus["0000:17:00.0"].processes = 1
+    assert smi(host, "-mig", "1") == (0, "Enabled MIG Mode for GPU 00000000:17:00.0\nAll done.\n", "")
+    assert _modes(host) == [("Enabled", "Enabled")]
+
+
 def test_refusals_change_nothing() -> None:
     host = SimHost.from_profile("a100-sriov")
     vf = "0000:17:00.4"
