@@ -178,3 +178,18 @@ def test_mig_devices_in_the_xml_and_the_gpu_list() -> None:
     devs = doc.find("gpu").findall("mig_devices/mig_device")              # type: ignore[union-attr]
     ids = [(d.findtext("gpu_instance_id"), d.findtext("compute_instance_id")) for d in devs]
     assert ids == [("1", "0"), ("9", "0")]
+
+
+def test_a_profile_whose_gpu_instances_overlap_is_refused(tmp_path: Path) -> None:
+    from vgpuvirt.sim import ProfileError
+    prof = {"name": "mig-overlap", "cpus": {"sockets": 1, "cores_per_socket": 2, "threads_per_core": 1,
+                                            "memory_mib_per_node": 8192},
+            "devices": [{"address": "0000:17:00.0", "vendor": 0x10DE, "device": 0x20B5, "class": 0x030200,
+                         "driver": "nvidia", "iommu_group": 1,
+                         "vgpu": {"mode": "mdev", "types": "a100d", "mig": {"enabled": True, "instances": [
+                             {"id": 1, "profile": "3g.40gb"}, {"id": 2, "profile": "3g.40gb"},
+                             {"id": 7, "profile": "1g.10gb"}]}}}]}   # 7 compute slices, but 9 memory slices
+    f = tmp_path / "overlap.yaml"
+    f.write_text(yaml.safe_dump(prof), encoding="utf-8")
+    with pytest.raises(ProfileError, match=r"GPU instance 7 \(1g\.10gb\) has no free placement"):
+        SimHost.from_profile(str(f))
