@@ -18,7 +18,7 @@ from vgpuvirt.errors import VgpuvirtError
 
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
 SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
-               "layout", "sim")
+               "layout", "sim", "mig")
 
 
 def build_parser() -> argparse.ArgumentParser:

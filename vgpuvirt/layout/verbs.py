@@ -55,7 +55,8 @@ def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuN
         return inv, gpus_now(inv)
     batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS], lock=False,
                        on_error="continue", reads_after=INVENTORY_GLOBS)
-    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1])
+    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1],
+                          mig_lgip=batch[3])
     return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)))
 
 

@@ -29,7 +29,7 @@ from vgpuvirt.services.inventory_model import (
     VendorVf,
 )
 from vgpuvirt.services.inventory_parse import class_name
-from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, NVIDIA_SMI_LGIP_ARGV
 from vgpuvirt.services.nvml import NvmlReport
 from vgpuvirt.services.sysfs import IOMMU_CLASS, IOMMU_GROUPS, MDEV_BUS, MDEV_DEVICES, NVIDIA_VERSION, PCI, PROC_CMDLINE
 from vgpuvirt.services.type_capacity import TypeCapacity, type_capacity
@@ -97,15 +97,19 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     if nvidia_smi is None:
         nvidia_smi = host.sysfs_root == "/" and not (nvml_report and nvml_report.available)
     smi: OpResult | None = None
+    lgi: OpResult | None = None
+    lgip: OpResult | None = None
     if nvidia_smi:
         # One exec: nvidia-smi first, then the sysfs reads, in the same agent request. A missing
         # nvidia-smi (ENOENT, rc 127) is normal; lock=False because nothing is changed.
-        # `mig -lgi` rides along: the GPU-instance table is what MIG-backed capacity counts.
+        # `mig -lgi` and `-lgip` ride along: the GPU-instance table is what MIG-backed capacity counts, the
+        # profiles' free counts what GPU instances could still be created in the free slices.
         batch = host.apply([Op.exec(NVIDIA_SMI_ARGV, timeout=60.0, read_only=True),
-                            Op.exec(NVIDIA_SMI_LGI_ARGV, timeout=60.0, read_only=True)], lock=False,
+                            Op.exec(NVIDIA_SMI_LGI_ARGV, timeout=60.0, read_only=True),
+                            Op.exec(NVIDIA_SMI_LGIP_ARGV, timeout=60.0, read_only=True)], lock=False,
                            on_error="continue", reads_after=INVENTORY_GLOBS)
-        snap, smi, lgi = batch.after, batch[0], batch[1]
+        snap, smi, lgi, lgip = batch.after, batch[0], batch[1], batch[2]
     else:
         snap = host.read(INVENTORY_GLOBS)
-        lgi = None
-    return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi)
+    return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi,
+                           mig_lgip=lgip)

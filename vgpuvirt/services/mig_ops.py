@@ -159,13 +159,18 @@ class MigAction:
 
 
 def check_against(action: MigAction, gpu: MigGpu) -> None:
-    """Refuse (InvalidSpec, nothing sent) a create whose profile the GPU does not list in ``-lgip``."""
+    """Refuse (InvalidSpec, nothing sent) a create whose profile the GPU does not list in ``-lgip``, or whose
+    start is not one of the profile's possible placements (``-lgipp``)."""
     if action.kind != "create-gi" or not gpu.profiles:
         return
-    for p in action.profiles:
-        if gpu.profile(p) is None:
+    for p, start in zip(action.profiles, action.placements, strict=True):
+        prof = gpu.profile(p)
+        if prof is None:
             known = ", ".join(f"{q.name} ({q.id})" for q in gpu.profiles)
             raise InvalidSpec(f"MIG profile on GPU {gpu.index}", p, f"one of {known}")
+        if start is not None and prof.placements and start not in prof.placements:
+            raise InvalidSpec(f"placement of {prof.name} on GPU {gpu.index}", start,
+                              f"one of its starts {{{','.join(map(str, prof.placements))}}} (nvidia-smi mig -lgipp)")
 
 
 @dataclass(frozen=True)
@@ -198,10 +203,11 @@ class MigApplyResult:
 
 
 def _last_line(r: OpResult) -> str:
-    lines = [ln for ln in (r.stderr + "\n" + r.stdout).strip().splitlines() if ln.strip()]
+    """A failure's last error line (stderr first), or a success's first confirmation line."""
     if r.ok:
-        lines = [ln for ln in r.stdout.strip().splitlines() if ln.strip() and ln.strip() != "All done."] or lines
+        lines = [ln for ln in r.stdout.strip().splitlines() if ln.strip() and ln.strip() != "All done."]
         return lines[0] if lines else ""
+    lines = [ln for ln in (r.stderr.strip() or r.stdout.strip()).splitlines() if ln.strip()]
     return lines[-1] if lines else (r.error or "")
 
 

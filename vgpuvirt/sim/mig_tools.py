@@ -109,6 +109,16 @@ def _prof(g: Gpu, name: str) -> MigProfile:
     return next(p for p in g.table.mig_profiles if p.name == name)
 
 
+def mig_devices(g: Gpu) -> list[tuple[int, int, str]]:
+    """(GI id, CI id, CI profile name) of every MIG device (one per compute instance), in GI then CI order."""
+    out: list[tuple[int, int, str]] = []
+    for gi, cis in sorted(g.compute_instances.items()):
+        name = g.gpu_instances[gi]
+        slices = _prof(g, name).slices
+        out.extend((gi, ci, R.ci_name(name, slices, k)) for ci, (k, _start) in sorted(cis.items()))
+    return out
+
+
 def lgi(targets: list[tuple[int, Dev, Gpu]]) -> Outcome:
     rows = []
     for i, _d, g in targets:

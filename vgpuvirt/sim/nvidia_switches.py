@@ -2,9 +2,10 @@
 compute instances, GPU reset. Geometry rules are in :mod:`.mig_rules`.
 
 MIG mode (MIG user guide "Enable MIG Mode"): refused while vGPUs exist on the GPU (or, to disable, while
-GPU instances exist: INFERRED); when the GPU cannot be reset now -- host processes hold it, or one of
-its VFs is bound to vfio-pci (assigned to a VM: INFERRED) -- the new mode is *pending* and takes effect
-at the next GPU reset (``nvidia-smi -r``) or reboot; otherwise at once.
+GPU instances exist: INFERRED). On boards whose mode change needs a GPU reset (Ampere: A100, A30), when the
+GPU cannot be reset now -- host processes hold it, or one of its VFs is bound to vfio-pci (assigned to a
+VM: INFERRED) -- the new mode is *pending* and takes effect at the next GPU reset (``nvidia-smi -r``) or
+reboot; otherwise, and always on Hopper (H100: "no longer requires a GPU reset"), at once.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class NvidiaSwitches:
             raise oserror(errno.EBUSY)
         if on == gpu.mig_enabled:
             gpu.mig_pending = None
-        elif _busy_for_reset(self, gpu):
+        elif gpu.table.mig_reset and _busy_for_reset(self, gpu):
             gpu.mig_pending = on
         else:
             gpu.mig_enabled = on

@@ -65,6 +65,7 @@ class TypeTable:
     mig_profiles: tuple[MigProfile, ...] = ()
     compute_slices: int = 7            # MIG compute slices of one GPU (A100/H100: 7, A30: 4)
     memory_slices: int = 8             # MIG memory slices of one GPU (A100/H100: 8, A30: 4)
+    mig_reset: bool = True             # a MIG mode change needs a GPU reset (Ampere); Hopper and later: False
     create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
 
     def get(self, sysfs_id: str) -> VgpuType | None:

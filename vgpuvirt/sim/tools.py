@@ -74,6 +74,13 @@ def _xml(model: SimModel) -> str:
         else:
             ET.SubElement(mig, "current_mig").text = "N/A"
             ET.SubElement(mig, "pending_mig").text = "N/A"
+        if g is not None and g.mig_enabled and any(g.compute_instances.values()):
+            devs = ET.SubElement(e, "mig_devices")     # one MIG device per compute instance (mig_a100.xml layout)
+            for n, (gi, ci, _name) in enumerate(mig_tools.mig_devices(g)):
+                md = ET.SubElement(devs, "mig_device")
+                ET.SubElement(md, "index").text = str(n)
+                ET.SubElement(md, "gpu_instance_id").text = str(gi)
+                ET.SubElement(md, "compute_instance_id").text = str(ci)
         virt = ET.SubElement(e, "gpu_virtualization_mode")
         if g is None:
             ET.SubElement(virt, "virtualization_mode").text = "None"
@@ -135,8 +142,14 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
     if args in (["-q", "-x"], ["-x", "-q"]):
         return 0, _xml(model), ""
     if args == ["-L"]:
-        return 0, "".join(f"GPU {i}: {d.spec.product or 'NVIDIA GPU'} (UUID: {_gpu_uuid(d)})\n"
-                          for i, d in enumerate(gpus)), ""
+        lines = []
+        for i, d in enumerate(gpus):
+            lines.append(f"GPU {i}: {d.spec.product or 'NVIDIA GPU'} (UUID: {_gpu_uuid(d)})\n")
+            if d.gpu is not None and d.gpu.mig_enabled:
+                for n, (gi, ci, name) in enumerate(mig_tools.mig_devices(d.gpu)):
+                    mig_uuid = _uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-mig:{d.addr}:{gi}:{ci}")
+                    lines.append(f"  MIG {name:<12}Device {n:2d}: (UUID: MIG-{mig_uuid})\n")
+        return 0, "".join(lines), ""
     if args[:1] == ["vgpu"] and "-shm" in args:
         picked = _pick_gpu(model, _opt(args, "-i") or "")
         value = _opt(args, "-shm")

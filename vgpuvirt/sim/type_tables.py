@@ -33,7 +33,7 @@ def _gvt_description(t: dict[str, Any]) -> str:
 def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
-                      "memory_slices", "types", "create_errno"}, {"driver", "mdev_driver", "types"})
+                      "memory_slices", "mig_reset", "types", "create_errno"}, {"driver", "mdev_driver", "types"})
     driver = ctx.text(m["driver"], f"{key}.driver")
     if not isinstance(m["types"], list) or not m["types"]:
         raise ctx.fail(f"{key}.types", "expected a non-empty list")
@@ -101,6 +101,7 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
                      heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
                      mig_profiles=tuple(migs), compute_slices=slices, memory_slices=mem_slices,
+                     mig_reset=ctx.boolean(m.get("mig_reset", True), f"{key}.mig_reset"),
                      create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
                      if "create_errno" in m else _errno.EINVAL)
 
