@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.cli.provision import default_uri
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.host.local import LocalHost
@@ -43,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "apply, start again those that still fit")
             v.add_argument("--timeout", type=float, default=120.0, help="graceful shutdown timeout, seconds")
             v.add_argument("--force", action="store_true", help="destroy VMs still running after --timeout")
+            v.add_argument("--connect", action="append", default=None, metavar="URI",
+                           help="libvirt URI (one, or one per --host) whose domains the drain looks at; default: "
+                                "test:///default for sim:, qemu:///system for local, qemu+ssh://.../system for ssh; "
+                                "'none': no libvirt (nothing is checked)")
         v.set_defaults(func={"plan": _plan, "apply": _apply, "assert": _assert}[name])
     b = vs.add_parser("install-boot", help="install the layout and a systemd unit that applies it at boot")
     b.add_argument("file")
@@ -55,9 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", dest="hosts", action="append", default=None, metavar="HOST",
                    help="a host (repeat for several, worked in parallel); default: the global --host")
-    p.add_argument("--connect", action="append", default=None, metavar="URI",
-                   help="libvirt URI (one, or one per --host) to see which VMs use which device; "
-                        "default: test:///default for sim: hosts, none otherwise (plan/assert) ")
 
 
 def load(path: str, config: str | None) -> tuple[Layout, LayoutConfig]:
@@ -138,7 +140,12 @@ def _apply(ctx: Context, args: argparse.Namespace) -> int:
     _, cfg = load(args.file, args.config)
     with open_hosts(args) as hosts:
         try:
-            report = apply_with_drain(hosts, cfg, connect=args.connect, drain=args.drain, timeout=args.timeout,
+            specs: list[str] = args.hosts or [args.host]
+            uris = args.connect or [default_uri(s) for s in specs]
+            conns = None
+            if uris == ["none"]:
+                conns = {h.name: None for h in hosts}
+            report = apply_with_drain(hosts, cfg, connect=uris, conns=conns, drain=args.drain, timeout=args.timeout,
                                       force=args.force)
         except ProvisioningError as exc:
             print(printable(f"vgpuvirt: error: {exc}"), file=sys.stderr)
