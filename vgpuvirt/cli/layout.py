@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from vgpuvirt.cli import layout_interop
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.provision import default_uri
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     vs = p.add_subparsers(dest="verb", metavar="VERB")
     vs.required = True
     e = vs.add_parser("export", help="the host as it is, as a layout file (YAML on stdout)")
-    e.add_argument("-c", "--config", default="exported", help="the config's name in the output")
+    e.add_argument("-c", "--config", default=None, help="the config's name in the output (default: exported); "
+                                                        "with --layout: the config to export (default: all)")
     _hosts(e)
     e.set_defaults(func=_export)
     for name, helptext in (("plan", "ordered steps and a diff; changes nothing"),
@@ -49,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "test:///default for sim:, qemu:///system for local, qemu+ssh://.../system for ssh; "
                                 "'none': no libvirt (nothing is checked)")
         v.set_defaults(func={"plan": _plan, "apply": _apply, "assert": _assert}[name])
+    layout_interop.register(vs, e, open_hosts, _export)
     b = vs.add_parser("install-boot", help="install the layout and a systemd unit that applies it at boot")
     b.add_argument("file")
     b.add_argument("-c", "--config", default=None)

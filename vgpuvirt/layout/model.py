@@ -48,9 +48,10 @@ def config_name(value: object) -> str:
 @dataclass(frozen=True)
 class Selector:
     """Which GPUs an entry applies to: ``all``, an index (host order: by PCI address), a PCI address,
-    or a product name (``NVIDIA A10``, compared case-insensitively)."""
+    a product name (``NVIDIA A10``, compared case-insensitively), or a PCI id (``10de:2236``, vendor:device
+    as lspci -nn prints it: what mig-parted's and the vGPU Device Manager's ``device-filter`` select by)."""
 
-    kind: Literal["all", "index", "address", "product"]
+    kind: Literal["all", "index", "address", "product", "pci-id"]
     value: str | int | None = None
 
     @classmethod
@@ -68,17 +69,22 @@ class Selector:
             return cls("all")
         if re.fullmatch(r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]", s):
             return cls("address", str(PciAddress.parse(s)))
+        if re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", s):
+            return cls("pci-id", s.lower())
         if not _TYPE_RE.fullmatch(s):
             raise InvalidSpec("GPU product name", value, "letters, digits, spaces and _ . + -")
         return cls("product", s)
 
-    def matches(self, index: int, address: PciAddress, product: str | None) -> bool:
+    def matches(self, index: int, address: PciAddress, product: str | None, pci_id: str | None = None) -> bool:
+        """``pci_id``: the GPU's ``0x10de:0x2236`` (as the inventory writes it) or ``10de:2236``."""
         if self.kind == "all":
             return True
         if self.kind == "index":
             return index == self.value
         if self.kind == "address":
             return str(address) == self.value
+        if self.kind == "pci-id":
+            return pci_id is not None and pci_id.lower().replace("0x", "") == self.value
         return product is not None and product.casefold() == str(self.value).casefold()
 
     def to_yaml(self) -> str | int:
@@ -141,7 +147,9 @@ class GpuLayout:
     driver: str | None = None                # vfio-pci | vendor | a driver name (nvidia); None: by mode
     sriov_vfs: int | None = None             # None: the mode's need (all VFs for VF-based vGPU, else 0)
     mig_enabled: bool | None = None          # None: on for mig / mig-vgpu, off otherwise
-    mig_devices: tuple[tuple[str, int], ...] = ()    # GPU-instance profile -> count, in file order
+    # GPU-instance profile -> count, in file order; None: left out (in mode mig: keep the GPU instances there),
+    # () written as {}: none (mig-parted's all-enabled)
+    mig_devices: tuple[tuple[str, int], ...] | None = None
     vgpu_devices: tuple[VgpuCount, ...] = ()
     sizing: Sizing | None = None             # None: leave the GPU's sizing mode as it is
     scheduler: Scheduler | None = None
@@ -157,7 +165,7 @@ class GpuLayout:
         if self.sizing is not None and self.sizing not in SIZINGS:
             raise InvalidSpec("sizing", self.sizing, "equal | mixed")
         seen: set[str] = set()
-        for prof, n in self.mig_devices:
+        for prof, n in self.mig_devices or ():
             if not isinstance(prof, str) or not _MIG_RE.fullmatch(prof):
                 raise InvalidSpec("MIG profile", prof, "a GPU-instance profile such as 1g.10gb or 3g.40gb")
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
@@ -178,7 +186,7 @@ class GpuLayout:
         if m in ("mig", "mig-vgpu") and not mig_on:
             raise InvalidSpec("mig-enabled", False, f"true (or left out) in mode {m}")
         if m not in ("mig", "mig-vgpu") and self.mig_devices:
-            raise InvalidSpec("mig-devices", dict(self.mig_devices),
+            raise InvalidSpec("mig-devices", dict(self.mig_devices or ()),
                               f"none in mode {m} (MIG needs mode mig or mig-vgpu)")
         if m not in ("mig", "mig-vgpu") and mig_on:
             raise InvalidSpec("mig-enabled", True, f"false (or left out) in mode {m}")
@@ -210,7 +218,7 @@ class GpuLayout:
             out["sriov-vfs"] = self.sriov_vfs
         if self.mig_enabled is not None:
             out["mig-enabled"] = self.mig_enabled
-        if self.mig_devices:
+        if self.mig_devices is not None and (self.mig_devices or self.mode in ("mig", "mig-vgpu")):
             out["mig-devices"] = dict(self.mig_devices)
         if self.vgpu_devices:
             out["vgpu-devices"] = {v.type: FILL if v.fill else v.count for v in self.vgpu_devices}
@@ -227,12 +235,16 @@ class GpuEntry:
     layout: GpuLayout
     line: int | None = field(default=None, compare=False)     # where it starts in its file (1-based)
 
-    def selects(self, index: int, address: PciAddress, product: str | None) -> bool:
-        return any(s.matches(index, address, product) for s in self.devices)
+    def selects(self, index: int, address: PciAddress, product: str | None, pci_id: str | None = None) -> bool:
+        return any(s.matches(index, address, product, pci_id) for s in self.devices)
 
     def to_dict(self) -> dict[str, Any]:
         devs: Any = "all" if any(s.kind == "all" for s in self.devices) else [s.to_yaml() for s in self.devices]
         return {"devices": devs, **self.layout.to_dict()}
+
+
+#: A GPU as selectors see it: (address, product name) or (address, product name, PCI id).
+GpuKey = tuple[PciAddress, str | None] | tuple[PciAddress, str | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -243,21 +255,21 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         config_name(self.name)
 
-    def resolve(self, gpus: Sequence[tuple[PciAddress, str | None]]) -> dict[PciAddress, GpuEntry]:
-        """The entry that governs each GPU (``gpus``: address and product name, in any order; the index
-        is the GPU's position by PCI address). GPUs no entry selects are absent."""
+    def resolve(self, gpus: Sequence[GpuKey]) -> dict[PciAddress, GpuEntry]:
+        """The entry that governs each GPU (``gpus``: address, product name and optionally PCI id, in any
+        order; the index is the GPU's position by PCI address). GPUs no entry selects are absent."""
         out: dict[PciAddress, GpuEntry] = {}
-        for i, (addr, product) in enumerate(sorted(gpus, key=lambda g: g[0])):
+        for i, g in enumerate(sorted(gpus, key=lambda g: g[0])):
             for e in self.entries:
-                if e.selects(i, addr, product):
-                    out[addr] = e
+                if e.selects(i, g[0], g[1], g[2] if len(g) > 2 else None):
+                    out[g[0]] = e
         return out
 
-    def unmatched(self, gpus: Sequence[tuple[PciAddress, str | None]]) -> list[GpuEntry]:
+    def unmatched(self, gpus: Sequence[GpuKey]) -> list[GpuEntry]:
         """Entries that select no GPU at all (a typo in an address or product name, most often)."""
         ordered = sorted(gpus, key=lambda g: g[0])
         return [e for e in self.entries
-                if not any(e.selects(i, a, p) for i, (a, p) in enumerate(ordered))]
+                if not any(e.selects(i, g[0], g[1], g[2] if len(g) > 2 else None) for i, g in enumerate(ordered))]
 
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.entries]
