@@ -15,17 +15,28 @@ from vgpuvirt.errors import DeviceError, InvalidSpec
 from vgpuvirt.host.base import Op, OpResult
 from vgpuvirt.layout.model import GpuLayout
 from vgpuvirt.layout.observe import GpuNow
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.mig_ops import MigAction
 from vgpuvirt.services.mig_parse import created_gpu_instances, mode_change_pending
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.nvidia_modes import nvidia_smi_bus_id
 
 # step orders (see planner): after the vGPUs that go, around SR-IOV, before the vGPU types
 GI_DOWN, MODE, GI_UP = 12, 42, 55
 
 
+def argv_by_bus_id(action: MigAction, gpu: str) -> list[str]:
+    """The action's argv with ``-i BUS-ID`` instead of nvidia-smi's index: the index is a GPU's position among
+    the GPUs nvidia-smi sees, and a GPU the same batch binds to vfio-pci drops out of that count."""
+    argv = action.argv()
+    i = argv.index("-i")
+    argv[i + 1] = nvidia_smi_bus_id(PciAddress.parse(gpu))
+    return argv
+
+
 def item(host: str, gpu: str, action: MigAction) -> Planned:
     """One MIG action as a batch item (its argv in one exec op)."""
-    op = Op.exec(action.argv(), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
+    op = Op.exec(argv_by_bus_id(action, gpu), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
 
     def explain(bad: OpResult) -> DeviceError:
         said = (bad.stderr or bad.stdout or bad.error or "").strip().splitlines()[-1:] or ["no output"]
@@ -37,7 +48,7 @@ def item(host: str, gpu: str, action: MigAction) -> Planned:
 
 def undo_created(host: str, gpu: str, index: int, results: tuple[OpResult, ...]) -> Planned | None:
     """What undoes a create-gi that ran: destroying the GPU instances its answer says it created."""
-    ids = [gi for r in results for g, gi in created_gpu_instances(r.stdout) if g == index]
+    ids = [gi for r in results for _, gi in created_gpu_instances(r.stdout)]     # one GPU per exec
     return item(host, gpu, MigAction.destroy_gi(index, ids)) if ids else None
 
 
