@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: vgpu_layout
 short_description: Apply or assert a declared GPU layout (passthrough, vGPU, MIG, SR-IOV) on the target host
 description:
-  - Takes the target's GPUs to one named config of a vgpuvirt layout (C(version: v1), see docs/layouts.md):
+  - Takes the target's GPUs to one named config of a vgpuvirt layout (YAML, C(version) v1, see docs/layouts.md) -
     driver binding, SR-IOV VFs, MIG mode and GPU instances, vGPU types and mdevs, in that order, in one
     locked batch per phase; a failure rolls back what the task did.
   - A change that would remove or retype a device a libvirt domain uses is refused, naming the VMs, unless
@@ -69,6 +69,18 @@ options:
   host_name:
     description: The name the host goes by in messages (default the target's hostname).
     type: str
+attributes:
+  check_mode:
+    support: full
+    description: Plans and reports the steps, with a diff (the governed GPUs as a layout, and the planned changes).
+  diff_mode:
+    support: full
+    description: Before and after are the governed GPUs exported as a layout.
+notes:
+  - One round trip per phase (read, prepare, re-read, devices), whatever the number of GPUs; see docs/layouts.md.
+seealso:
+  - module: vgpu_info
+  - module: vgpu_mdev
 """
 
 EXAMPLES = r"""
