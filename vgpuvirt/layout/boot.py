@@ -83,7 +83,7 @@ def boot_program(host: Host, config: LayoutConfig, *, mdevctl_defined: set[str] 
                           "a host already in the layout (run `vgpuvirt layout apply` first): "
                           + "; ".join(differences[:3]))
     _, gpus = verbs.read_gpus(host)
-    governed = config.resolve([(g.address, g.product) for g in gpus])
+    governed = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
     mode_of = {a: e.layout.mode for a, e in governed.items()}
     out: list[dict[str, Any]] = []
     for g in gpus:

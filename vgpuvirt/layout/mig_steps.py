@@ -61,7 +61,7 @@ def mig_plan(g: GpuNow, want: GpuLayout) -> tuple[list[tuple[int, str, Planned, 
     """(order, text, item, undo, undo-from-answer) per step, and the diff lines."""
     on_now, on_want = g.mig_enabled, want.resolved_mig()
     have: dict[str, int] = dict(g.budget.gpu_instances or {})
-    wanted = (dict(want.mig_devices) if want.mig_devices else dict(have)) if on_want else {}
+    wanted = (dict(want.mig_devices) if want.mig_devices or want.mig_exact else dict(have)) if on_want else {}
     if on_now == on_want and {k: v for k, v in wanted.items() if v} == {k: v for k, v in have.items() if v}:
         return [], []
     m = g.mig
@@ -69,8 +69,8 @@ def mig_plan(g: GpuNow, want: GpuLayout) -> tuple[list[tuple[int, str, Planned, 
         raise InvalidSpec(f"MIG layout for {g.address}", dict(want.mig_devices) or on_want,
                           "a GPU whose MIG mode nvidia-smi reports (MIG-capable, nvidia-smi on the host)")
     host, gpu, idx = g.budget.host, str(g.address), m.index
-    for prof in wanted:
-        if m.profiles and m.profile(prof) is None:
+    for prof, n in wanted.items():
+        if n and m.profiles and m.profile(prof) is None:
             offered = ", ".join(sorted({p.name for p in m.profiles}))
             raise InvalidSpec(f"MIG profile for {gpu}", prof, f"one the GPU lists (-lgip): {offered}")
     diff: list[str] = []

@@ -95,7 +95,7 @@ class HostPlan:
 def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPlan:
     """The steps that take ``gpus`` (one host, as read) to ``config``. Raises InvalidSpec for a layout that
     cannot be (a type the GPU does not offer, more VFs than it has) and NoCapacity when counts do not fit."""
-    chosen = config.resolve([(g.address, g.product) for g in gpus])
+    chosen = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
     steps: list[LayoutStep] = []
     diffs: list[GpuDiff] = []
     pending: list[str] = []

@@ -169,7 +169,7 @@ def governed(host, layout: Layout, name):
     cfg = layout.config(name)
     exported = verbs.export(host)
     _, gpus = verbs.read_gpus(host)
-    mine = {str(a) for a in cfg.resolve([(g.address, g.product) for g in gpus])}
+    mine = {str(a) for a in cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])}
     entries = [e for e in exported.config().entries if str(e.devices[0].value) in mine]
     return dump_layout(Layout.single(cfg.name, entries, exported.source))
 
