@@ -22,6 +22,8 @@ configs:
     - {devices: all, mode: vgpu, vgpu-devices: {T4-2Q: 2}}
   one-q:
     - {devices: all, mode: vgpu, vgpu-devices: {T4-1Q: 2}}
+  four-q:
+    - {devices: all, mode: vgpu, vgpu-devices: {T4-4Q: 2}}
   whole:
     - {devices: all, mode: passthrough}
 """, "drain.yaml")
@@ -72,18 +74,19 @@ def test_refused_by_default_naming_the_vm(conn: LibvirtConnection) -> None:
 
 def test_drain_shutdown_moves_and_restarts(conn: LibvirtConnection) -> None:
     host, vm, used = _setup(conn)
-    report = apply_with_drain([host], LAY.config("one-q"), conns={host.name: conn}, drain="shutdown", timeout=5)
+    report = apply_with_drain([host], LAY.config("four-q"), conns={host.name: conn}, drain="shutdown", timeout=5)
     assert report.drained[host.name] == [vm] and report.restarted[host.name] == [vm] and report.ok
-    assert verbs.check(host, LAY.config("one-q"), list(conn.domain_xml_pairs())) == []
+    assert verbs.check(host, LAY.config("four-q"), list(conn.domain_xml_pairs())) == []
     new = report.moved[host.name][vm].split(" -> ")[1].split()[0]
     assert new != used and new in conn.xml(vm, inactive=True) and conn.is_active(vm)
     gpus = verbs.read_gpus(host, list(conn.domain_xml_pairs()))[1]
-    assert any(v.uuid == new and v.domain == vm and v.type_id == "nvidia-230" for g in gpus for v in g.vgpus)
+    assert any(v.uuid == new and v.domain == vm and v.type_id == "nvidia-232" for g in gpus for v in g.vgpus)
 
 
-def test_what_no_longer_fits_stays_defined_and_stopped(conn: LibvirtConnection) -> None:
+@pytest.mark.parametrize("config", ["whole", "one-q"])     # no vGPU left; only smaller ones left
+def test_what_no_longer_fits_stays_defined_and_stopped(conn: LibvirtConnection, config: str) -> None:
     host, vm, _ = _setup(conn)
-    report = apply_with_drain([host], LAY.config("whole"), conns={host.name: conn}, drain="shutdown", timeout=5)
+    report = apply_with_drain([host], LAY.config(config), conns={host.name: conn}, drain="shutdown", timeout=5)
     assert not report.ok and vm in report.unfit[host.name]
     assert conn.exists(vm) and not conn.is_active(vm)
     assert any("no longer fits" in line for line in report.lines())

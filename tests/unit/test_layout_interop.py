@@ -85,8 +85,7 @@ def test_mig_parted_export_of_the_host_is_what_its_readme_shows(capsys: pytest.C
 
 def test_mig_parted_device_filters_select_by_pci_id() -> None:
     lay = _load("mig-parted-filters.yaml", MIG_PARTED)
-    sels = [s.to_yaml() for s in lay.config("all-1g.10gb").entries[1].devices]
-    assert sels == ["10de:20b0", "10de:20f1"]
+    assert lay.config("all-1g.10gb").entries[1].device_filter == ("0x10de:0x20b0", "0x10de:0x20f1")
     a100_80 = SimHost.from_profile("a100-sriov")          # 0x20b5: the first entry
     dgx = SimHost.from_profile(DGX)                        # 0x20b0: the second
     for host, n in ((a100_80, 7), (dgx, 4)):
@@ -152,9 +151,11 @@ def test_hand_written_layouts_round_trip_where_expressible() -> None:
     x = parse_layout("""\
 version: v1
 configs:
-  a: [{devices: [0, 2], mode: mig, mig-devices: {"3g.40gb": 2}}, {devices: [1], mode: "off"}]
-  b: [{devices: ["10de:2236", "10de:1eb8"], mode: vgpu, vgpu-devices: {A10-4Q: 6}}]
-  c: [{devices: all, mode: mig-vgpu, mig-devices: {"2g.20gb": 3}, vgpu-devices: {A100D-2-20C: 3}}]
+  a: [{devices: [0, 2], vendor: nvidia, mode: mig, mig-devices: {"3g.40gb": 2}},
+      {devices: [1], vendor: nvidia, mode: "off"}]
+  b: [{devices: all, vendor: nvidia, device-filter: ["0x10de:0x2236", "0x10de:0x1eb8"], mode: vgpu,
+       vgpu-devices: {A10-4Q: 6}}]
+  c: [{devices: all, vendor: nvidia, mode: mig-vgpu, mig-devices: {"2g.20gb": 3}, vgpu-devices: {A100D-2-20C: 3}}]
 """)
     assert import_config(export_config(Layout((x.config("a"),)), MIG_PARTED), "m", MIG_PARTED).config("a") == \
         x.config("a")
@@ -174,6 +175,10 @@ configs:
     ("[{devices: all, mode: mig-vgpu, mig-devices: {'1g.10gb': 7}, vgpu-devices: {A100D-1-10C: 2}}]", VGPU_DM,
      "one GPU instance per MIG-backed vGPU"),
     ("[{devices: all, mode: mig, mig-devices: {}}]", VGPU_DM, "mode mig"),
+    ("[{devices: [0], mode: mig, mig-devices: {}}]", MIG_PARTED, "indices without vendor: nvidia"),
+    ("[{devices: all, vendor: amd, mode: 'off'}]", MIG_PARTED, "vendor amd"),
+    ("[{devices: [1], vendor: nvidia, device-filter: ['0x10de:0x20b0'], mode: 'off'}]", MIG_PARTED,
+     "a device-filter with a device list"),
 ])
 def test_what_a_format_cannot_say_is_refused_naming_it(layout: str, fmt: str, says: str) -> None:
     x = parse_layout(f"version: v1\nconfigs:\n  cfg: {layout}\n", "x.yaml")

@@ -182,3 +182,11 @@ def test_the_example_layout_reshapes_the_mixed_host() -> None:
         assert verbs.check(host, lab.config(name)) == [], name
     modes = {str(e.devices[0].value): e.layout.mode for e in verbs.export(host).config().entries}
     assert modes["0000:41:00.0"] == "vgpu" and modes["0000:85:00.0"] == "vgpu"   # the AMD MxGPU: not selected
+
+
+def test_equal_size_mode_takes_one_size() -> None:
+    host = SimHost.from_profile("l40s-vgpu17")
+    mixed = "version: v1\nconfigs:\n  a:\n    - {devices: all, mode: vgpu, vgpu-devices: {L40S-8Q: 2, L40S-16Q: 1}}\n"
+    with pytest.raises(InvalidSpec, match="one vGPU size per GPU in equal-size mode"):
+        verbs.plan(host, parse_layout(mixed).config())
+    assert verbs.plan(host, parse_layout(mixed.replace("}}", "}, sizing: mixed}")).config()).steps

@@ -99,7 +99,7 @@ def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = ()
             have = lgi.get(a, {})
             missing = [p for p, n in sorted(mig["want"].items()) for _ in range(max(0, n - have.get(p, 0)))]
             if missing:
-                argv = ["nvidia-smi", "mig", "-i", str(int(mig["index"])), "-cgi", ",".join(missing)]
+                argv = ["nvidia-smi", "mig", "-i", str(mig["bus_id"]), "-cgi", ",".join(missing)]
                 ops.append(_op("exec", group="mig:" + a, argv=argv + (["-C"] if mig.get("compute") else []),
                                timeout=300.0))
         missing_types = [vf for vf, t in g.get("vf_types", {}).items()
@@ -153,7 +153,7 @@ def run(program: "Dict[str, Any]", fs: Any = None, locker: Any = None,
     """Converge once; returns (exit status, report lines)."""
     root = program.get("root", "/")
     migs = [g for g in program["gpus"] if g.get("mig")]
-    lgi_ops = [_op("exec", argv=["nvidia-smi", "mig", "-i", str(int(g["mig"]["index"])), "-lgi"], timeout=60.0,
+    lgi_ops = [_op("exec", argv=["nvidia-smi", "mig", "-i", str(g["mig"]["bus_id"]), "-lgi"], timeout=60.0,
                    read_only=True, ok_codes=[0, 6]) for g in migs]
     seen = agent.handle({"root": root, "reads": _reads(program), "ops": lgi_ops, "on_error": "continue"}, fs=fs)
     if "fatal" in seen:

@@ -92,8 +92,9 @@ def boot_program(host: Host, config: LayoutConfig, *, mdevctl_defined: set[str] 
         mdevs = [{"uuid": v.uuid, "parent": str(v.place), "type": v.type_id} for v in g.vgpus
                  if v.uuid is not None and v.uuid not in (mdevctl_defined or set())]
         vf_types = {str(v.place): int(v.type_id.removeprefix("nvidia-")) for v in g.vgpus if v.uuid is None}
-        # MIG mode survives a reboot on the GPU; its GPU instances do not (created again by nvidia-smi's index)
-        mig = {"index": g.mig.index, "want": dict(sorted((g.budget.gpu_instances or {}).items())),
+        # MIG mode survives a reboot on the GPU; its GPU instances do not (created again, named by PCI bus id)
+        mig = {"bus_id": nvidia_modes.nvidia_smi_bus_id(g.address),
+               "want": dict(sorted((g.budget.gpu_instances or {}).items())),
                "compute": mode_of.get(g.address) == "mig"} if g.mig is not None and g.mig_enabled else None
         # mixed-size mode does not survive a reboot (the driver starts in equal-size mode): set it again
         sizing = [list(op.argv or ()) for op in nvidia_modes.mixed_size_item(host.name, g.address, True).ops] \

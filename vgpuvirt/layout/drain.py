@@ -6,8 +6,9 @@ one (``users``: for VMs whose device does not show in their XML). ``refuse`` rai
 anything is written. ``shutdown`` shuts them down (ACPI; after ``timeout`` ``force`` destroys, without it
 the apply stops and restarts what it stopped), applies, then gives each drained VM a device of the type it
 had (same GPU first) that no other domain uses, rewrites its XML to it, and starts the ones that ran.
-"Fits": a free vGPU of the type it had (its GPU first), else a free vGPU its GPU was retyped to. A VM
-that no longer fits is reported and left defined but stopped.
+"Fits": a free vGPU of the type it had (its GPU first), else a free vGPU its GPU was retyped to with at
+least the framebuffer it had; a whole GPU still bound to vfio-pci. A VM that no longer fits is reported
+and left defined but stopped.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def _refit(host: Host, conn: LibvirtConnection, vm: str, devs: set[str], types: 
         for v in g.vgpus:
             if v.uuid is not None and v.domain is None:
                 free.setdefault(v.type_id, []).append((str(g.address), v.uuid))
+    fb = {t: vt.framebuffer_mib for g in gpus for t, vt in g.budget.types.items() if vt.framebuffer_mib}
     xml = conn.xml(vm, inactive=True)
     for dev in sorted(devs):
         if dev not in types:
@@ -134,11 +136,14 @@ def _refit(host: Host, conn: LibvirtConnection, vm: str, devs: set[str], types: 
                 return False
             continue
         gpu, tid = types[dev]
-        # its own type (its GPU first), else what its GPU was retyped to
+        # its own type (its GPU first), else a type its GPU was retyped to with at least its framebuffer
+        need = fb.get(tid)
         cands = [(t, c) for t in [tid] for c in sorted(free.get(t, []), key=lambda c: c[0] != gpu)]
-        cands += [(t, c) for t, cs in sorted(free.items()) if t != tid for c in cs if c[0] == gpu]
+        cands += sorted(((t, c) for t, cs in free.items() if t != tid and need and (fb.get(t) or 0) >= need
+                         for c in cs if c[0] == gpu), key=lambda tc: (fb.get(tc[0]) or 0, tc))
         if not cands:
-            report.unfit.setdefault(host.name, {})[vm] = f"no free vGPU of type {tid} or on GPU {gpu} for {dev}"
+            report.unfit.setdefault(host.name, {})[vm] = (f"no free vGPU of type {tid}, nor one as large on GPU {gpu}, "
+                                                          f"for {dev}")
             return False
         t, (at, new) = cands[0]
         free[t].remove((at, new))
@@ -189,7 +194,8 @@ def apply_with_drain(hosts: Sequence[Host], config: LayoutConfig, *, connect: Se
         for vm in sorted(hit):
             if conn is None:
                 continue
-            in_xml = {str(u) for u in domain_device_refs(conn.xml(vm, inactive=True)).mdevs} & hit[vm]
+            refs = domain_device_refs(conn.xml(vm, inactive=True))
+            in_xml = ({str(u) for u in refs.mdevs} | {str(a) for a in refs.pci}) & hit[vm]
             # a VM related to its device only through ``users`` has no XML to rewrite: it just starts again
             fits = _refit(h, conn, vm, in_xml, types, report) if in_xml else True
             if fits and vm in running and conn is not None:

@@ -13,13 +13,22 @@ format cannot (passthrough, fill, SR-IOV counts, sizing, a device list AND a fil
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from vgpuvirt.errors import InvalidSpec
-from vgpuvirt.layout.model import VENDOR, GpuEntry, GpuLayout, Layout, LayoutConfig, Selector, VgpuCount, config_name
+from vgpuvirt.layout.model import (
+    VENDOR,
+    GpuEntry,
+    GpuLayout,
+    Layout,
+    LayoutConfig,
+    Selector,
+    VgpuCount,
+    config_name,
+    pci_id,
+)
 from vgpuvirt.layout.schema import LayoutFileError, _Reader
 
 MIG_PARTED, VGPU_DM = "mig-parted", "vgpu-device-manager"
@@ -99,7 +108,12 @@ def _entry(r: _Reader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
     for req in _REQUIRED[fmt]:
         if req not in f:
             raise r.fail(node, f"{key}.{req}", f"missing (required in {fmt})")
-    selectors = _selectors(r, f, key)
+    selectors, filters = _selectors(r, f, key)
+
+    def entry(layout: GpuLayout) -> GpuEntry:
+        # their indices count the NVIDIA GPUs (NVML's order), and they touch nothing else
+        return GpuEntry(selectors, layout, node.start_mark.line + 1, vendor="nvidia", device_filter=filters)
+
     if fmt == MIG_PARTED:
         enabled = r.scalar(f["mig-enabled"], f"{key}.mig-enabled")
         if not isinstance(enabled, bool):
@@ -114,9 +128,9 @@ def _entry(r: _Reader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
                 raise r.fail(f["mig-devices"], f"{key}.mig-devices.{prof}",
                              "compute-instance profiles are not expressible in a layout (each GPU instance "
                              "gets its default compute instance)")
-        layout = r.checked(node, key, GpuLayout, "mig", None, None, None, tuple(migs or ())) if enabled else \
-            GpuLayout(mode="off")
-        return GpuEntry(selectors, layout, node.start_mark.line + 1)
+        if not enabled:
+            return entry(GpuLayout(mode="off"))
+        return entry(r.checked(node, key, GpuLayout, "mig", None, None, None, tuple(migs or ()), True))
     types = _counts(r, f, "vgpu-devices", key)
     implied: dict[str, int] = {}
     sliced = []
@@ -132,9 +146,8 @@ def _entry(r: _Reader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
         raise r.fail(f["vgpu-devices"], f"{key}.vgpu-devices",
                      f"mixes MIG-backed and time-sliced types ({sliced[0]}): a GPU in MIG mode offers only MIG-backed")
     counts = tuple(VgpuCount(t, n) for t, n in types)
-    layout = r.checked(f["vgpu-devices"], f"{key}.vgpu-devices", GpuLayout, "mig-vgpu" if implied else "vgpu",
-                       None, None, None, tuple(implied.items()) if implied else None, counts)
-    return GpuEntry(selectors, layout, node.start_mark.line + 1)
+    return entry(r.checked(f["vgpu-devices"], f"{key}.vgpu-devices", GpuLayout, "mig-vgpu" if implied else "vgpu",
+                           None, None, None, tuple(implied.items()), bool(implied), counts))
 
 
 def _counts(r: _Reader, f: dict[str, yaml.Node], name: str, key: str) -> list[tuple[str, int]]:
@@ -147,7 +160,7 @@ def _counts(r: _Reader, f: dict[str, yaml.Node], name: str, key: str) -> list[tu
     return out
 
 
-def _selectors(r: _Reader, f: dict[str, yaml.Node], key: str) -> tuple[Selector, ...]:
+def _selectors(r: _Reader, f: dict[str, yaml.Node], key: str) -> tuple[tuple[Selector, ...], tuple[str, ...]]:
     dnode = f["devices"]
     if isinstance(dnode, yaml.ScalarNode):
         if r.scalar(dnode, f"{key}.devices") != "all":
@@ -162,8 +175,9 @@ def _selectors(r: _Reader, f: dict[str, yaml.Node], key: str) -> tuple[Selector,
             devices.append(v)
         if not devices:
             raise r.fail(dnode, f"{key}.devices", "empty list; expected all or GPU indices")
+    sel = (Selector("all"),) if devices is None else tuple(Selector("index", i) for i in devices)
     if "device-filter" not in f:
-        return (Selector("all"),) if devices is None else tuple(Selector("index", i) for i in devices)
+        return sel, ()
     fnode = f["device-filter"]
     raw = [r.scalar(fnode, f"{key}.device-filter")] if isinstance(fnode, yaml.ScalarNode) else \
         [r.scalar(n, f"{key}.device-filter") for n in r.sequence(fnode, f"{key}.device-filter")]
@@ -172,20 +186,22 @@ def _selectors(r: _Reader, f: dict[str, yaml.Node], key: str) -> tuple[Selector,
         if not isinstance(v, str) or not _FILTER.fullmatch(v):
             raise r.fail(fnode, f"{key}.device-filter", f"{v!r}: expected a PCI id such as 0x20B010DE (device, "
                                                         "vendor); subsystem ids are not expressible in a layout")
-        ids.append(Selector("pci-id", f"{int(v, 16) & 0xFFFF:04x}:{int(v, 16) >> 16:04x}"))
+        ids.append(pci_id(v))
     if devices is not None:
         raise r.fail(fnode, f"{key}.device-filter", "a device-filter together with a device list is not expressible "
-                                                    "in a layout (its selectors are alternatives, not both); use "
-                                                    "devices: all with the filter, or indices alone")
-    return tuple(ids)
+                                                    "in a layout (their indices count every NVIDIA GPU, a layout's "
+                                                    "those the filter admits); use devices: all with the filter, or "
+                                                    "indices alone")
+    return sel, tuple(ids)
 
 
 # ------------------------------------------------------------------------------------------ export
 
 
 def export_config(layout: Layout, fmt: str) -> str:
-    """The layout in ``fmt`` (YAML text). Selectors must be ``all``, indices or PCI ids (a host's export by
-    address goes through :func:`vgpuvirt.layout.interop_host.by_index` first)."""
+    """The layout in ``fmt`` (YAML text). Entries must select ``all`` or NVIDIA indices (``vendor: nvidia``),
+    optionally with a device-filter (a host's export by address goes through
+    :func:`vgpuvirt.layout.interop_host.by_index` first)."""
     if fmt not in FORMATS:
         raise InvalidSpec("--format", fmt, " | ".join(FORMATS))
     out: dict[str, Any] = {}
@@ -195,27 +211,31 @@ def export_config(layout: Layout, fmt: str) -> str:
                               width=120))
 
 
-def _export_selectors(fmt: str, sel: Sequence[Selector], where: str) -> dict[str, Any]:
-    kinds = {s.kind for s in sel}
+def _export_selectors(fmt: str, e: GpuEntry, where: str) -> dict[str, Any]:
+    kinds = {s.kind for s in e.devices}
+    if e.vendor not in (None, "nvidia"):
+        raise NotExpressible(fmt, where, f"vendor {e.vendor} ({fmt} manages NVIDIA GPUs)")
+    out: dict[str, Any] = {}
+    if e.device_filter:
+        out["device-filter"] = [f"0x{d[2:].upper()}{v[2:].upper()}" for v, d in (x.split(":") for x in e.device_filter)]
+        if kinds != {"all"}:
+            raise NotExpressible(fmt, where, "a device-filter with a device list (its indices count every NVIDIA "
+                                             "GPU, a layout's those the filter admits)")
     if "all" in kinds:
-        return {"devices": "all"}
+        return {**out, "devices": "all"}
     if kinds == {"index"}:
-        return {"devices": [s.value for s in sel]}
-    if kinds == {"pci-id"}:
-        ids = []
-        for s in sel:
-            vendor, device = str(s.value).split(":")
-            ids.append(f"0x{device.upper()}{vendor.upper()}")
-        return {"device-filter": ids, "devices": "all"}
-    bad = next(s for s in sel if s.kind not in ("index", "pci-id") or len(kinds) > 1)
-    mixed = " mixed with others" if len(kinds) > 1 else ""
-    raise NotExpressible(fmt, where, f"devices {bad.to_yaml()!r} ({bad.kind} selector{mixed}; "
-                                     f"{fmt} selects by index or PCI id: export from the host with --host)")
+        if e.vendor is None:
+            raise NotExpressible(fmt, where, "indices without vendor: nvidia (a layout's count every GPU, "
+                                             f"{fmt}'s the NVIDIA GPUs)")
+        return {**out, "devices": [s.value for s in e.devices]}
+    bad = next(s for s in e.devices if s.kind != "index")
+    raise NotExpressible(fmt, where, f"devices {bad.to_yaml()!r} (a {bad.kind} selector; {fmt} selects by index or "
+                                     "PCI id: export from the host, with --host)")
 
 
 def _export_entry(fmt: str, e: GpuEntry, where: str) -> dict[str, Any]:
     lay = e.layout
-    out = _export_selectors(fmt, e.devices, where)
+    out = _export_selectors(fmt, e, where)
     extra = [(k, v) for k, v in (("driver", lay.driver if lay.driver != VENDOR else None),
                                  ("sriov-vfs", lay.sriov_vfs), ("sizing", lay.sizing),
                                  ("scheduler", lay.scheduler.policy if lay.scheduler else None)) if v is not None]
@@ -229,7 +249,7 @@ def _export_entry(fmt: str, e: GpuEntry, where: str) -> dict[str, Any]:
             raise NotExpressible(fmt, where, f"{extra[0][0]} {extra[0][1]}")
         if lay.mode == "off":
             return {**out, "mig-enabled": False}
-        if lay.mig_devices is None:
+        if not lay.mig_exact and not lay.mig_devices:
             raise NotExpressible(fmt, where, "mig-devices left out (keep the GPU instances there); "
                                              "mig-parted always sets them: write mig-devices")
         return {**out, "mig-enabled": True, "mig-devices": dict(lay.mig_devices)}
@@ -249,7 +269,7 @@ def _export_entry(fmt: str, e: GpuEntry, where: str) -> dict[str, Any]:
         if (prof := mig_profile_of(name)) is not None:
             implied[prof] = implied.get(prof, 0) + v.count
     if lay.mode == "mig-vgpu" or lay.mig_devices:
-        want = {p: n for p, n in (lay.mig_devices or ()) if n}
+        want = {p: n for p, n in lay.mig_devices if n}
         if want != {p: n for p, n in implied.items() if n}:
             raise NotExpressible(fmt, where, f"mig-devices {want} besides what the vGPU types imply ({implied}): "
                                              "the vGPU Device Manager makes one GPU instance per MIG-backed vGPU")

@@ -39,17 +39,18 @@ def _plain(g: GpuNow, lay: GpuLayout) -> GpuLayout:
 
 
 def by_index(config: LayoutConfig, gpus: Sequence[GpuNow]) -> LayoutConfig:
-    """``config`` as this host resolves it, one entry per distinct layout selecting GPUs by index
-    (``all`` when every GPU of the host shares one layout)."""
-    ordered = sorted(gpus, key=lambda g: g.address)
+    """``config`` as this host resolves it on its NVIDIA GPUs (what mig-parted and the vGPU Device Manager
+    see), one entry per distinct layout selecting them by index among the NVIDIA GPUs (``all`` when every
+    one shares one layout)."""
+    ordered = sorted((g for g in gpus if (g.pci_id or "").startswith("0x10de:")), key=lambda g: g.address)
     index = {g.address: i for i, g in enumerate(ordered)}
     groups: dict[GpuLayout, list[int]] = {}
-    for g, lay in governed(config, gpus):
+    for g, lay in governed(config, ordered):
         groups.setdefault(_plain(g, lay), []).append(index[g.address])
     entries = []
     for lay, idx in groups.items():
         sel = (Selector("all"),) if len(idx) == len(ordered) else tuple(Selector("index", i) for i in idx)
-        entries.append(GpuEntry(sel, lay))
+        entries.append(GpuEntry(sel, lay, vendor="nvidia"))
     return LayoutConfig(config.name, tuple(entries))
 
 

@@ -16,6 +16,7 @@ from vgpuvirt.errors import DeviceError, InvalidSpec
 from vgpuvirt.host.base import Op, OpResult
 from vgpuvirt.layout.model import GpuLayout
 from vgpuvirt.layout.observe import GpuNow
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.mig import MigGpu
 from vgpuvirt.services.mig_ops import MigAction
 from vgpuvirt.services.mig_parse import (
@@ -25,14 +26,24 @@ from vgpuvirt.services.mig_parse import (
     mode_change_pending,
 )
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.nvidia_modes import nvidia_smi_bus_id
 
 # step orders (see planner): after the vGPUs that go, around SR-IOV, before the vGPU types
 GI_DOWN, MODE, GI_UP = 12, 42, 55
 
 
+def argv_by_bus_id(action: MigAction, gpu: str) -> list[str]:
+    """The action's argv with ``-i BUS-ID`` instead of nvidia-smi's index: the index is a GPU's position among
+    the GPUs nvidia-smi sees, and a GPU the same batch binds to vfio-pci drops out of that count."""
+    argv = action.argv()
+    i = argv.index("-i")
+    argv[i + 1] = nvidia_smi_bus_id(PciAddress.parse(gpu))
+    return argv
+
+
 def item(host: str, gpu: str, action: MigAction) -> Planned:
     """One MIG action as a batch item (its argv in one exec op)."""
-    op = Op.exec(action.argv(), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
+    op = Op.exec(argv_by_bus_id(action, gpu), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
 
     def explain(bad: OpResult) -> DeviceError:
         said = (bad.stderr or bad.stdout or bad.error or "").strip().splitlines()[-1:] or ["no output"]
@@ -45,15 +56,14 @@ def item(host: str, gpu: str, action: MigAction) -> Planned:
 def undo_created(host: str, gpu: str, index: int, results: tuple[OpResult, ...]) -> Planned | None:
     """What undoes a create-gi that ran: destroying the GPU instances its answer says it created, their
     compute instances (``-C``) first (nvidia-smi refuses to destroy a GPU instance that has some)."""
-    ids = [gi for r in results for g, gi in created_gpu_instances(r.stdout) if g == index]
+    ids = [gi for r in results for _, gi in created_gpu_instances(r.stdout)]     # one GPU per exec
     if not ids:
         return None
     undo = item(host, gpu, MigAction.destroy_gi(index, ids))
-    cis = [(gi, ci) for r in results for g, gi, ci in created_compute_instances(r.stdout) if g == index]
-    first = tuple(Op.exec(MigAction.destroy_ci(index, gi, [ci]).argv(), timeout=300.0, group=undo.ops[0].group)
-                  for gi, ci in cis)
+    cis = [(gi, ci) for r in results for _, gi, ci in created_compute_instances(r.stdout)]
+    first = tuple(Op.exec(argv_by_bus_id(MigAction.destroy_ci(index, gi, [ci]), gpu), timeout=300.0,
+                          group=undo.ops[0].group) for gi, ci in cis)
     return replace(undo, ops=first + undo.ops)
-
 
 
 def pending(results: tuple[OpResult, ...]) -> bool:
@@ -65,16 +75,16 @@ def mig_plan(g: GpuNow, want: GpuLayout) -> tuple[list[tuple[int, str, Planned, 
     """(order, text, item, undo, undo-from-answer) per step, and the diff lines."""
     on_now, on_want = g.mig_enabled, want.resolved_mig()
     have: dict[str, int] = dict(g.budget.gpu_instances or {})
-    wanted = (dict(want.mig_devices) if want.mig_devices is not None else dict(have)) if on_want else {}
+    wanted = (dict(want.mig_devices) if want.mig_devices or want.mig_exact else dict(have)) if on_want else {}
     if on_now == on_want and {k: v for k, v in wanted.items() if v} == {k: v for k, v in have.items() if v}:
         return [], []
     m = g.mig
     if m is None or not m.capable:
-        raise InvalidSpec(f"MIG layout for {g.address}", dict(want.mig_devices or ()) or on_want,
+        raise InvalidSpec(f"MIG layout for {g.address}", dict(want.mig_devices) or on_want,
                           "a GPU whose MIG mode nvidia-smi reports (MIG-capable, nvidia-smi on the host)")
     host, gpu, idx = g.budget.host, str(g.address), m.index
-    for prof in wanted:
-        if m.profiles and m.profile(prof) is None:
+    for prof, n in wanted.items():
+        if n and m.profiles and m.profile(prof) is None:
             offered = ", ".join(sorted({p.name for p in m.profiles}))
             raise InvalidSpec(f"MIG profile for {gpu}", prof, f"one the GPU lists (-lgip): {offered}")
     diff: list[str] = []

@@ -48,10 +48,9 @@ def config_name(value: object) -> str:
 @dataclass(frozen=True)
 class Selector:
     """Which GPUs an entry applies to: ``all``, an index (host order: by PCI address), a PCI address,
-    a product name (``NVIDIA A10``, compared case-insensitively), or a PCI id (``10de:2236``, vendor:device
-    as lspci -nn prints it: what mig-parted's and the vGPU Device Manager's ``device-filter`` select by)."""
+    or a product name (``NVIDIA A10``, compared case-insensitively)."""
 
-    kind: Literal["all", "index", "address", "product", "pci-id"]
+    kind: Literal["all", "index", "address", "product"]
     value: str | int | None = None
 
     @classmethod
@@ -69,22 +68,17 @@ class Selector:
             return cls("all")
         if re.fullmatch(r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}\.[0-7]", s):
             return cls("address", str(PciAddress.parse(s)))
-        if re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}", s):
-            return cls("pci-id", s.lower())
         if not _TYPE_RE.fullmatch(s):
             raise InvalidSpec("GPU product name", value, "letters, digits, spaces and _ . + -")
         return cls("product", s)
 
-    def matches(self, index: int, address: PciAddress, product: str | None, pci_id: str | None = None) -> bool:
-        """``pci_id``: the GPU's ``0x10de:0x2236`` (as the inventory writes it) or ``10de:2236``."""
+    def matches(self, index: int, address: PciAddress, product: str | None) -> bool:
         if self.kind == "all":
             return True
         if self.kind == "index":
             return index == self.value
         if self.kind == "address":
             return str(address) == self.value
-        if self.kind == "pci-id":
-            return pci_id is not None and pci_id.lower().replace("0x", "") == self.value
         return product is not None and product.casefold() == str(self.value).casefold()
 
     def to_yaml(self) -> str | int:
@@ -147,9 +141,8 @@ class GpuLayout:
     driver: str | None = None                # vfio-pci | vendor | a driver name (nvidia); None: by mode
     sriov_vfs: int | None = None             # None: the mode's need (all VFs for VF-based vGPU, else 0)
     mig_enabled: bool | None = None          # None: on for mig / mig-vgpu, off otherwise
-    # GPU-instance profile -> count, in file order; None: left out (in mode mig: keep the GPU instances there),
-    # () written as {}: none (mig-parted's all-enabled)
-    mig_devices: tuple[tuple[str, int], ...] | None = None
+    mig_devices: tuple[tuple[str, int], ...] = ()    # GPU-instance profile -> count, in file order
+    mig_exact: bool = False                  # mig-devices given (even empty: no GPU instance); else keep them
     vgpu_devices: tuple[VgpuCount, ...] = ()
     sizing: Sizing | None = None             # None: leave the GPU's sizing mode as it is
     scheduler: Scheduler | None = None
@@ -165,7 +158,7 @@ class GpuLayout:
         if self.sizing is not None and self.sizing not in SIZINGS:
             raise InvalidSpec("sizing", self.sizing, "equal | mixed")
         seen: set[str] = set()
-        for prof, n in self.mig_devices or ():
+        for prof, n in self.mig_devices:
             if not isinstance(prof, str) or not _MIG_RE.fullmatch(prof):
                 raise InvalidSpec("MIG profile", prof, "a GPU-instance profile such as 1g.10gb or 3g.40gb")
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 7:
@@ -186,7 +179,7 @@ class GpuLayout:
         if m in ("mig", "mig-vgpu") and not mig_on:
             raise InvalidSpec("mig-enabled", False, f"true (or left out) in mode {m}")
         if m not in ("mig", "mig-vgpu") and self.mig_devices:
-            raise InvalidSpec("mig-devices", dict(self.mig_devices or ()),
+            raise InvalidSpec("mig-devices", dict(self.mig_devices),
                               f"none in mode {m} (MIG needs mode mig or mig-vgpu)")
         if m not in ("mig", "mig-vgpu") and mig_on:
             raise InvalidSpec("mig-enabled", True, f"false (or left out) in mode {m}")
@@ -218,7 +211,7 @@ class GpuLayout:
             out["sriov-vfs"] = self.sriov_vfs
         if self.mig_enabled is not None:
             out["mig-enabled"] = self.mig_enabled
-        if self.mig_devices is not None and (self.mig_devices or self.mode in ("mig", "mig-vgpu")):
+        if self.mig_devices or self.mig_exact:
             out["mig-devices"] = dict(self.mig_devices)
         if self.vgpu_devices:
             out["vgpu-devices"] = {v.type: FILL if v.fill else v.count for v in self.vgpu_devices}
@@ -229,22 +222,66 @@ class GpuLayout:
         return out
 
 
+#: Vendors an entry can be limited to, by PCI vendor id.
+VENDORS = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086"}
+_PCI_ID_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4}):(?:0x)?([0-9a-fA-F]{4})$")
+_MIGPARTED_ID_RE = re.compile(r"^0x([0-9a-fA-F]{4})([0-9a-fA-F]{4})$")
+
+
+def pci_id(value: object) -> str:
+    """A PCI vendor:device id as ``0x10de:0x20b0``, from that form, ``10de:20b0``, or mig-parted's
+    ``0x20B010DE`` (device then vendor)."""
+    text = value.strip() if isinstance(value, str) else ""
+    m = _PCI_ID_RE.fullmatch(text)
+    if m:
+        return f"0x{m[1].lower()}:0x{m[2].lower()}"
+    m = _MIGPARTED_ID_RE.fullmatch(text)
+    if m:
+        return f"0x{m[2].lower()}:0x{m[1].lower()}"
+    raise InvalidSpec("device-filter", value, "a PCI id such as 0x10de:0x20b0 (or mig-parted's 0x20B010DE)")
+
+
+#: What a GPU is to the selectors: its address, product name and PCI id (``0x10de:0x20b0``), the last two
+#: possibly unknown. Plain (address, product) pairs are accepted too.
+GpuFacts = tuple[PciAddress, str | None] | tuple[PciAddress, str | None, str | None]
+
+
 @dataclass(frozen=True)
 class GpuEntry:
     devices: tuple[Selector, ...]
     layout: GpuLayout
     line: int | None = field(default=None, compare=False)     # where it starts in its file (1-based)
+    vendor: str | None = None                 # only this vendor's GPUs, and indexes count among them
+    device_filter: tuple[str, ...] = ()       # only GPUs with one of these PCI ids (0x10de:0x20b0)
 
-    def selects(self, index: int, address: PciAddress, product: str | None, pci_id: str | None = None) -> bool:
-        return any(s.matches(index, address, product, pci_id) for s in self.devices)
+    def __post_init__(self) -> None:
+        if self.vendor is not None and self.vendor not in VENDORS:
+            raise InvalidSpec("vendor", self.vendor, " | ".join(VENDORS))
+        for f in self.device_filter:
+            if pci_id(f) != f:
+                raise InvalidSpec("device-filter", f, "a normalized PCI id such as 0x10de:0x20b0")
+
+    def admits(self, pci: str | None) -> bool:
+        """Whether the vendor and device filters let a GPU of PCI id ``pci`` through."""
+        if self.vendor is not None and (pci is None or not pci.startswith(VENDORS[self.vendor] + ":")):
+            return False
+        return not self.device_filter or pci in self.device_filter
+
+    def selects(self, index: int, address: PciAddress, product: str | None, pci: str | None = None) -> bool:
+        return self.admits(pci) and any(s.matches(index, address, product) for s in self.devices)
 
     def to_dict(self) -> dict[str, Any]:
         devs: Any = "all" if any(s.kind == "all" for s in self.devices) else [s.to_yaml() for s in self.devices]
-        return {"devices": devs, **self.layout.to_dict()}
+        out: dict[str, Any] = {"devices": devs}
+        if self.vendor is not None:
+            out["vendor"] = self.vendor
+        if self.device_filter:
+            out["device-filter"] = list(self.device_filter)
+        return {**out, **self.layout.to_dict()}
 
 
-#: A GPU as selectors see it: (address, product name) or (address, product name, PCI id).
-GpuKey = tuple[PciAddress, str | None] | tuple[PciAddress, str | None, str | None]
+def _facts(g: GpuFacts) -> tuple[PciAddress, str | None, str | None]:
+    return (g[0], g[1], g[2] if len(g) > 2 else None)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -255,21 +292,23 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         config_name(self.name)
 
-    def resolve(self, gpus: Sequence[GpuKey]) -> dict[PciAddress, GpuEntry]:
-        """The entry that governs each GPU (``gpus``: address, product name and optionally PCI id, in any
-        order; the index is the GPU's position by PCI address). GPUs no entry selects are absent."""
+    def _selected(self, e: GpuEntry, gpus: Sequence[GpuFacts]) -> list[PciAddress]:
+        # an entry's indexes count the GPUs its filters let through, in PCI address order
+        admitted = [f for f in sorted(map(_facts, gpus), key=lambda f: f[0]) if e.admits(f[2])]
+        return [a for i, (a, prod, pci) in enumerate(admitted) if e.selects(i, a, prod, pci)]
+
+    def resolve(self, gpus: Sequence[GpuFacts]) -> dict[PciAddress, GpuEntry]:
+        """The entry that governs each GPU (``gpus``: address, product name and PCI id, in any order; an index
+        is the GPU's position by PCI address). Later entries win; GPUs no entry selects are absent."""
         out: dict[PciAddress, GpuEntry] = {}
-        for i, g in enumerate(sorted(gpus, key=lambda g: g[0])):
-            for e in self.entries:
-                if e.selects(i, g[0], g[1], g[2] if len(g) > 2 else None):
-                    out[g[0]] = e
+        for e in self.entries:
+            for a in self._selected(e, gpus):
+                out[a] = e
         return out
 
-    def unmatched(self, gpus: Sequence[GpuKey]) -> list[GpuEntry]:
+    def unmatched(self, gpus: Sequence[GpuFacts]) -> list[GpuEntry]:
         """Entries that select no GPU at all (a typo in an address or product name, most often)."""
-        ordered = sorted(gpus, key=lambda g: g[0])
-        return [e for e in self.entries
-                if not any(e.selects(i, g[0], g[1], g[2] if len(g) > 2 else None) for i, g in enumerate(ordered))]
+        return [e for e in self.entries if not self._selected(e, gpus)]
 
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.entries]

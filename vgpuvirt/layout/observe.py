@@ -98,7 +98,8 @@ class GpuNow:
         gis = self.budget.gpu_instances or {}
         sizing = self.budget.sizing if self.budget.mixed_size_supported and mode == "vgpu" else None
         return GpuLayout(mode=mode, sriov_vfs=len(self.vfs) if self.vfs_total and mode != "passthrough" else None,
-                         mig_devices=tuple(sorted(gis.items())) if mode in ("mig", "mig-vgpu") else None,
+                         mig_devices=tuple(sorted(gis.items())) if mode in ("mig", "mig-vgpu") else (),
+                         mig_exact=mode in ("mig", "mig-vgpu"),
                          vgpu_devices=vg, sizing=sizing)
 
 

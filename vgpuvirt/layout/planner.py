@@ -159,6 +159,13 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
     if unknown and g.type_names and not vf_change:
         offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
         raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0], f"one it offers: {offered}")
+    sizing = want.sizing or g.budget.sizing
+    sizes = {g.budget.types[t].framebuffer_mib for t in wanted if t in g.budget.types} - {None}
+    if sizing == "equal" and len(sizes) > 1 and not any(g.budget.types[t].mig_profile for t in wanted):
+        raise InvalidSpec(f"vgpu-devices for {g.address} ({g.product or 'GPU'})",
+                          [g.short_name(t) for t in wanted],
+                          "one vGPU size per GPU in equal-size mode "
+                          "(sizing: mixed lets sizes mix, where the GPU has it)")
     counts = g.counts()
     remove: list[Vgpu] = []
     for tid, have in sorted(counts.items()):
@@ -191,6 +198,9 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                                     vfio_binding.bind_item(host, a, cur, drv), None if cur is None else
                                     vfio_binding.bind_item(host, a, drv, cur), touches=(str(a),)))
     if want.sizing is not None and g.budget.sizing is not None and want.sizing != g.budget.sizing:
+        if g.budget.mixed_size_supported is None:
+            raise InvalidSpec(f"sizing for {g.address}", want.sizing, "none here: whether the GPU has a mixed-size "
+                                                                      "mode is unknown (nvidia-smi was not read)")
         if not g.budget.mixed_size_supported:
             raise InvalidSpec(f"sizing for {g.address}", want.sizing, "equal: the GPU has no mixed-size mode")
         on = want.sizing == "mixed"

@@ -20,6 +20,7 @@ from vgpuvirt.layout.model import (
     MODES,
     SIZINGS,
     VENDOR,
+    VENDORS,
     VERSION,
     VFIO,
     GpuEntry,
@@ -30,14 +31,15 @@ from vgpuvirt.layout.model import (
     Selector,
     VgpuCount,
     config_name,
+    pci_id,
 )
 from vgpuvirt.model import DriverName
 
 T = TypeVar("T")
 
 #: The keys of one entry of a config, as docs/layouts.md lists them.
-ENTRY_KEYS = ("devices", "mode", "driver", "sriov-vfs", "mig-enabled", "mig-devices", "vgpu-devices", "sizing",
-              "scheduler")
+ENTRY_KEYS = ("devices", "vendor", "device-filter", "mode", "driver", "sriov-vfs", "mig-enabled", "mig-devices",
+              "vgpu-devices", "sizing", "scheduler")
 SCHEDULER_KEYS = ("policy", "timeslice-ms", "average-factor")
 
 
@@ -158,6 +160,7 @@ def _entry(r: _Reader, node: yaml.Node, key: str) -> GpuEntry:
             n = r.scalar(v, f"{k2}.{p}")
             migs.append((p, r.checked(v, f"{k2}.{p}", _mig_count, p, n)))
         kw["mig_devices"] = tuple(migs)
+        kw["mig_exact"] = True
     if "vgpu-devices" in f:
         k2 = f"{key}.vgpu-devices"
         counts: list[VgpuCount] = []
@@ -178,7 +181,15 @@ def _entry(r: _Reader, node: yaml.Node, key: str) -> GpuEntry:
         # a rule across fields (vgpu-devices in mode passthrough): point at the key it names
         at = exc.what if exc.what in f else "mode"
         raise r.fail(f[at], f"{key}.{at}", str(exc)) from None
-    return GpuEntry(devices, layout, node.start_mark.line + 1)
+    vendor = r.scalar(f["vendor"], f"{key}.vendor") if "vendor" in f else None
+    if vendor is not None and vendor not in VENDORS:
+        raise r.fail(f["vendor"], f"{key}.vendor", f"{vendor!r}: expected " + " | ".join(VENDORS))
+    filters: tuple[str, ...] = ()
+    if "device-filter" in f:
+        k2, fn = f"{key}.device-filter", f["device-filter"]
+        items = [fn] if isinstance(fn, yaml.ScalarNode) else r.sequence(fn, k2)
+        filters = tuple(r.checked(n, k2, pci_id, r.scalar(n, k2)) for n in items)
+    return GpuEntry(devices, layout, node.start_mark.line + 1, vendor, filters)
 
 
 def _devices(r: _Reader, node: yaml.Node, key: str) -> tuple[Selector, ...]:
