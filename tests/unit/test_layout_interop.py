@@ -1,5 +1,5 @@
 """Interop: mig-parted and vGPU Device Manager files (their published examples' structure, in
-tests/fixtures/interop) import and apply on matching simulated hosts; export to their formats and to
+examples/layouts/nvidia) import and apply on matching simulated hosts; export to their formats and to
 KubeVirt; round trips; what a format cannot say is refused with one line naming it."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from vgpuvirt.layout.interop import MIG_PARTED, VGPU_DM, NotExpressible, export_
 from vgpuvirt.layout.model import Layout
 from vgpuvirt.sim.host import SimHost
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-DGX = str(FIX / "dgx-a100.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "examples" / "layouts" / "nvidia"          # the published configs' structure, as examples
+DGX = str(ROOT / "tests" / "fixtures" / "interop" / "dgx-a100.yaml")
 
 
 def _load(name: str, fmt: str) -> Layout:
@@ -257,3 +258,17 @@ def test_cli_import_refusals_change_nothing_and_name_the_file(tmp_path: Path,
     assert "T4-small" in capsys.readouterr().err
     assert main(["layout", "import", t4, "--from", "vgpu-device-manager", "-o", str(out)]) == 0
     assert parse_layout(out.read_text()).names == list(T4_SEQUENCE)
+
+
+def test_plan_and_assert_take_nvidia_files_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    f = str(FIX / "mig-parted-config.yaml")
+    host = ["--host", f"sim:{DGX}"]
+    assert main([*host, "layout", "assert", f, "--from", "mig-parted", "-c", "all-disabled"]) == 0
+    assert main([*host, "layout", "assert", f, "--from", "mig-parted", "-c", "all-1g.5gb"]) == 1
+    assert "MIG 1g.5gb 0 -> 7" in capsys.readouterr().out
+    assert main([*host, "layout", "plan", f, "--from", "mig-parted", "-c", "custom-config"]) == 0
+    out = capsys.readouterr().out
+    assert "4 GPU(s) change" in out and "turn MIG mode on on 0000:87:00.0" in out
+    t4 = str(FIX / "vgpu-dm-t4.yaml")
+    assert main(["--host", "sim:t4x2", "layout", "apply", t4, "--from", "vgpu-device-manager", "-c", "T4-large"]) == 0
+    assert "create mdev" in capsys.readouterr().out

@@ -20,6 +20,7 @@ from vgpuvirt.host.base import BaseHost
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.hosts import open_host
 from vgpuvirt.layout import verbs
+from vgpuvirt.layout.interop import import_config
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.schema import dump_layout, parse_layout
 
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                            ("assert", "exit 1 and print the differences when a host is not in the config")):
         v = vs.add_parser(name, help=helptext)
         v.add_argument("file", help="layout file (YAML, version: v1)")
+        layout_interop.add_from(v)
         v.add_argument("-c", "--config", default=None, help="config name (needed when the file has several)")
         _hosts(v)
         if name == "apply":
@@ -54,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     layout_interop.register(vs, e, open_hosts, _export)
     b = vs.add_parser("install-boot", help="install the layout and a systemd unit that applies it at boot")
     b.add_argument("file")
+    layout_interop.add_from(b)
     b.add_argument("-c", "--config", default=None)
     b.add_argument("--prefix", default="/", help="install below this directory (tests; default /)")
     _hosts(b)
@@ -65,12 +68,13 @@ def _hosts(p: argparse.ArgumentParser) -> None:
                    help="a host (repeat for several, worked in parallel); default: the global --host")
 
 
-def load(path: str, config: str | None) -> tuple[Layout, LayoutConfig]:
+def load(path: str, config: str | None, fmt: str | None = None) -> tuple[Layout, LayoutConfig]:
+    """The layout file (or, with ``fmt``, a mig-parted / vGPU Device Manager file read as one) and its config."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidSpec("layout file", path, f"a readable file ({exc.strerror})") from None
-    layout = parse_layout(text, path)
+    layout = import_config(text, path, fmt) if fmt else parse_layout(text, path)
     return layout, layout.config(config)
 
 
@@ -105,7 +109,7 @@ def _export(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _plan(ctx: Context, args: argparse.Namespace) -> int:
-    _, cfg = load(args.file, args.config)
+    _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
         plans = [verbs.plan(h, cfg) for h in hosts]
     if ctx.json:
@@ -124,7 +128,7 @@ def _plan(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _assert(ctx: Context, args: argparse.Namespace) -> int:
-    _, cfg = load(args.file, args.config)
+    _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
         found = {h.name: verbs.check(h, cfg) for h in hosts}
     if ctx.json:
@@ -140,7 +144,7 @@ def _assert(ctx: Context, args: argparse.Namespace) -> int:
 def _apply(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.layout.drain import apply_with_drain
 
-    _, cfg = load(args.file, args.config)
+    _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
         try:
             specs: list[str] = args.hosts or [args.host]
@@ -164,7 +168,7 @@ def _apply(ctx: Context, args: argparse.Namespace) -> int:
 def _install_boot(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.layout.boot import install_boot
 
-    layout, cfg = load(args.file, args.config)
+    layout, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
         for h in hosts:
             target = None

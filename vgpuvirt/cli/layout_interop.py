@@ -32,6 +32,11 @@ OpenHosts = Callable[[argparse.Namespace], contextlib.AbstractContextManager[lis
 EXPORT_FORMATS = ("layout", interop_host.KUBEVIRT, *interop.FORMATS)
 
 
+def add_from(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="fmt", default=None, choices=interop.FORMATS,
+                   help="FILE is a mig-parted or vGPU Device Manager file (read as a layout; default: a layout file)")
+
+
 def register(vs: argparse._SubParsersAction, export: argparse.ArgumentParser,  # type: ignore[type-arg]
              open_hosts: OpenHosts, plain_export: Callable[[Context, argparse.Namespace], int]) -> None:
     i = vs.add_parser("import", help="read a mig-parted or vGPU Device Manager file as a layout (YAML on stdout)")
