@@ -118,6 +118,7 @@ def test_vgpu_device_manager_t4_configs_apply_on_two_t4s_in_turn() -> None:
 @pytest.mark.parametrize(("config", "profile"), [
     ("A10-4Q", "a10-sriov"), ("A10-24Q", "a10-sriov"), ("A100D-1-10C", "a100-sriov"), ("A100D-1-10CME", "a100-sriov"),
     ("A100D-3-40C", "a100-sriov"), ("A100D-8C", "a100-sriov"), ("A30-1-6C", "a30-mig"), ("T4-8Q", "t4x2"),
+    ("A16-4Q", "a16"), ("L4-4Q", "l4-hetero"), ("L40S-8Q", "l40s-vgpu17"),
     ("default", "mixed"), ("default", "a100-sriov"), ("default", "a30-mig")])
 def test_vgpu_device_manager_example_configs_apply_on_their_boards(config: str, profile: str) -> None:
     cfg = _load("vgpu-dm-example.yaml", VGPU_DM).config(config)
