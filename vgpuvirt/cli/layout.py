@@ -1,4 +1,4 @@
-"""``vgpuvirt layout export|plan|apply|assert|install-boot``: declared GPU layouts (docs/layouts.md).
+"""``vgpuvirt layout export|import|plan|apply|assert|install-boot``: declared GPU layouts (docs/layouts.md).
 
     vgpuvirt --host sim:a10-sriov layout plan examples/layouts/lab.yaml -c day
     vgpuvirt layout apply lab.yaml -c night --host ssh://root@gpu1 --host ssh://root@gpu2 --drain shutdown
@@ -18,9 +18,9 @@ from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.hosts import open_host
-from vgpuvirt.layout import verbs
+from vgpuvirt.layout import interop, verbs
 from vgpuvirt.layout.model import Layout, LayoutConfig
-from vgpuvirt.layout.schema import dump_layout, parse_layout
+from vgpuvirt.layout.schema import dump_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,8 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     vs.required = True
     e = vs.add_parser("export", help="the host as it is, as a layout file (YAML on stdout)")
     e.add_argument("-c", "--config", default="exported", help="the config's name in the output")
+    e.add_argument("--format", choices=interop.FORMATS, default="vgpuvirt",
+                   help="vgpuvirt (default), mig-parted, vgpu-device-manager, or kubevirt (permittedHostDevices "
+                        "and mediatedDevicesConfiguration of spec.configuration)")
     _hosts(e)
     e.set_defaults(func=_export)
+    im = vs.add_parser("import", help="a mig-parted or vGPU Device Manager config file as a layout (YAML on stdout)")
+    im.add_argument("file")
+    im.set_defaults(func=_import)
     for name, helptext in (("plan", "ordered steps and a diff; changes nothing"),
                            ("apply", "take the host(s) to the config; rolls back on failure"),
                            ("assert", "exit 1 and print the differences when a host is not in the config")):
@@ -67,7 +73,7 @@ def load(path: str, config: str | None) -> tuple[Layout, LayoutConfig]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidSpec("layout file", path, f"a readable file ({exc.strerror})") from None
-    layout = parse_layout(text, path)
+    layout = interop.read_any(text, path)      # mig-parted and vGPU Device Manager files work as they are
     return layout, layout.config(config)
 
 
@@ -90,14 +96,39 @@ def open_hosts(args: argparse.Namespace) -> Iterator[list[BaseHost]]:
 
 def _export(ctx: Context, args: argparse.Namespace) -> int:
     with open_hosts(args) as hosts:
-        for h in hosts:
-            lay = verbs.export(h, args.config)
+        if args.format == "kubevirt":
+            data = interop.to_kubevirt({h.name: verbs.read_gpus(h)[1] for h in hosts})
             if ctx.json:
-                ctx.emit_json({"host": h.name, **lay.to_dict()})
+                ctx.emit_json(data)
+            else:
+                sys.stdout.write(interop.dump(data))
+            return 0
+        for h in hosts:
+            if args.format == "vgpuvirt":
+                out = verbs.export(h, args.config).to_dict()
+            else:
+                gpus = verbs.read_gpus(h)[1]
+                out = (interop.to_mig_parted if args.format == "mig-parted" else interop.to_vgpu_device_manager)(
+                    gpus, args.config)
+            if ctx.json:
+                ctx.emit_json({"host": h.name, **out})
             else:
                 if len(hosts) > 1:
                     print(printable(f"# {h.name}"))
-                sys.stdout.write(dump_layout(lay))
+                sys.stdout.write(interop.dump(out))
+    return 0
+
+
+def _import(ctx: Context, args: argparse.Namespace) -> int:
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSpec("config file", args.file, f"a readable file ({exc.strerror})") from None
+    layout = interop.import_config(text, args.file)
+    if ctx.json:
+        ctx.emit_json(layout.to_dict())
+    else:
+        sys.stdout.write(dump_layout(layout))
     return 0
 
 
