@@ -33,6 +33,7 @@ APT_PKGS=(
   libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils ovmf swtpm swtpm-tools
   openssh-server                                                # the loopback sshd (and ssh-keygen)
   fuse3 mdevctl iproute2 util-linux                             # FUSE sysfs, real mdevctl, ss, unshare, flock
+  systemd                                                       # systemd-analyze verify (the layout boot unit)
 )
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }

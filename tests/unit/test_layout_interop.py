@@ -14,13 +14,22 @@ import yaml
 from vgpuvirt.cli import main
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.layout import dump_layout, interop, interop_host, parse_layout, verbs
-from vgpuvirt.layout.interop import MIG_PARTED, VGPU_DM, NotExpressible, export_config, import_config
+from vgpuvirt.layout.interop import (
+    MIG_PARTED,
+    VGPU_DM,
+    NotExpressible,
+    detect,
+    export_config,
+    import_config,
+    read_any,
+)
 from vgpuvirt.layout.model import Layout
+from vgpuvirt.layout.schema import LayoutFileError
 from vgpuvirt.sim.host import SimHost
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "layouts" / "nvidia"          # the published configs' structure, as examples
-DGX = str(ROOT / "tests" / "fixtures" / "interop" / "dgx-a100.yaml")
+DGX = str(ROOT / "tests" / "fixtures" / "profiles" / "dgx-a100.yaml")
 
 
 def _load(name: str, fmt: str) -> Layout:
@@ -40,11 +49,10 @@ MIG_PARTED_NAMES = ["all-disabled", "all-enabled", "all-1g.5gb", "all-1g.5gb.me"
                     "all-3g.20gb", "all-balanced", "custom-config"]
 
 
-# MIG on first (mig-parted's all-enabled): while it is off nvidia-smi lists no placements (-lgipp), so the
-# planner cannot choose starts and a mixed geometry (all-balanced) may not fit where the driver puts it
-@pytest.mark.parametrize("sequence", [["all-enabled", n] for n in MIG_PARTED_NAMES] +
-                         [["all-enabled", "all-3g.20gb", "all-balanced", "custom-config", "all-enabled",
-                           "all-1g.5gb.me", "all-2g.10gb", "all-1g.10gb", "all-disabled"]])
+# each on a fresh DGX (MIG off: the mode goes on, then a second round places the GPU instances), and in turn
+@pytest.mark.parametrize("sequence", [[n] for n in MIG_PARTED_NAMES] +
+                         [["all-3g.20gb", "custom-config", "all-balanced", "all-disabled", "all-balanced",
+                           "all-enabled", "all-1g.5gb.me", "all-2g.10gb", "all-1g.10gb", "all-disabled"]])
 def test_mig_parted_example_configs_apply_on_a_dgx_a100_in_turn(sequence: list[str]) -> None:
     lay = _load("mig-parted-config.yaml", MIG_PARTED)
     assert lay.names == MIG_PARTED_NAMES
@@ -69,18 +77,15 @@ def test_mig_parted_example_configs_apply_on_a_dgx_a100_in_turn(sequence: list[s
 def test_mig_parted_export_of_the_host_is_what_its_readme_shows(capsys: pytest.CaptureFixture[str]) -> None:
     f = FIX / "mig-parted-config.yaml"
     host = SimHost.from_profile(DGX)
-    for name in ("all-enabled", "all-balanced"):
-        verbs.apply_host(host, _load("mig-parted-config.yaml", MIG_PARTED).config(name))
-    exported = verbs.export(host, "current").config()
-    text = export_config(Layout((interop_host.by_index(exported, verbs.read_gpus(host)[1]),)), MIG_PARTED)
-    assert yaml.safe_load(text) == {"version": "v1", "mig-configs": {"current": [
-        {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}]}}
+    verbs.apply_host(host, _load("mig-parted-config.yaml", MIG_PARTED).config("all-balanced"))
+    assert interop_host.host_export(verbs.read_gpus(host)[1], MIG_PARTED) == {"version": "v1", "mig-configs": {
+        "current": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}]}}
     # the CLI: import, then the file applies and asserts through the ordinary verbs
     assert main(["layout", "import", str(f), "--from", "mig-parted", "-c", "custom-config"]) == 0
     imported = capsys.readouterr().out
     assert parse_layout(imported).names == ["custom-config"]
     assert main(["--host", f"sim:{DGX}", "layout", "export", "--format", "mig-parted"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["mig-configs"]["exported"] == [
+    assert yaml.safe_load(capsys.readouterr().out)["mig-configs"]["current"] == [
         {"devices": "all", "mig-enabled": False}]
 
 
@@ -273,3 +278,96 @@ def test_plan_and_assert_take_nvidia_files_as_they_are(capsys: pytest.CaptureFix
     t4 = str(FIX / "vgpu-dm-t4.yaml")
     assert main(["--host", "sim:t4x2", "layout", "apply", t4, "--from", "vgpu-device-manager", "-c", "T4-large"]) == 0
     assert "create mdev" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------- from the w13-layout branch
+
+ONE_OFF = """\
+version: v1
+mig-configs:
+  all-1g.5gb:
+  - devices: all
+    mig-enabled: true
+    mig-devices:
+      1g.5gb: 7
+"""
+
+
+def test_mig_parted_readme_one_off_config_and_detection() -> None:
+    host = SimHost.from_profile(DGX)
+    verbs.apply_host(host, import_config(ONE_OFF, "-").config())
+    assert all((g.budget.gpu_instances or {}) == {"1g.5gb": 7} for g in verbs.read_gpus(host)[1])
+    assert detect(ONE_OFF) == MIG_PARTED and detect((FIX / "vgpu-dm-t4.yaml").read_text()) == VGPU_DM
+    assert detect("version: v1\nconfigs: {}\n") == "vgpuvirt"
+    assert read_any((FIX / "vgpu-dm-t4.yaml").read_text(), "t4.yaml").names == list(T4_SEQUENCE)
+
+
+def test_host_exports_read_back_and_rebuild_the_host() -> None:
+    a = SimHost.from_profile("a100-sriov")
+    mp = import_config(yaml.safe_dump(interop_host.host_export(verbs.read_gpus(a)[1], MIG_PARTED)), "export")
+    b = SimHost.from_profile("a100-sriov")
+    verbs.apply_host(b, parse_layout(dump_layout(mp)).config("current"))
+    assert [g.budget.gpu_instances for g in verbs.read_gpus(b)[1]] == \
+        [g.budget.gpu_instances for g in verbs.read_gpus(a)[1]]
+    t = SimHost.from_profile("t4x2")
+    verbs.apply_host(t, _load("vgpu-dm-t4.yaml", VGPU_DM).config("T4-medium"))
+    dm = import_config(yaml.safe_dump(interop_host.host_export(verbs.read_gpus(t)[1], VGPU_DM)))
+    u = SimHost.from_profile("t4x2")
+    verbs.apply_host(u, dm.config("current"))
+    assert dump_layout(verbs.export(u)) == dump_layout(verbs.export(t))
+
+
+def test_kubevirt_for_two_hosts_as_they_are() -> None:
+    t = SimHost.from_profile("t4x2")
+    verbs.apply_host(t, _load("vgpu-dm-t4.yaml", VGPU_DM).config("T4-small"))
+    d = SimHost.from_profile("desktop")
+    verbs.apply_host(d, parse_layout("version: v1\nconfigs:\n  a: [{devices: ['0000:01:00.0'], mode: passthrough}]\n")
+                     .config())
+    both = interop_host.to_kubevirt({"node-a": verbs.read_gpus(t)[1], "node-b": verbs.read_gpus(d)[1]})
+    pci = both["permittedHostDevices"]["pciHostDevices"]
+    assert len(pci) == 1 and pci[0]["pciVendorSelector"].startswith("10DE:")
+    assert pci[0]["resourceName"].startswith("nvidia.com/") and " " not in pci[0]["resourceName"]
+    assert both["mediatedDevicesConfiguration"]["nodeMediatedDeviceTypes"] == [
+        {"nodeSelector": {"kubernetes.io/hostname": "node-a"}, "mediatedDeviceTypes": ["nvidia-230", "nvidia-231"]}]
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: 3\n",
+     "f.yaml:5: mig-configs.a[0].mig-enabled"),
+    ("version: v1\nvgpu-configs:\n  a:\n    - devices: [x]\n      vgpu-devices: {}\n",
+     "f.yaml:4: vgpu-configs.a[0].devices"),
+    ("version: v1\nvgpu-configs:\n  a:\n    - devices: all\n      vgpu-devices: {T4-1Q: many}\n",
+     "f.yaml:5: vgpu-configs.a[0].vgpu-devices.T4-1Q"),
+    ("version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: nvidia\n      mig-enabled: false\n",
+     "f.yaml:5: mig-configs.a[0].device-filter"),
+    ("version: v2\nmig-configs: {}\n", "f.yaml:1: version"),
+])
+def test_bad_imports_name_file_line_key(text: str, where: str) -> None:
+    with pytest.raises(LayoutFileError) as exc:
+        import_config(text, "f.yaml")
+    assert str(exc.value).startswith(where), str(exc.value)
+
+
+def test_nvidia_indexes_count_nvidia_gpus_only(capsys: pytest.CaptureFixture[str]) -> None:
+    lay = import_config("version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: ['0x20B010DE']\n"
+                        "      mig-enabled: true\n      mig-devices: {3g.20gb: 2}\n")
+    e = lay.config().entries[0]
+    assert e.vendor == "nvidia" and e.device_filter == ("0x10de:0x20b0",)
+    # on the desktop, NVIDIA index 0 is the RTX (the Intel iGPU is GPU 0 by address): filtered out by id
+    d = SimHost.from_profile("desktop")
+    assert verbs.plan(d, lay.config()).empty
+    one = import_config("version: v1\nvgpu-configs:\n  a: [{devices: [0], vgpu-devices: {}}]\n")
+    assert one.config().entries[0].vendor == "nvidia"
+    assert main(["--host", "sim:t4x2", "layout", "export", "--format", "kubevirt"]) == 0
+    assert "permittedHostDevices" in capsys.readouterr().out
+
+
+def test_cli_exports_every_format_of_a_mig_host(capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt, key in (("mig-parted", "mig-configs"), ("vgpu-device-manager", "vgpu-configs"),
+                     ("kubevirt", "permittedHostDevices")):
+        assert main(["--host", "sim:a100-sriov", "layout", "export", "--format", fmt]) == 0
+        assert key in capsys.readouterr().out
+    # a layout's config that KubeVirt cannot take is refused (the host's own export leaves such GPUs out)
+    assert main(["--host", "sim:a100-sriov", "layout", "export", "--format", "kubevirt", "--layout",
+                 str(FIX / "mig-parted-config.yaml"), "-c", "all-1g.10gb"]) == 2
+    assert "mode mig" in capsys.readouterr().err

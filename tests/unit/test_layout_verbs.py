@@ -152,7 +152,7 @@ def test_mig_reshapes_train_seven_time_sliced_and_back() -> None:
     for name in ("train", "seven", "ts", "train"):
         r = verbs.apply_host(host, MIG.config(name))
         assert r.changed and verbs.check(host, MIG.config(name)) == [], name
-        assert set(r.round_trips.values()) <= {0, 1}, r.round_trips
+        assert set(r.round_trips.values()) <= {0, 1, 2}, r.round_trips   # MIG turned on: a second round
     b = SimHost.from_profile("a100-sriov")
     verbs.apply_host(b, verbs.export(host).config())
     assert dump_layout(verbs.export(b)) == dump_layout(verbs.export(host))

@@ -1,4 +1,4 @@
-"""``vgpuvirt layout export|plan|apply|assert|install-boot``: declared GPU layouts (docs/layouts.md).
+"""``vgpuvirt layout export|import|plan|apply|assert|install-boot``: declared GPU layouts (docs/layouts.md).
 
     vgpuvirt --host sim:a10-sriov layout plan examples/layouts/lab.yaml -c day
     vgpuvirt layout apply lab.yaml -c night --host ssh://root@gpu1 --host ssh://root@gpu2 --drain shutdown
@@ -19,10 +19,9 @@ from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.hosts import open_host
-from vgpuvirt.layout import verbs
-from vgpuvirt.layout.interop import import_config
+from vgpuvirt.layout import interop, verbs
 from vgpuvirt.layout.model import Layout, LayoutConfig
-from vgpuvirt.layout.schema import dump_layout, parse_layout
+from vgpuvirt.layout.schema import dump_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,12 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("-c", "--config", default=None, help="the config's name in the output (default: exported); "
                                                         "with --layout: the config to export (default: all)")
     _hosts(e)
-    e.set_defaults(func=_export)
+    layout_interop.register(vs, e, open_hosts, _export)      # export --format/--layout, and import
     for name, helptext in (("plan", "ordered steps and a diff; changes nothing"),
                            ("apply", "take the host(s) to the config; rolls back on failure"),
                            ("assert", "exit 1 and print the differences when a host is not in the config")):
         v = vs.add_parser(name, help=helptext)
-        v.add_argument("file", help="layout file (YAML, version: v1)")
+        v.add_argument("file", help="layout file (YAML, version: v1; or a mig-parted / vGPU Device Manager file)")
         layout_interop.add_from(v)
         v.add_argument("-c", "--config", default=None, help="config name (needed when the file has several)")
         _hosts(v)
@@ -53,7 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "test:///default for sim:, qemu:///system for local, qemu+ssh://.../system for ssh; "
                                 "'none': no libvirt (nothing is checked)")
         v.set_defaults(func={"plan": _plan, "apply": _apply, "assert": _assert}[name])
-    layout_interop.register(vs, e, open_hosts, _export)
     b = vs.add_parser("install-boot", help="install the layout and a systemd unit that applies it at boot")
     b.add_argument("file")
     layout_interop.add_from(b)
@@ -69,12 +67,11 @@ def _hosts(p: argparse.ArgumentParser) -> None:
 
 
 def load(path: str, config: str | None, fmt: str | None = None) -> tuple[Layout, LayoutConfig]:
-    """The layout file (or, with ``fmt``, a mig-parted / vGPU Device Manager file read as one) and its config."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidSpec("layout file", path, f"a readable file ({exc.strerror})") from None
-    layout = import_config(text, path, fmt) if fmt else parse_layout(text, path)
+    layout = interop.read_any(text, path, fmt)      # mig-parted and vGPU Device Manager files work as they are
     return layout, layout.config(config)
 
 
@@ -96,9 +93,10 @@ def open_hosts(args: argparse.Namespace) -> Iterator[list[BaseHost]]:
 
 
 def _export(ctx: Context, args: argparse.Namespace) -> int:
+    """The host as it is, as a layout (``--format vgpuvirt``; the other formats: :mod:`.layout_interop`)."""
     with open_hosts(args) as hosts:
         for h in hosts:
-            lay = verbs.export(h, args.config)
+            lay = verbs.export(h, args.config or "exported")
             if ctx.json:
                 ctx.emit_json({"host": h.name, **lay.to_dict()})
             else:

@@ -24,37 +24,36 @@ from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.layout import interop, interop_host, verbs
-from vgpuvirt.layout.model import GpuEntry, Layout, LayoutConfig, Selector
-from vgpuvirt.layout.observe import GpuNow
-from vgpuvirt.layout.schema import dump_layout, parse_layout
+from vgpuvirt.layout.model import Layout
+from vgpuvirt.layout.schema import dump_layout
 
 OpenHosts = Callable[[argparse.Namespace], contextlib.AbstractContextManager[list[BaseHost]]]
-EXPORT_FORMATS = ("layout", interop_host.KUBEVIRT, *interop.FORMATS)
+EXPORT_FORMATS = ("vgpuvirt", interop_host.KUBEVIRT, *interop.FORMATS)
 
 
 def add_from(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="fmt", default=None, choices=interop.FORMATS,
-                   help="FILE is a mig-parted or vGPU Device Manager file (read as a layout; default: a layout file)")
+    p.add_argument("--from", dest="fmt", default=None, choices=("vgpuvirt", *interop.FORMATS),
+                   help="FILE's format (default: told from its top key: configs, mig-configs or vgpu-configs)")
 
 
 def register(vs: argparse._SubParsersAction, export: argparse.ArgumentParser,  # type: ignore[type-arg]
              open_hosts: OpenHosts, plain_export: Callable[[Context, argparse.Namespace], int]) -> None:
     i = vs.add_parser("import", help="read a mig-parted or vGPU Device Manager file as a layout (YAML on stdout)")
     i.add_argument("file", help="the file (its version: v1 schema)")
-    i.add_argument("--from", dest="fmt", required=True, choices=interop.FORMATS, help="the file's format")
+    i.add_argument("--from", dest="fmt", default=None, choices=interop.FORMATS,
+                   help="the file's format (default: told from mig-configs / vgpu-configs)")
     i.add_argument("-c", "--config", default=None, help="only this config (default: all)")
     i.add_argument("-o", "--output", default=None, help="write the layout here instead of stdout")
     i.set_defaults(func=_import)
-    export.add_argument("--format", default="layout", choices=EXPORT_FORMATS,
-                        help="layout (default), kubevirt (spec.configuration fragment), mig-parted, "
-                             "vgpu-device-manager")
+    export.add_argument("--format", default="vgpuvirt", choices=EXPORT_FORMATS,
+                        help="vgpuvirt (default), kubevirt (spec.configuration: permittedHostDevices and "
+                             "mediatedDevicesConfiguration), mig-parted, vgpu-device-manager")
     export.add_argument("--layout", default=None, metavar="FILE",
                         help="export this layout file's config (-c) instead of the host as it is; for mig-parted and "
                              "vgpu-device-manager no host is read unless a selector needs one")
 
     def run(ctx: Context, args: argparse.Namespace) -> int:
-        if args.format == "layout" and args.layout is None:
-            args.config = args.config or "exported"
+        if args.format == "vgpuvirt" and args.layout is None:
             return plain_export(ctx, args)
         return _export(ctx, args, open_hosts)
 
@@ -69,7 +68,7 @@ def _read(path: str, what: str) -> str:
 
 
 def _import(ctx: Context, args: argparse.Namespace) -> int:
-    layout = interop.import_config(_read(args.file, f"{args.fmt} file"), args.file, args.fmt, args.config)
+    layout = interop.import_config(_read(args.file, f"{args.fmt or 'config'} file"), args.file, args.fmt, args.config)
     text = dump_layout(layout)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
@@ -84,7 +83,7 @@ def _import(ctx: Context, args: argparse.Namespace) -> int:
 def _configs(args: argparse.Namespace) -> Layout | None:
     if args.layout is None:
         return None
-    layout = parse_layout(_read(args.layout, "layout file"), args.layout)
+    layout = interop.read_any(_read(args.layout, "layout file"), args.layout)     # NVIDIA's files too
     return Layout((layout.config(args.config),), layout.source) if args.config else layout
 
 
@@ -107,11 +106,19 @@ def _export(ctx: Context, args: argparse.Namespace, open_hosts: OpenHosts) -> in
         else _no_hosts()
     with opener as hosts:
         read = {h.name: verbs.read_gpus(h)[1] for h in hosts}
-    configs = {h: layout.config(args.config) if layout is not None else as_is(gpus, args.config or "exported")
+    name = args.config or "current"
+    if layout is None and fmt != interop_host.KUBEVIRT:
+        # the host as that tool's own export prints it
+        for h, gpus in read.items():
+            if len(read) > 1:
+                print(printable(f"# {h}"))
+            sys.stdout.write(interop.dump(interop_host.host_export(gpus, fmt, name)))
+        return 0
+    configs = {h: layout.config(args.config) if layout is not None else interop_host.as_is(gpus, name)
                for h, gpus in read.items()}
     if fmt == interop_host.KUBEVIRT:
-        out: dict[str, Any] = interop_host.kubevirt_configuration(
-            {_node(h): interop_host.governed(configs[h], read[h]) for h in read})
+        out: dict[str, Any] = interop_host.to_kubevirt({_node(h): read[h] for h in read}) if layout is None else \
+            interop_host.kubevirt_configuration({_node(h): interop_host.governed(configs[h], read[h]) for h in read})
         text = yaml.safe_dump({"spec": {"configuration": out}}, sort_keys=False, width=120)
         if ctx.json:
             ctx.emit_json({"spec": {"configuration": out}})
@@ -124,11 +131,6 @@ def _export(ctx: Context, args: argparse.Namespace, open_hosts: OpenHosts) -> in
         cfg = configs[h]
         sys.stdout.write(interop.export_config(Layout((interop_host.by_index(cfg, gpus),)), fmt))
     return 0
-
-
-def as_is(gpus: list[GpuNow], name: str) -> LayoutConfig:
-    """The host as it is, as a config selecting each GPU by its PCI address (what ``layout export`` says)."""
-    return LayoutConfig(name, tuple(GpuEntry((Selector("address", str(g.address)),), g.layout()) for g in gpus))
 
 
 def _node(host: str) -> str:

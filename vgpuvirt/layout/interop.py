@@ -13,6 +13,7 @@ format cannot (passthrough, fill, SR-IOV counts, sizing, a device list AND a fil
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -29,7 +30,7 @@ from vgpuvirt.layout.model import (
     config_name,
     pci_id,
 )
-from vgpuvirt.layout.schema import LayoutFileError, _Reader
+from vgpuvirt.layout.schema import NodeReader, parse_layout
 
 MIG_PARTED, VGPU_DM = "mig-parted", "vgpu-device-manager"
 FORMATS = (MIG_PARTED, VGPU_DM)
@@ -63,22 +64,34 @@ def mig_profile_of(type_name: str) -> str | None:
 # ------------------------------------------------------------------------------------------ import
 
 
-def import_config(text: str, source: str, fmt: str, name: str | None = None) -> Layout:
-    """A mig-parted or vGPU Device Manager file as a layout (every config, or only ``name``)."""
-    if fmt not in FORMATS:
-        raise InvalidSpec("--from", fmt, " | ".join(FORMATS))
-    r = _Reader(text, source)
+def detect(text: str) -> str:
+    """Which format a file is in: ``vgpuvirt`` (``configs``), ``mig-parted`` (``mig-configs``) or
+    ``vgpu-device-manager`` (``vgpu-configs``); ``vgpuvirt`` when it cannot tell (its parser then says why)."""
     try:
-        root = r.loader.get_single_node()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise LayoutFileError(source, mark.line + 1 if mark else None, "",
-                              f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    finally:
-        r.loader.dispose()
+        top = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return "vgpuvirt"
+    if isinstance(top, dict) and "configs" not in top:
+        for fmt, key in CONFIGS_KEY.items():
+            if key in top:
+                return fmt
+    return "vgpuvirt"
+
+
+def read_any(text: str, source: str, fmt: str | None = None) -> Layout:
+    """A layout file in vgpuvirt's, mig-parted's or the vGPU Device Manager's format (``fmt``, else detected)."""
+    fmt = fmt or detect(text)
+    return parse_layout(text, source) if fmt == "vgpuvirt" else import_config(text, source, fmt)
+
+
+def import_config(text: str, source: str = "<config>", fmt: str | None = None, name: str | None = None) -> Layout:
+    """A mig-parted or vGPU Device Manager file (``fmt``, else detected) as a layout (every config, or ``name``)."""
+    fmt = fmt or detect(text)
+    if fmt not in FORMATS:
+        fmt = MIG_PARTED if "mig-configs" in text else VGPU_DM     # the reader says what is wrong with it
+    r = NodeReader(text, source)
     key = CONFIGS_KEY[fmt]
-    if root is None:
-        raise LayoutFileError(source, None, "", f"empty file; expected version: v1 and {key}")
+    root = r.root(f"version: v1 and {key}")
     top = r.mapping(root, "", ("version", key))
     version = r.scalar(top["version"], "version") if "version" in top else None
     if version != "v1":
@@ -103,7 +116,7 @@ def import_config(text: str, source: str, fmt: str, name: str | None = None) -> 
     return Layout(tuple(configs), source)
 
 
-def _entry(r: _Reader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
+def _entry(r: NodeReader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
     f = r.mapping(node, key, ENTRY_KEYS[fmt])
     for req in _REQUIRED[fmt]:
         if req not in f:
@@ -150,7 +163,7 @@ def _entry(r: _Reader, fmt: str, node: yaml.Node, key: str) -> GpuEntry:
                            None, None, None, tuple(implied.items()), bool(implied), counts))
 
 
-def _counts(r: _Reader, f: dict[str, yaml.Node], name: str, key: str) -> list[tuple[str, int]]:
+def _counts(r: NodeReader, f: dict[str, yaml.Node], name: str, key: str) -> list[tuple[str, int]]:
     out = []
     for k, v in r.mapping(f[name], f"{key}.{name}").items():
         n = r.scalar(v, f"{key}.{name}.{k}")
@@ -160,7 +173,7 @@ def _counts(r: _Reader, f: dict[str, yaml.Node], name: str, key: str) -> list[tu
     return out
 
 
-def _selectors(r: _Reader, f: dict[str, yaml.Node], key: str) -> tuple[tuple[Selector, ...], tuple[str, ...]]:
+def _selectors(r: NodeReader, f: dict[str, yaml.Node], key: str) -> tuple[tuple[Selector, ...], tuple[str, ...]]:
     dnode = f["devices"]
     if isinstance(dnode, yaml.ScalarNode):
         if r.scalar(dnode, f"{key}.devices") != "all":
@@ -203,12 +216,15 @@ def export_config(layout: Layout, fmt: str) -> str:
     optionally with a device-filter (a host's export by address goes through
     :func:`vgpuvirt.layout.interop_host.by_index` first)."""
     if fmt not in FORMATS:
-        raise InvalidSpec("--format", fmt, " | ".join(FORMATS))
+        raise InvalidSpec("format", fmt, " | ".join(FORMATS))
     out: dict[str, Any] = {}
     for c in layout.configs:
         out[c.name] = [_export_entry(fmt, e, f"{c.name}[{i}]") for i, e in enumerate(c.entries)]
-    return str(yaml.safe_dump({"version": "v1", CONFIGS_KEY[fmt]: out}, sort_keys=False, default_flow_style=None,
-                              width=120))
+    return dump({"version": "v1", CONFIGS_KEY[fmt]: out})
+
+
+def dump(data: Mapping[str, Any]) -> str:
+    return str(yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=None, width=120))
 
 
 def _export_selectors(fmt: str, e: GpuEntry, where: str) -> dict[str, Any]:

@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from vgpuvirt.layout.interop import NotExpressible
-from vgpuvirt.layout.model import GpuEntry, GpuLayout, LayoutConfig, Selector
+import yaml
+
+from vgpuvirt.layout.interop import MIG_PARTED, NotExpressible, export_config, mig_profile_of
+from vgpuvirt.layout.model import GpuEntry, GpuLayout, Layout, LayoutConfig, Selector, VgpuCount
 from vgpuvirt.layout.observe import GpuNow
 from vgpuvirt.layout.planner import _want_vfs
 
@@ -38,6 +40,47 @@ def _plain(g: GpuNow, lay: GpuLayout) -> GpuLayout:
     return lay
 
 
+def as_is(gpus: Sequence[GpuNow], name: str = "current") -> LayoutConfig:
+    """The host as it is, as a config selecting each GPU by its PCI address (what ``layout export`` says)."""
+    return LayoutConfig(name, tuple(GpuEntry((Selector("address", str(g.address)),), g.layout()) for g in gpus))
+
+
+def project(fmt: str, g: GpuNow) -> GpuLayout:
+    """What the NVIDIA tool's own ``export`` says of a GPU as it is: mig-parted its MIG mode and GPU instances
+    only; the vGPU Device Manager its vGPU counts by type name (the GPU instances they imply, nothing else)."""
+    if fmt == MIG_PARTED:
+        gis = tuple(sorted((g.budget.gpu_instances or {}).items()))
+        return GpuLayout(mode="mig", mig_devices=gis, mig_exact=True) if g.mig_enabled else GpuLayout(mode="off")
+    counts = g.counts()
+    types = tuple(VgpuCount(g.short_name(t), counts[t]) for t in sorted(counts))
+    implied: dict[str, int] = {}
+    for v in types:
+        if (gi := mig_profile_of(v.type)) is not None:
+            implied[gi] = implied.get(gi, 0) + (v.count or 0)
+    return GpuLayout(mode="mig-vgpu" if implied else "vgpu", mig_devices=tuple(implied.items()),
+                     mig_exact=bool(implied), vgpu_devices=types)
+
+
+def host_export(gpus: Sequence[GpuNow], fmt: str, name: str = "current") -> dict[str, Any]:
+    """The host in ``fmt`` as that tool's ``export`` would print it (:func:`project`), its NVIDIA GPUs grouped
+    by layout and selected by index (``all`` when they share one)."""
+    nv = sorted((g for g in gpus if (g.pci_id or "").startswith("0x10de:")), key=lambda g: g.address)
+    groups: dict[GpuLayout, list[int]] = {}
+    for i, g in enumerate(nv):
+        groups.setdefault(project(fmt, g), []).append(i)
+    entries = tuple(GpuEntry((Selector("all"),) if len(idx) == len(nv) else tuple(Selector("index", i) for i in idx),
+                             lay, vendor="nvidia") for lay, idx in groups.items())
+    if not entries:
+        return {"version": "v1", {"mig-parted": "mig-configs"}.get(fmt, "vgpu-configs"): {name: []}}
+    return dict(yaml.safe_load(export_config(Layout((LayoutConfig(name, entries),)), fmt)))
+
+
+def to_kubevirt(hosts: Mapping[str, Sequence[GpuNow]]) -> dict[str, Any]:
+    """KubeVirt's fragment for the hosts as they are (:func:`kubevirt_configuration` of their exports; GPUs
+    KubeVirt cannot take are left out)."""
+    return kubevirt_configuration({h: governed(as_is(gpus), gpus) for h, gpus in hosts.items()}, strict=False)
+
+
 def by_index(config: LayoutConfig, gpus: Sequence[GpuNow]) -> LayoutConfig:
     """``config`` as this host resolves it on its NVIDIA GPUs (what mig-parted and the vGPU Device Manager
     see), one entry per distinct layout selecting them by index among the NVIDIA GPUs (``all`` when every
@@ -59,10 +102,12 @@ def resource_name(vendor: str | None, name: str) -> str:
     return f"{_VENDOR_DOMAINS.get(vendor or '', 'devices.kubevirt.io')}/{_RESOURCE_CHARS.sub('_', name.strip())}"
 
 
-def kubevirt_configuration(hosts: Mapping[str, Sequence[tuple[GpuNow, GpuLayout]]]) -> dict[str, Any]:
+def kubevirt_configuration(hosts: Mapping[str, Sequence[tuple[GpuNow, GpuLayout]]],
+                           strict: bool = True) -> dict[str, Any]:
     """KubeVirt's ``spec.configuration`` fragment for these hosts' layouts: the PCI ids of passed-through
     GPUs and the mdev types of vGPUs as permitted host devices (KubeVirt's own plugins, not an external
-    provider), and the mdev types KubeVirt should create, cluster-wide and per node (by hostname)."""
+    provider), and the mdev types KubeVirt should create, cluster-wide and per node (by hostname). ``strict``:
+    refuse (:class:`NotExpressible`) a GPU KubeVirt cannot take, else leave it out."""
     pci: dict[str, dict[str, Any]] = {}
     mdev: dict[str, dict[str, Any]] = {}
     everywhere: list[str] = []
@@ -79,10 +124,14 @@ def kubevirt_configuration(hosts: Mapping[str, Sequence[tuple[GpuNow, GpuLayout]
                 pci.setdefault(sel, {"pciVendorSelector": sel,
                                      "resourceName": resource_name(vendor, g.product or sel),
                                      "externalResourceProvider": False})
+            elif lay.mode == "mig" and not strict:
+                continue
             elif lay.mode == "mig":
                 raise NotExpressible(KUBEVIRT, where, "mode mig (GPU instances are for containers; a VM takes a "
                                                       "MIG-backed vGPU: mode mig-vgpu)")
             elif lay.mode in ("vgpu", "mig-vgpu"):
+                if any(p.kind == "vendor-vf" for p in g.budget.places) and not strict:
+                    continue
                 if any(p.kind == "vendor-vf" for p in g.budget.places):
                     raise NotExpressible(KUBEVIRT, where, "vGPU 17+ VF types (they are PCI VFs, not mediated "
                                                           "devices KubeVirt can select by name)")

@@ -9,9 +9,6 @@ containers and passthrough use); in ``mig-vgpu`` none (the MIG-backed vGPU takes
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import replace
-
 from vgpuvirt.errors import DeviceError, InvalidSpec
 from vgpuvirt.host.base import Op, OpResult
 from vgpuvirt.layout.model import GpuLayout
@@ -19,12 +16,7 @@ from vgpuvirt.layout.observe import GpuNow
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.mig import MigGpu
 from vgpuvirt.services.mig_ops import MigAction
-from vgpuvirt.services.mig_parse import (
-    GpuInstance,
-    created_compute_instances,
-    created_gpu_instances,
-    mode_change_pending,
-)
+from vgpuvirt.services.mig_parse import created_compute_instances, created_gpu_instances, mode_change_pending
 from vgpuvirt.services.mutation import Planned
 from vgpuvirt.services.nvidia_modes import nvidia_smi_bus_id
 
@@ -41,29 +33,62 @@ def argv_by_bus_id(action: MigAction, gpu: str) -> list[str]:
     return argv
 
 
-def item(host: str, gpu: str, action: MigAction) -> Planned:
-    """One MIG action as a batch item (its argv in one exec op)."""
-    op = Op.exec(argv_by_bus_id(action, gpu), timeout=300.0, group=f"mig:{gpu}:{action.kind}")
+def item(host: str, gpu: str, *actions: MigAction) -> Planned:
+    """MIG actions as one batch item (their argv in one group of exec ops, run in order)."""
+    first = actions[0]
+    g = f"mig:{gpu}:{first.kind}:{'-'.join(map(str, first.ids or first.profiles))}"
+    ops = tuple(Op.exec(argv_by_bus_id(a, gpu), timeout=300.0, group=g) for a in actions)
+    what = "; ".join(a.describe() for a in actions)
 
     def explain(bad: OpResult) -> DeviceError:
         said = (bad.stderr or bad.stdout or bad.error or "").strip().splitlines()[-1:] or ["no output"]
-        return DeviceError(host, gpu, f"{action.describe()} failed (exit {bad.rc}): {said[0]}")
+        return DeviceError(host, gpu, f"{what} failed (exit {bad.rc}): {said[0]}")
 
-    return Planned(f"mig.{action.kind}", gpu, (op,), explain, action.to_dict(), intent=action.describe(),
-                   message=action.describe(), dry_message="would " + action.describe())
+    return Planned(f"mig.{first.kind}", gpu, ops, explain, first.to_dict(), intent=what, message=what,
+                   dry_message="would " + what)
 
 
 def undo_created(host: str, gpu: str, index: int, results: tuple[OpResult, ...]) -> Planned | None:
-    """What undoes a create-gi that ran: destroying the GPU instances its answer says it created, their
-    compute instances (``-C``) first (nvidia-smi refuses to destroy a GPU instance that has some)."""
-    ids = [gi for r in results for _, gi in created_gpu_instances(r.stdout)]     # one GPU per exec
-    if not ids:
-        return None
-    undo = item(host, gpu, MigAction.destroy_gi(index, ids))
-    cis = [(gi, ci) for r in results for _, gi, ci in created_compute_instances(r.stdout)]
-    first = tuple(Op.exec(argv_by_bus_id(MigAction.destroy_ci(index, gi, [ci]), gpu), timeout=300.0,
-                          group=undo.ops[0].group) for gi, ci in cis)
-    return replace(undo, ops=first + undo.ops)
+    """What undoes a create-gi that ran: its compute instances, then the GPU instances its answer names."""
+    text = "\n".join(r.stdout for r in results)
+    cis = created_compute_instances(text)
+    gis = [gi for _, gi in created_gpu_instances(text)]     # one GPU per exec
+    actions = [MigAction.destroy_ci(index, gi, [ci]) for _, gi, ci in reversed(cis)]
+    if gis:
+        actions.append(MigAction.destroy_gi(index, list(reversed(gis))))
+    return item(host, gpu, *actions) if actions else None
+
+
+def place(m: MigGpu, profiles: list[str]) -> list[int | None] | None:
+    """A start (memory slice) for each profile on an empty GPU, from ``-lgipp``'s placements, such that none
+    overlap; None when no arrangement fits. Without placement tables: no starts (nvidia-smi picks)."""
+    info = {p.name: p for p in m.profiles}
+    if not all(info.get(p) and info[p].placements and info[p].placement_size for p in profiles):
+        return [None] * len(profiles)
+    taken: list[tuple[int, int]] = []
+    starts: list[int | None] = []
+
+    def fit(i: int) -> bool:
+        if i == len(profiles):
+            return True
+        prof = info[profiles[i]]
+        size = prof.placement_size or 1
+        for st in prof.placements:
+            if all(st + size <= a or b <= st for a, b in taken):
+                taken.append((st, st + size))
+                starts.append(st)
+                if fit(i + 1):
+                    return True
+                taken.pop()
+                starts.pop()
+        return False
+
+    return starts if fit(0) else None
+
+
+def _size(profile: str) -> int:
+    """Compute slices of a GPU-instance profile (``3g.20gb`` -> 3): big ones first keeps placements free."""
+    return int(profile.split("g.", 1)[0].rsplit(".", 1)[-1])
 
 
 def pending(results: tuple[OpResult, ...]) -> bool:
@@ -93,76 +118,30 @@ def mig_plan(g: GpuNow, want: GpuLayout) -> tuple[list[tuple[int, str, Planned, 
     for prof in sorted(set(have) | set(wanted)):
         if have.get(prof, 0) != wanted.get(prof, 0):
             diff.append(f"MIG {prof} {have.get(prof, 0)} -> {wanted.get(prof, 0)}")
-    surplus = Counter({p: n - wanted.get(p, 0) for p, n in have.items() if n > wanted.get(p, 0)})
-    new = [p for p, n in wanted.items() for _ in range(max(0, n - have.get(p, 0)))]
-    going = _surplus_gis(m.gpu_instances, surplus)
-    starts = place(m, [gi for gi in m.gpu_instances if gi not in going], new)
-    if new and starts is None and want.mode == "mig" and not g.vgpus:
-        # the kept GPU instances block the new ones: remake them all, as mig-parted does (nothing uses them that
-        # the layout knows of: mode mig has no vGPUs)
-        going = list(m.gpu_instances)
-        new = [p for p, n in wanted.items() for _ in range(n)]
-        starts = place(m, [], new)
-    if new and starts is None:
-        kept = sorted(gi.profile for gi in m.gpu_instances if gi not in going)
-        raise InvalidSpec(f"MIG layout for {gpu}", dict(wanted), "GPU instances that fit the GPU's placements (-lgipp)"
-                          + (f" next to the ones kept ({', '.join(kept)}): change or drain those" if kept else ""))
     steps: list[tuple[int, str, Planned, Planned | None, bool]] = []
-    for gi in going:
+    # A geometry that changes is laid out again from an empty GPU, biggest instances first: keeping some
+    # instances where they sit can leave the slices the others need fragmented (as mig-parted does it too).
+    relayout = {k: v for k, v in wanted.items() if v} != {k: v for k, v in have.items() if v}
+    for gi in sorted(m.gpu_instances, key=lambda x: -x.id) if relayout or not on_want else ():
         cis = [c for c in m.compute_instances if c.gi == gi.id]
-        if cis:
-            steps.append((GI_DOWN, f"destroy the compute instances of GPU instance {gi.id} ({gi.profile}) on {gpu}",
-                          item(host, gpu, MigAction.destroy_ci(idx, gi.id, [c.id for c in cis])),
-                          item(host, gpu, MigAction.create_ci(idx, gi.id, [c.profile for c in cis])), False))
-        steps.append((GI_DOWN, f"destroy GPU instance {gi.id} ({gi.profile}) on {gpu}",
-                      item(host, gpu, MigAction.destroy_gi(idx, [gi.id])),
+        actions = ([MigAction.destroy_ci(idx, gi.id, [c.id for c in cis])] if cis else []) + \
+            [MigAction.destroy_gi(idx, [gi.id])]
+        steps.append((GI_DOWN, f"destroy GPU instance {gi.id} ({gi.profile}) on {gpu}", item(host, gpu, *actions),
                       item(host, gpu, MigAction.create_gi(idx, [gi.profile], placements=[gi.start],
                                                           default_ci=bool(cis))), False))
     if on_now != on_want:
         steps.append((MODE, f"turn MIG mode {'on' if on_want else 'off'} on {gpu}",
                       item(host, gpu, MigAction.mode(idx, on_want)), item(host, gpu, MigAction.mode(idx, on_now)),
                       False))
-    for prof in dict.fromkeys(new):
-        at = [s for p, s in zip(new, starts or [None] * len(new), strict=True) if p == prof]
-        action = MigAction.create_gi(idx, [prof] * len(at), placements=at, default_ci=want.mode == "mig")
-        where = f" at {', '.join(map(str, at))}" if starts is not None else ""
-        steps.append((GI_UP, f"create {len(at)} x GPU instance {prof}{where} on {gpu}", item(host, gpu, action), None,
+    profiles = sorted((p for p, n in wanted.items() for _ in range(n)), key=lambda p: (-_size(p), p))
+    # A GPU with MIG off lists no profiles or placements: its GPU instances wait for the next round, once the
+    # mode is on and read again (apply re-reads after each round of preparation).
+    if profiles and on_now and relayout:
+        starts = place(m, profiles)
+        if starts is None:
+            raise InvalidSpec(f"mig-devices for {gpu} ({g.product or 'GPU'})", dict(wanted),
+                              "GPU instances that fit the GPU's placements together (nvidia-smi mig -lgipp)")
+        action = MigAction.create_gi(idx, profiles, placements=starts, default_ci=want.mode == "mig")
+        steps.append((GI_UP, f"create GPU instances {','.join(profiles)} on {gpu}", item(host, gpu, action), None,
                       True))
     return steps, diff
-
-
-def _surplus_gis(gis: tuple[GpuInstance, ...], surplus: Counter[str]) -> list[GpuInstance]:
-    left = Counter(surplus)
-    out = []
-    for gi in sorted(gis, key=lambda x: -x.id):
-        if left[gi.profile] > 0:
-            left[gi.profile] -= 1
-            out.append(gi)
-    return out
-
-
-def place(m: MigGpu, kept: list[GpuInstance], new: list[str]) -> list[int | None] | None:
-    """A start (memory slice, from ``-lgipp``) for each new GPU instance next to the kept ones, largest
-    first; None when they cannot all be placed. The driver's own choice (no start given) depends on the
-    order of creation and can leave no room for a larger instance: the planner names the starts."""
-    profs = {p.name: p for p in m.profiles}
-    if any(p not in profs or not profs[p].placements for p in new):
-        return [None] * len(new) if new else []
-    occupied: set[int] = {s for gi in kept for s in range(gi.start, gi.start + gi.size)}
-    order = sorted(range(len(new)), key=lambda i: -(profs[new[i]].placement_size or 1))
-    starts: list[int | None] = [None] * len(new)
-
-    def go(k: int, occ: set[int]) -> bool:
-        if k == len(order):
-            return True
-        i = order[k]
-        p = profs[new[i]]
-        for s in p.placements:
-            span = set(range(s, s + (p.placement_size or 1)))
-            if not span & occ:
-                starts[i] = s
-                if go(k + 1, occ | span):
-                    return True
-        return False
-
-    return starts if go(0, occupied) else None

@@ -54,6 +54,7 @@ class GpuNow:
     holder: str | None = None                   # the domain the whole GPU is passed through to
     mig: MigGpu | None = None                   # nvidia-smi's MIG view (index, GIs, CIs), when read
     pci_id: str | None = None                   # "0x10de:0x2236"
+    function_drivers: tuple[str | None, ...] = ()   # the drivers of ``functions``, in order
 
     @property
     def mig_enabled(self) -> bool:
@@ -145,7 +146,8 @@ def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
     return GpuNow(g.address, g.name, g.driver, functions, b, g.sriov_totalvfs or 0,
                   tuple(sorted(g.vfs)), tuple(sorted(vgpus, key=lambda v: (v.place, v.type_id, v.uuid or ""))),
                   names, g.backend, b.whole_holder, mig,
-                  f"{g.vendor}:{g.device}".lower() if g.vendor and g.device else None)
+                  f"{g.vendor}:{g.device}".lower() if g.vendor and g.device else None,
+                  tuple((d.driver if (d := inv.device(a)) else None) for a in functions))
 
 
 def export_layout(inv: Inventory, name: str = "exported") -> Layout:

@@ -192,8 +192,13 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                                 touches=tuple(str(v) for v in g.vfs)))
     if drv is not None and drv != g.driver:
         diff.append(f"driver {g.driver} -> {drv}")
+        drivers = dict(zip(g.functions, g.function_drivers, strict=False))
         for a in (g.address, *(g.functions if drv == VFIO or g.driver == VFIO else ())):
-            cur = g.driver if a == g.address else None
+            cur = g.driver if a == g.address else drivers.get(a)
+            if a != g.address and drv != VFIO and cur == VFIO:
+                continue        # the audio function stays on vfio-pci: its own driver is not ours to name
+            if a != g.address and cur == drv:
+                continue
             steps.append(LayoutStep(host, g.address, 1, DRIVER, f"bind {a} to {drv}",
                                     vfio_binding.bind_item(host, a, cur, drv), None if cur is None else
                                     vfio_binding.bind_item(host, a, drv, cur), touches=(str(a),)))

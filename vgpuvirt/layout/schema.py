@@ -53,10 +53,26 @@ class LayoutFileError(InvalidSpec):
         self.what, self.value, self.expected = key, None, problem
 
 
-class _Reader:
+class NodeReader:
+    """YAML nodes to values, each error at its node's line (the interop readers use it too)."""
+
     def __init__(self, text: str, source: str) -> None:
         self.source = source
         self.loader = yaml.SafeLoader(text)
+
+    def root(self, expected: str) -> yaml.Node:
+        """The document's root node; an error for text that is not YAML or is empty."""
+        try:
+            root = self.loader.get_single_node()
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise LayoutFileError(self.source, mark.line + 1 if mark else None, "",
+                                  f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        finally:
+            self.loader.dispose()
+        if root is None:
+            raise LayoutFileError(self.source, None, "", f"empty file; expected {expected}")
+        return root
 
     def fail(self, node: yaml.Node | None, key: str, problem: str) -> LayoutFileError:
         return LayoutFileError(self.source, node.start_mark.line + 1 if node is not None else None, key, problem)
@@ -100,17 +116,8 @@ class _Reader:
 
 def parse_layout(text: str, source: str = "<layout>") -> Layout:
     """A layout from YAML text; ``source`` names it in errors (the file's path)."""
-    r = _Reader(text, source)
-    try:
-        root = r.loader.get_single_node()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise LayoutFileError(source, mark.line + 1 if mark else None, "",
-                              f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    finally:
-        r.loader.dispose()
-    if root is None:
-        raise LayoutFileError(source, None, "", "empty file; expected version: v1 and configs")
+    r = NodeReader(text, source)
+    root = r.root("version: v1 and configs")
     top = r.mapping(root, "", ("version", "configs"))
     if "version" not in top:
         raise r.fail(root, "version", f"missing; expected version: {VERSION}")
@@ -135,7 +142,7 @@ def parse_layout(text: str, source: str = "<layout>") -> Layout:
     return Layout(tuple(configs), source)
 
 
-def _entry(r: _Reader, node: yaml.Node, key: str) -> GpuEntry:
+def _entry(r: NodeReader, node: yaml.Node, key: str) -> GpuEntry:
     f = r.mapping(node, key, ENTRY_KEYS)
     if "devices" not in f:
         raise r.fail(node, f"{key}.devices", "missing; expected all, or a list of indexes, PCI addresses, products")
@@ -192,7 +199,7 @@ def _entry(r: _Reader, node: yaml.Node, key: str) -> GpuEntry:
     return GpuEntry(devices, layout, node.start_mark.line + 1, vendor, filters)
 
 
-def _devices(r: _Reader, node: yaml.Node, key: str) -> tuple[Selector, ...]:
+def _devices(r: NodeReader, node: yaml.Node, key: str) -> tuple[Selector, ...]:
     if isinstance(node, yaml.ScalarNode):
         v = r.scalar(node, key)
         if v != "all":

@@ -27,6 +27,8 @@ from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.mutation import apply_items
 
 Domains = Iterable[tuple[str, str]] | None
+#: Rounds of preparation at most: SR-IOV/driver/MIG mode, then GPU instances on a GPU whose MIG mode it turned on.
+MAX_ROUNDS = 3
 
 
 @dataclass
@@ -88,8 +90,11 @@ def _run(host: Host, steps: list[LayoutStep], journal: list[LayoutStep]) -> None
         return
     outcomes = apply_items(host, [s.item for s in steps], on_error="stop")
     for step, o in zip(steps, outcomes, strict=True):
-        if o.ok or o.wrote:
-            journal.append(replace(step, undo=step.undo_after(o.results)) if step.undo_after else step)
+        if step.undo_after is not None and not o.skipped:
+            # a create that failed part-way made some instances: its answer names them, undo those
+            journal.append(replace(step, undo=step.undo_after(o.results)))
+        elif o.ok or o.wrote:
+            journal.append(step)
         if not o.ok and not o.skipped:
             raise o.error or VgpuvirtError(f"{host.name}: {step.text} failed")
         if step.item.action == "mig.mode" and mig_steps.pending(o.results):
@@ -122,16 +127,20 @@ def apply_host(host: Host, config: LayoutConfig, *, domains: Domains = None, dry
         before(p)
     journal: list[LayoutStep] = []
     try:
-        first = p.phase(1)
+        first, second, rounds = p.phase(1), p.phase(2), 0
         _counted(host, rts, "prepare", lambda: _run(host, first, journal))
-        second = p.phase(2)
-        if first or p.pending:
+        while first or (p.pending and rounds == 0):
+            # what phase 1 made (VFs, MIG mode) is read again; the rest of the plan is made on it. A MIG mode
+            # turned on takes a second round for its GPU instances (their placements are listed only then).
             _, gpus = _counted(host, rts, "re-read", lambda: read_gpus(host, domains))
             again = plan_host(host.name, gpus, config)
-            if again.phase(1):
+            rounds += 1
+            nxt = again.phase(1)
+            if nxt and (rounds >= MAX_ROUNDS or [s.text for s in nxt] == [s.text for s in first]):
                 raise VgpuvirtError(f"{host.name}: the host did not reach the prepared state: "
-                                    + "; ".join(s.text for s in again.phase(1)[:4]))
-            second = again.phase(2)
+                                    + "; ".join(s.text for s in nxt[:4]))
+            first, second = nxt, again.phase(2)
+            _counted(host, rts, "prepare", lambda steps=first: _run(host, steps, journal))  # type: ignore[misc]
         _counted(host, rts, "devices", lambda: _run(host, second, journal))
     except VgpuvirtError as exc:
         undone = _counted(host, rts, "rollback", lambda: rollback(host, journal))
