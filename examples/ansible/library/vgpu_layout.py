@@ -26,6 +26,7 @@ options:
   layout:
     description:
       - The layout, as YAML text (for example C(lookup('file', 'lab.yaml'))) or as a mapping.
+      - An nvidia-mig-parted (C(mig-configs)) or vGPU Device Manager (C(vgpu-configs)) file works as it is.
       - Mutually exclusive with O(path); one of them is required.
     type: raw
   path:
@@ -122,7 +123,8 @@ try:
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.ansible_support import run_module
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
-    from vgpuvirt.layout import dump_layout, parse_layout, verbs
+    from vgpuvirt.layout import dump_layout, verbs
+    from vgpuvirt.layout.interop import read_any as parse_layout   # mig-parted / vGPU DM files work as they are
     from vgpuvirt.layout.drain import apply_with_drain
     from vgpuvirt.layout.model import Layout
 except ImportError:
