@@ -124,8 +124,8 @@ try:
     from vgpuvirt.ansible_support import run_module
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
     from vgpuvirt.layout import dump_layout, verbs
-    from vgpuvirt.layout.interop import read_any as parse_layout   # mig-parted / vGPU DM files work as they are
     from vgpuvirt.layout.drain import apply_with_drain
+    from vgpuvirt.layout.interop import read_any as parse_layout  # mig-parted / vGPU DM files work as they are
     from vgpuvirt.layout.model import Layout
 except ImportError:
     HAS_VGPUVIRT = False
