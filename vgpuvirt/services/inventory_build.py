@@ -48,9 +48,11 @@ from vgpuvirt.services.nvml import NvmlReport
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
                     nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None, kernel_log: OpResult | None = None) -> Inventory:
-    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``: ``nvidia-smi mig -lgi``;
-    ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they give each GPU's health)."""
+                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
+                    kernel_log: OpResult | None = None) -> Inventory:
+    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
+    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
+    give each GPU's health)."""
     idx = Index(snap)
     usage = Usage.from_domains(domains)
     warnings: list[str] = list(usage.warnings)
@@ -60,7 +62,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     mdevs = _mdevs(idx, usage)
     parents = _parents(idx, devices, mdevs)
     raw_vfs, type_names = raw_vendor_vfs(idx, devices, warnings)
-    facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi)
+    facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
     gpus = with_health(gpus, nvidia_smi, kernel_log, warnings, sources)
