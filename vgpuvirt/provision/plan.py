@@ -127,8 +127,14 @@ def domain_meta(xml: str) -> dict[str, Any] | None:
 
 def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
     """The step that makes an assignment's device; None when the device exists already (whole GPU, VF)."""
+    frl_off = vm.gpus[a.index].frl is False
+    if frl_off and not (a.kind == "mdev" and a.type.id.startswith("nvidia-")):
+        # NVIDIA documents vgpu_params on the mdev only; a vGPU 17+ VF's equivalent is not documented.
+        raise InvalidSpec("GPU request", f"frl=off for {vm.name}", "an NVIDIA mdev vGPU: the frame rate limiter "
+                          f"of a {a.kind} device ({a.type.id} on {a.slot}) cannot be turned off through vgpu_params")
     if a.kind == "mdev":
-        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id))
+        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id),
+                          "frame_rate_limiter=0" if frl_off else None)
     if a.kind == "vendor-vf":
         return SetVfType(a.host, vm.name, a.slot, VgpuTypeId.parse(a.type.id))
     return None

@@ -17,6 +17,7 @@ from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.host_resources import host_resources
+from vgpuvirt.services.inventory_health import with_health
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
     Backend,
@@ -48,8 +49,11 @@ from vgpuvirt.services.nvml import NvmlReport
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
                     nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None) -> Inventory:
-    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``: ``nvidia-smi mig -lgi``."""
+                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
+                    kernel_log: OpResult | None = None) -> Inventory:
+    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
+    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
+    give each GPU's health)."""
     idx = Index(snap)
     usage = Usage.from_domains(domains)
     warnings: list[str] = list(usage.warnings)
@@ -59,9 +63,10 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     mdevs = _mdevs(idx, usage)
     parents = _parents(idx, devices, mdevs)
     raw_vfs, type_names = raw_vendor_vfs(idx, devices, warnings)
-    facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi)
+    facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
+    gpus = with_health(gpus, nvidia_smi, kernel_log, warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
     return Inventory(
