@@ -25,7 +25,7 @@ import tenacity
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
-from vgpuvirt.libvirt_storage import LibvirtFacts, StorageCalls
+from vgpuvirt.libvirt_storage import StorageCalls
 from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
@@ -34,8 +34,6 @@ from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHo
 #: What attach/detach take: device XML text, or one of the xml layer's device objects.
 DeviceArg = str | GpuDevice
 _DEVICE_TYPES = (MdevHostdev, PciHostdev, HostdevInterface)
-
-__all__ = ["DomainInfo", "LibvirtConnection", "LibvirtFacts", "no_retry", "retry_transient"]
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -100,10 +98,7 @@ class DomainInfo:
 
 
 class LibvirtConnection(StorageCalls):
-    """One libvirt connection. Open lazily; safe to share between threads (libvirt-python is).
-
-    Storage pools and volumes (linked clones), networks and firmware: :class:`~vgpuvirt.libvirt_storage.StorageCalls`.
-    """
+    """One libvirt connection, opened lazily, thread-safe; storage, networks, firmware: ``StorageCalls``."""
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
         # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it
