@@ -3,7 +3,8 @@
 The convention (docs/testbed.md, "Documentation examples"):
 - an example is a line that starts with ``vgpuvirt`` inside a fenced block tagged ``sh``; a line ending in ``\\``
   continues on the next; untagged fenced blocks are synopses (``[--json]``, ``PROFILE``) and are not run;
-- each block runs in a fresh temporary directory, its lines in order, through ``bash -c`` (quotes, ``&&`` and
+- each block runs in a fresh temporary directory that holds a link to the clone's ``examples/`` (a user runs
+  the README from the clone's root), its lines in order, through ``bash -c`` (quotes, ``&&`` and
   ``# comments`` as a user's shell reads them) with ``vgpuvirt`` being this tree's CLI;
 - a line must exit 0, unless its comment says ``(exit N)``;
 - a line whose comment says ``(real host)`` needs hardware or a host this machine cannot reach (``ssh://gpu1``).
@@ -109,6 +110,7 @@ def test_example_block_runs_as_written(path: Path, n: int, block: list[tuple[int
                                        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if any("(testbed)" in comment(cmd) for _, cmd in block):
         request.getfixturevalue("testbed")     # starts it, or skips (fails under CI) saying what is missing
+    (tmp_path / "examples").symlink_to(REPO / "examples")     # `examples/layouts/lab.yaml` as from the clone
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "80",
            "VGPUVIRT_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     for line, cmd in block:
