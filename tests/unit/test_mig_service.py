@@ -110,3 +110,18 @@ def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip()
     fit = b.fit("nvidia-689")                                               # GRID A30-1-6C on 1g.6gb
     assert fit.fits_now == 2 and "the free slices take 2 more GPU instance(s) of it" in fit.reason
     assert gpu_budgets(inventory(host, nvidia_smi=False))[0].gi_free is None   # not read: not known
+
+
+def test_listing_failures_without_any_gpu_in_mig_mode_are_not_errors() -> None:
+    from vgpuvirt.host.base import OpResult
+    from vgpuvirt.services.mig import READ_ARGVS, build_mig_state
+    host = SimHost.from_profile("t4x2")
+    xml = host.run(["nvidia-smi", "-q", "-x"]).stdout
+    ok = OpResult(Op.exec(READ_ARGVS[0]), ok=True, rc=0, stdout=xml)
+    not_supported = [OpResult(Op.exec(a), ok=False, rc=3, stderr="Not Supported\n") for a in READ_ARGVS[1:]]
+    state = build_mig_state("t4", [ok, *not_supported])
+    assert state.available and state.errors == () and [g.capable for g in state.gpus] == [False, False]
+    a100 = SimHost.from_profile("a100-sriov")
+    xml = a100.run(["nvidia-smi", "-q", "-x"]).stdout
+    state = build_mig_state("a100", [OpResult(Op.exec(READ_ARGVS[0]), ok=True, rc=0, stdout=xml), *not_supported])
+    assert len(state.errors) == 4 and "nvidia-smi mig -lgi failed (exit 3): Not Supported" in state.errors
