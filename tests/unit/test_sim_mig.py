@@ -204,3 +204,8 @@ def test_mig_mode_on_every_gpu_goes_on_past_a_refusal() -> None:
                                 "73269d0f-b2c9-438d-8f28-f9e4bc6c6990")]).ok
     rc, out, err = smi(a100, "-mig", "0")                                    # GPU 0 refuses, GPU 1 was off
     assert rc == 19 and out == "Disabled MIG Mode for GPU 00000000:65:00.0\n" and "00000000:17:00.0" in err
+
+
+def test_type_tables_keep_their_names() -> None:
+    from vgpuvirt.sim.profiles import builtin_type_tables
+    assert {n: t.name for n, t in builtin_type_tables().items()} == {n: n for n in builtin_type_tables()}
