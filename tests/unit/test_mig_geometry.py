@@ -31,7 +31,7 @@ def test_from_off_to_seven_slices_and_a_rerun_changes_nothing() -> None:
 def test_mixed_geometry_keeps_what_is_wanted_and_creates_largest_first() -> None:
     host = SimHost.from_profile("a100-sriov")                               # GPU 0: 3 x 2g.20gb + 1 x 1g.10gb
     argv = reach(host, 0, {"2g.20gb": 1, "3g.40gb": 1, "1g.10gb": 1}, default_ci=True)
-    assert argv == ["nvidia-smi mig -i 0 -dgi -gi 2", "nvidia-smi mig -i 0 -dgi -gi 1",   # 2g at 0 and 2 go
+    assert argv == ["nvidia-smi mig -i 0 -dgi -gi 4", "nvidia-smi mig -i 0 -dgi -gi 3",   # 2g at 2 and 0 go
                     "nvidia-smi mig -i 0 -cgi 3g.40gb -C"]                                  # 3g takes 0-3
     assert read_mig_state(host).gpus[0].instance_counts() == {"2g.20gb": 1, "3g.40gb": 1, "1g.10gb": 1}
 
@@ -52,7 +52,7 @@ def test_a_kept_instance_in_the_way_fails_and_rolls_back_then_rebuild_works() ->
 def test_refusals() -> None:
     state = read_mig_state(SimHost.from_profile("a100-sriov"))
     with pytest.raises(InvalidSpec, match="hold vGPUs"):
-        geometry_actions(state.gpus[0], {"7g.80gb": 1}, in_use=[1])
+        geometry_actions(state.gpus[0], {"7g.80gb": 1}, in_use=[3])
     with pytest.raises(InvalidSpec, match=r"1g\.6gb"):
         geometry_actions(state.gpus[0], {"1g.6gb": 1})                      # not an A100 80GB profile
     with pytest.raises(InvalidSpec):

@@ -170,14 +170,14 @@ def test_mig_backed_types_follow_the_gpu_instances() -> None:
 
 def test_mig_devices_in_the_xml_and_the_gpu_list() -> None:
     host = SimHost.from_profile("a100-sriov")
-    assert smi(host, "mig", "-i", "0", "-gi", "9,1", "-cci")[0] == 0      # no profile: each GI's whole-GI CI
+    assert smi(host, "mig", "-i", "0", "-gi", "13,3", "-cci")[0] == 0      # no profile: each GI's whole-GI CI
     out = smi(host, "-L")[1].splitlines()
     assert out[1].startswith("  MIG 2g.20gb     Device  0: (UUID: MIG-")
     assert out[2].startswith("  MIG 1g.10gb     Device  1:")
     doc = etree.fromstring(smi(host, "-q", "-x")[1].split("\n", 2)[2].encode())
     devs = doc.find("gpu").findall("mig_devices/mig_device")              # type: ignore[union-attr]
     ids = [(d.findtext("gpu_instance_id"), d.findtext("compute_instance_id")) for d in devs]
-    assert ids == [("1", "0"), ("9", "0")]
+    assert ids == [("3", "0"), ("13", "0")]
 
 
 def test_a_profile_whose_gpu_instances_overlap_is_refused(tmp_path: Path) -> None:
