@@ -25,8 +25,14 @@ import tenacity
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
+from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
-from vgpuvirt.xml.domain import parse_xml
+from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
+from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
+
+#: What attach/detach take: device XML text, or one of the xml layer's device objects.
+DeviceArg = str | GpuDevice
+_DEVICE_TYPES = (MdevHostdev, PciHostdev, HostdevInterface)
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -113,9 +119,11 @@ class LibvirtConnection:
                 try:
                     self._conn = libvirt.openReadOnly(self.uri) if self.readonly else libvirt.open(self.uri)
                 except libvirt.libvirtError as exc:
-                    raise self._translate(exc, None, "cannot connect") from exc
+                    code = exc.get_error_code()
+                    raise LibvirtError(connect_failure(self.uri, exc.get_error_message()) + f" (libvirt error {code})",
+                                       code=code, uri=self.uri) from exc
                 except SystemError as exc:
-                    raise self._undecodable(None, "cannot connect") from exc
+                    raise self._undecodable(None, "connect") from exc
             return self._conn
 
     def close(self) -> None:
@@ -262,6 +270,16 @@ class LibvirtConnection:
         with audited("shutdown domain", self.uri, domain=name):
             self._call(name, "shutdown", lambda: dom.shutdown())
 
+    def reboot(self, name: str) -> None:
+        """Ask the guest to reboot (ACPI); returns at once. A domain that is not running is refused."""
+        dom = self._lookup(name)
+        if not self._call(name, "query state", lambda: dom.isActive()):
+            raise LibvirtError(f"reboot failed on {self.uri}: domain {name} is not running (start it instead)",
+                               domain=name, code=VIR_ERR_OPERATION_INVALID, uri=self.uri)
+        audit.info("%s: reboot domain %s", self.uri, name)
+        with audited("reboot domain", self.uri, domain=name):
+            self._call(name, "reboot", lambda: dom.reboot(0))
+
     def destroy(self, name: str) -> bool:
         """Power off at once. Returns False when the domain was not running (or is gone)."""
         if not self.exists(name):
@@ -328,20 +346,50 @@ class LibvirtConnection:
             flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
         return int(flags)
 
-    def attach(self, name: str, device_xml: str, *, live: bool | None = None, config: bool = True) -> None:
-        """Attach a device (``<hostdev>``, ``<interface>``) to a domain, live and/or persistently."""
+    def _device_text(self, name: str, device: DeviceArg, *, detach: bool, live: bool) -> str:
+        if isinstance(device, str):
+            return device
+        if not isinstance(device, _DEVICE_TYPES):
+            raise InvalidSpec("device", type(device).__name__,
+                              "device XML text, or an MdevHostdev, PciHostdev or HostdevInterface")
+        if detach:
+            # libvirt matches a detach by source, but the domain's own element (guest address, alias)
+            # is what it wrote: send that back when the domain has the device.
+            try:
+                return Domain.from_xml(self.xml(name, inactive=not live)).detach_xml(device)
+            except XmlError:
+                pass
+        return device_xml(device)
+
+    def attach(self, name: str, device: DeviceArg, *, live: bool | None = None, config: bool = True) -> None:
+        """Attach a device (``<hostdev>``, ``<interface>``: XML text or a device object) to a domain, live
+        (default: when it runs) and/or persistently (``config``)."""
         dom = self._lookup(name)
         flags = self._device_flags(name, live, config)
+        device_xml = self._device_text(name, device, detach=False, live=False)
         audit.info("%s: attach device to %s", self.uri, name)
         with audited("attach device", self.uri, domain=name, device=device_xml):
             self._call(name, "attach device", lambda: dom.attachDeviceFlags(device_xml, flags))
 
-    def detach(self, name: str, device_xml: str, *, live: bool | None = None, config: bool = True) -> None:
+    def detach(self, name: str, device: DeviceArg, *, live: bool | None = None, config: bool = True) -> None:
+        """Detach a device (XML text or a device object; matched by its source) live and/or persistently."""
         dom = self._lookup(name)
         flags = self._device_flags(name, live, config)
+        libvirt = _import_libvirt()
+        device_xml = self._device_text(name, device, detach=True, live=bool(flags & libvirt.VIR_DOMAIN_AFFECT_LIVE))
         audit.info("%s: detach device from %s", self.uri, name)
         with audited("detach device", self.uri, domain=name, device=device_xml):
             self._call(name, "detach device", lambda: dom.detachDeviceFlags(device_xml, flags))
+
+
+    def set_metadata(self, name: str, element_xml: str, key: str, namespace: str, *, live: bool | None = None,
+                     config: bool = True) -> None:
+        """Replace the domain's ``<metadata>`` element of ``namespace`` (live and/or persistent)."""
+        libvirt = _import_libvirt()
+        dom = self._lookup(name)
+        flags = self._device_flags(name, live, config)
+        self._call(name, "set metadata", lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element_xml,
+                                                                 key, namespace, flags))
 
 
 def _disk_paths(xml: str) -> list[str]:

@@ -168,8 +168,15 @@ VERBS["teardown"] = cat(host, st.just(["teardown"]), kv("--connect", st.sampled_
                         st.lists(one_of_or_junk(["*", "vm-*", "t*"]).map(lambda v: ["--pattern", v]), max_size=1)
                         .map(lambda ls: [w for p in ls for w in p]), flag("--remove-storage"), flag("--dry-run"))
 
+VERBS["scheduler show"] = cat(host, st.just(["scheduler", "show"]), st.lists(pci, max_size=2), json_flag)
+VERBS["scheduler set"] = cat(host, st.just(["scheduler", "set"]), st.lists(pci, min_size=1, max_size=2),
+                             st.just(["--policy"]),
+                             one_of_or_junk(["best-effort", "equal-share", "fixed-share"]).map(lambda v: [v]),
+                             kv("--timeslice-us", num), opt(st.sampled_from([["--adaptive"], ["--no-adaptive"]])),
+                             flag("--persist"), flag("--dry-run"), json_flag)
+
 READ_ONLY = {"inventory", "types", "mdev list", "sriov show", "iommu check", "xml build", "xml lint", "xml devices",
-             "plan", "sim list", "sim show", "global"}
+             "plan", "sim list", "sim show", "global", "scheduler show"}
 
 # file contents: domain XML, JSON records, YAML profiles (a shipped one with one value replaced), junk
 PROFILE_TEXT = (Path(__file__).resolve().parents[2] / "vgpuvirt" / "sim" / "profiles" / "t4x2.yaml").read_text()

@@ -1,10 +1,13 @@
 """The fleet proof: real ansible-playbook over real sshd to 3 test hosts, each with its own live
-FUSE-simulated GPU host, provisioning VDI desktops through the real libvirtd (qemu:///system).
+FUSE-simulated GPU host, provisioning a pool of VDI desktops counted across the fleet (vgpu_pool)
+through the real libvirtd (qemu:///system).
 
 Order of the main test: check mode (reports changes, changes nothing: verified on every host's
-sysfs and in libvirt), the real run, the same playbook again (changed=0 everywhere), then the
-teardown playbook (every host as it started: snapshot compared). A second test stops one host's
-sshd: that host fails as unreachable, the others complete.
+sysfs and in libvirt), the real run, the same playbook again (changed=0 everywhere), the pool grown,
+then the teardown playbook (every host as it started: snapshot compared). The SSH sessions each
+run opens on each host are counted in that host's sshd log (LogLevel VERBOSE logs one "Starting
+session" per exec): a survey and one batched apply per host, whatever the count. A second test stops
+one host's sshd: that host fails as unreachable, the others hold the whole pool.
 
 Why qemu:///system and not the test driver: ``test:///default`` (and ``test:///PATH.xml``) live in
 the process that opens them, and every Ansible task is a new process, so nothing would persist
@@ -34,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "ansible"
 # One profile per host: mdev (T4), vGPU 17+ VFs (L40S), and a mixed box.
 PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
-VDI_COUNT = 2
+VDI_COUNT = 6          # across the three hosts (spread: 2 each); the grown pool has 12
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +128,7 @@ pipelining = True
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(ANSIBLE_CONFIG=str(self.cfg), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+        env.update(PYTHONPATH=str(REPO), ANSIBLE_CONFIG=str(self.cfg), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                    ANSIBLE_HOME=str(self.workdir / "home"), ANSIBLE_LOCAL_TEMP=str(self.workdir / "local_tmp"))
         return env
 
@@ -150,6 +153,7 @@ class FleetHost:
     profile: str
     sysfs_root: str           # the FUSE mount point (holds sys/)
     pid_file: str
+    sshd_log: str = ""
 
 
 def mount_sim(profile: str, parent: Path, tag: str) -> tuple[str, str]:
@@ -169,7 +173,8 @@ def unmount_sim(mp: str, pid_file: str) -> None:
     shutil.rmtree(mp, ignore_errors=True)
 
 
-def write_inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any], known_hosts: str) -> None:
+def write_inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any], known_hosts: str, prefix: str,
+                    bind: str) -> None:
     inv = {"hypervisors": {
         "hosts": {h.name: {"ansible_host": h.ssh_host, "ansible_port": h.ssh_port,
                            "vgpu_sysfs_root": h.sysfs_root, "vgpu_host_name": h.name} for h in hosts},
@@ -177,17 +182,30 @@ def write_inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any], kno
             "ansible_user": "root",
             "ansible_connection": "ssh",
             "ansible_ssh_private_key_file": env["identity"],
+            # BindAddress: this test's connections come from their own loopback address, so sshd's log tells
+            # them apart from other tests' sessions on the same hosts
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
-                                       "-o BatchMode=yes -o GlobalKnownHostsFile=/dev/null",
-            # the interpreter where vgpuvirt is installed on the target (this repo's venv)
-            "ansible_python_interpreter": sys.executable,
+                                       f"-o BatchMode=yes -o GlobalKnownHostsFile=/dev/null -o BindAddress={bind}",
+            # the interpreter where vgpuvirt is installed on the target: this repo's venv, importing this repo
+            "ansible_python_interpreter": str(repo_python(path.parent)),
             "vgpu_uri": env["libvirt_uri"],
-            "vdi_state": "defined",   # qemu cannot start a vGPU domain here: no VFIO in this kernel
+            # no vdi_state: the playbook's default (defined) must work here (no VFIO: no vGPU VM starts)
             "vdi_count": VDI_COUNT,
+            "vdi_prefix": prefix + "vdi",
+            "vdi_policy": "spread",
             "vdi_memory_mib": 512,
         },
     }}
     path.write_text(json.dumps({"all": {"children": inv}}, indent=1))
+
+
+def repo_python(where: Path) -> Path:
+    """A wrapper around this venv's Python that imports THIS checkout's vgpuvirt on the targets (a
+    worktree is not what the venv has installed; sshd passes no PYTHONPATH along)."""
+    exe = where / "python-repo"
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} "$@"\n')
+    exe.chmod(0o755)
+    return exe
 
 
 def host_snapshot(h: FleetHost) -> dict[str, Any]:
@@ -240,12 +258,13 @@ class Fleet:
     workdir: Path
     known_hosts: str
     stop_host: Callable[[int], None] = lambda n: None   # scripts/testbed.sh host-down N
+    bind: str = "127.0.0.1"                              # this test's source address
 
     def ansible(self, hosts: list[FleetHost], tag: str) -> Ansible:
         d = self.workdir / tag
         d.mkdir(parents=True, exist_ok=True)
         inv = d / "inventory.json"
-        write_inventory(inv, hosts, self.env, self.known_hosts)
+        write_inventory(inv, hosts, self.env, self.known_hosts, self.prefix, self.bind)
         return Ansible(d, inv)
 
 
@@ -254,8 +273,8 @@ def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
     require_fleet_parts()
     # three hosts that stay up, and a fourth whose sshd test_fleet_one_host_down_fails_alone stops
     extra = testbed.extra_hosts(len(PROFILES) + 1)   # scripts/testbed.sh hosts-up 4 (idempotent: restarts h4)
-    env = dict(testbed.env, hosts=[{"ssh_host": h.ssh_host, "ssh_port": h.ssh_port, "mnt_dir": h.mnt_dir}
-                                   for h in extra])
+    env = dict(testbed.env, hosts=[{"ssh_host": h.ssh_host, "ssh_port": h.ssh_port, "mnt_dir": h.mnt_dir,
+                                    "sshd_log": h.sshd_log} for h in extra])
     tag = uuid.uuid4().hex[:6]
     workdir = Path(tmp_path_factory.mktemp("ansible-fleet"))
     mounts: list[tuple[str, str]] = []
@@ -265,8 +284,10 @@ def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
             parent = Path(th["mnt_dir"])
             mp, pid_file = mount_sim(profile, parent, tag)
             mounts.append((mp, pid_file))
-            hosts.append(FleetHost(f"fleet{tag}-h{i}", th["ssh_host"], int(th["ssh_port"]), profile, mp, pid_file))
-        yield Fleet(hosts, env, f"fleet{tag}-", workdir, env["known_hosts"], testbed.stop_extra_host)
+            hosts.append(FleetHost(f"fleet{tag}-h{i}", th["ssh_host"], int(th["ssh_port"]), profile, mp, pid_file,
+                                   th["sshd_log"]))
+        bind = f"127.0.3.{int(tag, 16) % 250 + 2}"
+        yield Fleet(hosts, env, f"fleet{tag}-", workdir, env["known_hosts"], testbed.stop_extra_host, bind)
     finally:
         if "env" in locals():
             undefine_all(env["libvirt_uri"], f"fleet{tag}-")
@@ -274,47 +295,86 @@ def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
             unmount_sim(mp, pid_file)
 
 
+# ------------------------------------------------------------------------------------------ ssh sessions
+
+
+def log_size(h: FleetHost) -> int:
+    return Path(h.sshd_log).stat().st_size if os.path.exists(h.sshd_log) else 0
+
+
+def sessions_since(h: FleetHost, offset: int, bind: str) -> int:
+    """Execs this test opened on ``h`` since ``offset`` of its sshd log (sshd logs one "Starting session"
+    per exec at LogLevel VERBOSE; our connections come from our own address, ``bind``)."""
+    with open(h.sshd_log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    return len(re.findall(rf"Starting session: command for \S+ from {re.escape(bind)} port \d+", text))
+
+
+def counted(fleet: Fleet, hosts: list[FleetHost], go: Callable[[], PlaybookRun]) -> tuple[PlaybookRun, dict[str, int]]:
+    """Run a playbook and count the SSH sessions it opened on each host."""
+    marks = {h.name: log_size(h) for h in hosts}
+    run = go()
+    return run, {h.name: sessions_since(h, marks[h.name], fleet.bind) for h in hosts}
+
+
+def pool_members(run: PlaybookRun) -> dict[str, dict[str, str]]:
+    """host -> {member: state} from the Summary task's lines."""
+    import yaml  # ansible-core's own dependency
+
+    out: dict[str, dict[str, str]] = {}
+    summary = run.stdout.split("TASK [Summary]", 1)[-1].split("PLAY RECAP", 1)[0]
+    # each result is YAML under "ok: [HOST] =>", its msg possibly folded over several lines
+    for m in re.finditer(r"^ok: \[(\S+)\] =>\s*\n((?:[ \t]+\S.*\n?)+)", summary, re.M):
+        text = str(yaml.safe_load(m[2])["msg"])
+        out[m[1]] = {} if text == "no desktops here" else dict(p.split(": ") for p in text.split(", "))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the tests
 
 
-def test_fleet_check_then_apply_then_converged_then_teardown(fleet: Fleet) -> None:
+def test_fleet_pool_check_apply_converge_grow_teardown(fleet: Fleet) -> None:
     hosts = fleet.hosts[:3]
     ans = fleet.ansible(hosts, "main")
     uri = fleet.env["libvirt_uri"]
+    prefix = fleet.prefix + "vdi"
     start = {h.name: host_snapshot(h) for h in hosts}
     assert fleet_domains(uri, fleet.prefix) == {}
 
-    # 1. check mode: every host reports changes, nothing changes anywhere
+    # 1. check mode: the pool is placed across the fleet and diffed; nothing changes anywhere
     run = ans.playbook(EXAMPLES / "fleet_vdi.yml", "--check", "--diff")
     assert run.rc == 0, run.explain()
     assert set(run.recap) == {h.name for h in hosts}, run.explain()
+    planned = pool_members(run)
+    assert sum(len(v) for v in planned.values()) == VDI_COUNT, run.explain()
+    assert sorted(n for v in planned.values() for n in v) == [f"{prefix}-{i:02d}" for i in range(1, VDI_COUNT + 1)]
     for h in hosts:
         r = run.recap[h.name]
-        assert r.failed == 0 and r.unreachable == 0 and r.changed == 1, run.explain()
-        assert run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert r.failed == 0 and r.unreachable == 0 and r.changed == (1 if planned[h.name] else 0), run.explain()
         assert host_snapshot(h) == start[h.name], f"check mode changed {h.name}'s sysfs"
     assert fleet_domains(uri, fleet.prefix) == {}, "check mode defined domains"
-    # --diff shows each desktop going from absent to defined
-    assert run.stdout.count("-    state: absent") == run.stdout.count("+    state: defined") == 3 * VDI_COUNT, \
-        run.explain()
+    # the diff lists each new member
+    assert len(re.findall(rf"^\+\s+{re.escape(prefix)}-\d+: defined$", run.stdout, re.M)) == VDI_COUNT, run.explain()
+    # spread over the fleet: every host takes a share (counts are fleet-wide, not per host)
+    assert all(planned[h.name] for h in hosts), planned
 
-    # 2. the real run: desktops everywhere, in parallel
-    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
+    # 2. the real run, with the playbook's default state (defined): SSH sessions counted per host
+    run, sessions = counted(fleet, hosts, lambda: ans.playbook(EXAMPLES / "fleet_vdi.yml"))
     assert run.rc == 0, run.explain()
+    placed = pool_members(run)
+    assert placed == planned, run.explain()     # the real run did what check mode showed
     doms = fleet_domains(uri, fleet.prefix)
+    assert sorted(doms) == sorted(n for v in placed.values() for n in v)
     for h in hosts:
-        r = run.recap[h.name]
-        assert r.failed == 0 and r.unreachable == 0 and r.changed == 1, run.explain()
-        assert run.changed_items(h.name) == VDI_COUNT, run.explain()
-        mine = {n: m for n, m in doms.items() if n.startswith(h.name + "-")}
-        assert sorted(mine) == [f"{h.name}-vdi-{i:02d}" for i in range(1, VDI_COUNT + 1)]
+        mine = {n: m for n, m in doms.items() if n in placed[h.name]}
         assert all(m["host"] == h.name for m in mine.values())
-        # every vGPU a domain records exists on that host's (simulated) sysfs, and nothing else was made
         recorded = sorted(g.get("uuid") or g.get("vf") for m in mine.values() for g in m["gpus"])
-        assert len(recorded) == VDI_COUNT
         assert vgpus_on(h) == recorded, f"{h.name}: vGPUs on the host do not match the domains"
+        assert all(v == "defined" for v in placed[h.name].values())
+    # a survey and one batched apply per host, however many desktops it got
+    assert all(1 <= n <= 2 for n in sessions.values()), sessions
     after_apply = {h.name: host_snapshot(h) for h in hosts}
-    assert all(after_apply[n] != start[n] for n in start)
 
     # 3. the same playbook again: changed=0 everywhere, nothing moved
     run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
@@ -323,17 +383,32 @@ def test_fleet_check_then_apply_then_converged_then_teardown(fleet: Fleet) -> No
         assert run.recap[h.name].changed == 0 and run.recap[h.name].failed == 0, run.explain()
         assert host_snapshot(h) == after_apply[h.name]
     assert fleet_domains(uri, fleet.prefix) == doms
-
-    # ... and check mode agrees that nothing is left to do
     run = ans.playbook(EXAMPLES / "fleet_vdi.yml", "--check")
     assert run.rc == 0 and all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
 
-    # 4. teardown: every host as it started
-    run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
+    # 4. twice the pool: the existing members stay where they are, the new ones are placed fleet-wide, and
+    #    each host still costs the same sessions (O(1) per host, not one per VM)
+    run, grown_sessions = counted(fleet, hosts, lambda: ans.playbook(EXAMPLES / "fleet_vdi.yml",
+                                                                     extra={"vdi_count": 2 * VDI_COUNT}))
+    assert run.rc == 0, run.explain()
+    grown = pool_members(run)
+    assert sum(len(v) for v in grown.values()) == 2 * VDI_COUNT, run.explain()
+    for h in hosts:
+        assert set(placed[h.name]) <= set(grown[h.name]), "an existing member moved"
+    print(f"\nssh sessions per host: {VDI_COUNT} desktops {sessions}, {2 * VDI_COUNT} desktops {grown_sessions}")
+    assert grown_sessions == sessions, (sessions, grown_sessions)
+
+    # ... and back to the first count: the members above it are removed where they are
+    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
+    assert run.rc == 0 and pool_members(run) == placed, run.explain()
+
+    # 5. teardown: every host as it started, one session per host
+    run, sessions = counted(fleet, hosts, lambda: ans.playbook(EXAMPLES / "fleet_teardown.yml"))
     assert run.rc == 0, run.explain()
     for h in hosts:
-        assert run.recap[h.name].changed == 1 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert run.recap[h.name].changed == (1 if placed[h.name] else 0), run.explain()
         assert host_snapshot(h) == start[h.name], f"{h.name} is not as it started"
+    assert all(n == 1 for n in sessions.values()), sessions
     assert fleet_domains(uri, fleet.prefix) == {}
     run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
     assert run.rc == 0 and all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
@@ -357,15 +432,60 @@ def test_fleet_one_host_down_fails_alone(fleet: Fleet) -> None:
     run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
     assert run.rc != 0, run.explain()
     assert run.recap[down.name].unreachable == 1 and run.recap[down.name].changed == 0, run.explain()
+    members = pool_members(run)
     for h in up:
-        r = run.recap[h.name]
-        assert r.failed == 0 and r.unreachable == 0 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert run.recap[h.name].failed == 0 and run.recap[h.name].unreachable == 0, run.explain()
+    # the hosts that answered hold the whole pool between them
+    assert sum(len(members.get(h.name, {})) for h in up) == VDI_COUNT, run.explain()
     assert host_snapshot(down) == start[down.name], "the unreachable host was changed"
-    assert not any(n.startswith(down.name + "-") for n in fleet_domains(uri, fleet.prefix))
+    assert not any(d.get("host") == down.name for d in fleet_domains(uri, fleet.prefix).values())
 
     run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
     assert run.recap[down.name].unreachable == 1, run.explain()
     for h in up:
-        assert run.recap[h.name].failed == 0 and run.changed_items(h.name) == VDI_COUNT, run.explain()
+        assert run.recap[h.name].failed == 0, run.explain()
         assert host_snapshot(h) == start[h.name]
     assert fleet_domains(uri, fleet.prefix) == {}
+
+
+LOOP_PLAYBOOK = """
+- hosts: hypervisors
+  gather_facts: false
+  tasks:
+    - vgpu_domain:
+        name: "{{ vdi_prefix }}-loop-{{ item }}"
+        state: defined
+        gpus: [{min_framebuffer_mib: 2048, series: Q}]
+        memory_mib: 512
+        uri: "{{ vgpu_uri }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+        host_name: "{{ vgpu_host_name }}"
+      loop: "{{ range(1, n + 1) | list }}"
+    - vgpu_domain:
+        name: "{{ vdi_prefix }}-loop-{{ item }}"
+        state: absent
+        uri: "{{ vgpu_uri }}"
+        sysfs_root: "{{ vgpu_sysfs_root }}"
+        host_name: "{{ vgpu_host_name }}"
+      loop: "{{ range(1, n + 1) | list }}"
+"""
+
+
+def test_a_task_per_vm_costs_sessions_per_vm_the_pool_does_not(fleet: Fleet) -> None:
+    """The figure behind the pool: one vgpu_domain task per VM opens a session per VM (and per removal);
+    the pool's two tasks open one each per host, whatever the count (test_fleet_pool_... asserts that)."""
+    h = fleet.hosts[0]
+    ans = fleet.ansible([h], "loop")
+    book = ans.workdir / "loop.yml"
+    book.write_text(LOOP_PLAYBOOK)
+    n = 4
+    run, loop = counted(fleet, [h], lambda: ans.playbook(book, extra={"n": n}))
+    assert run.rc == 0, run.explain()
+    run, pool = counted(fleet, [h], lambda: ans.playbook(EXAMPLES / "fleet_vdi.yml", extra={"vdi_count": n}))
+    assert run.rc == 0, run.explain()
+    run, gone = counted(fleet, [h], lambda: ans.playbook(EXAMPLES / "fleet_teardown.yml"))
+    assert run.rc == 0, run.explain()
+    print(f"\nssh sessions on {h.name} for {n} VMs: a task per VM {loop[h.name]} (define + remove), "
+          f"vgpu_pool {pool[h.name]} (survey + apply) + {gone[h.name]} (remove)")
+    assert loop[h.name] >= 2 * n and pool[h.name] + gone[h.name] <= 3
+    assert fleet_domains(fleet.env["libvirt_uri"], fleet.prefix) == {}

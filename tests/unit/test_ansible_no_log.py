@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 LIBRARY = Path(__file__).resolve().parents[2] / "examples" / "ansible" / "library"
-MODULES = ("vgpu_domain", "vgpu_info", "vgpu_mdev", "vgpu_passthrough")
+MODULES = ("vgpu_domain", "vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_pool")
 
 # option (suboptions as parent.child) -> no_log. Nothing these modules take is a secret: libvirt URIs carry no
 # password (libvirt gets credentials from SSH keys, SASL or auth.conf; ?keyfile= names a file, it is not the key),
@@ -27,6 +27,8 @@ DECISIONS: dict[str, bool] = {
     "uri": False, "sysfs_root": False, "host_name": False, "use_nvml": False, "uuid": False, "vf": False,
     "type": False, "need": False, "parent": False, "persistent": False, "mdevctl_command": False,
     "addresses": False, "binding": False, "domain": False, "timeout": False,
+    # issue 16: the fleet pool (vgpu_pool) and vgpu_info's survey for it
+    "count": False, "placed": False, "survey": False,
     **{f"{p}.{k}": False for p in ("gpus", "need") for k in (
         "type", "min_framebuffer_mib", "min_heads", "series", "min_resolution", "mig_backed", "vendor", "mode",
         "display", "with_audio")},

@@ -110,7 +110,7 @@ def test_gpu_and_audio_share_one_guest_slot_behind_a_root_port() -> None:
 
 def test_pc_machine_uses_a_free_slot_on_bus_0() -> None:
     dom = build_case("gaming-pc-machine")
-    addrs = [d.guest_address for d in dom.hostdevs()]
+    addrs = [d.guest_address for d in dom.hostdevs() if isinstance(d, PciHostdev)]
     assert addrs == [GuestAddress(PciAddress(0, 0, 0x10, 0), True), GuestAddress(PciAddress(0, 0, 0x10, 1))]
     assert not dom.devices.xpath("controller[@model='pcie-root-port']")
 
@@ -294,3 +294,23 @@ def test_evdev_and_nic_values_are_checked() -> None:
     with pytest.raises(InvalidSpec):
         HostdevInterface(VF, vlan=4096)
     assert PciHostdev(AUDIO).address.function == 1
+
+
+def test_multifunction_keeps_the_host_function_numbers() -> None:
+    # issue 16: docs/xml.md promises the host's function numbers (GPU .0, USB-C controller .2 with .1 not
+    # passed): the guest sees .0 and .2, not .0 and .1
+    usb_c = PciAddress(GPU.domain, GPU.bus, GPU.slot, 2)
+    dom = build_domain("gaming", name="fn-keep", memory_mib=2048, vcpus=2,
+                       pci=[PciHostdev(usb_c), PciHostdev(GPU)])
+    got = {d.address: d.guest_address for d in dom.hostdevs() if isinstance(d, PciHostdev)}
+    assert got[GPU] is not None and got[usb_c] is not None
+    assert (got[GPU].pci.function, got[GPU].multifunction) == (0, True)
+    assert (got[usb_c].pci.function, got[usb_c].multifunction) == (2, False)
+    assert got[GPU].pci.device_slot == got[usb_c].pci.device_slot
+
+
+def test_functions_without_function_0_are_not_grouped() -> None:
+    # a guest slot needs a function 0: without it each function gets its own slot from libvirt
+    dom = build_domain("gaming", name="fn-no0", memory_mib=2048, vcpus=2, pci=[PciHostdev(AUDIO),
+                       PciHostdev(PciAddress(GPU.domain, GPU.bus, GPU.slot, 2))])
+    assert [d.guest_address for d in dom.hostdevs() if isinstance(d, PciHostdev)] == [None, None]

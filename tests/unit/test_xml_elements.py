@@ -21,6 +21,7 @@ from vgpuvirt.xml import (
     PciHostdev,
     Tpm,
     VirtioNic,
+    Virtualport,
     device_from_element,
     device_xml,
 )
@@ -107,10 +108,21 @@ macs = st.lists(st.integers(0, 255), min_size=6, max_size=6).map(
 boot = st.none() | st.integers(1, 100)
 
 
-@given(st.builds(MdevHostdev, uuids, st.booleans(), st.booleans(), guest, boot,
-                 st.sampled_from(["vfio-pci", "vfio-ccw", "vfio-ap"])))
+@given(st.builds(MdevHostdev, uuids, st.booleans(), st.booleans(), guest, boot, st.just("vfio-pci"))
+       | st.builds(MdevHostdev, uuids, st.just(False), st.just(False), guest, boot,
+                   st.sampled_from(["vfio-ccw", "vfio-ap"])))
 def test_mdev_round_trip(dev: MdevHostdev) -> None:
     assert MdevHostdev.from_element(dev.to_element()) == dev
+
+
+def test_non_pci_mdevs_carry_no_display_attribute() -> None:
+    # libvirt supports display only on vfio-pci mdevs (and lints display='off' on a vfio-ccw one as an error)
+    for model in ("vfio-ccw", "vfio-ap"):
+        el = MdevHostdev(MdevUuid.parse("90c6c135-ad44-41d0-b1b7-bae47de48627"), model=model).to_element()
+        assert el.get("display") is None and el.get("ramfb") is None
+        with pytest.raises(InvalidSpec, match="only with model vfio-pci"):
+            MdevHostdev(MdevUuid.parse("90c6c135-ad44-41d0-b1b7-bae47de48627"), display=True, model=model)
+    assert MdevHostdev(MdevUuid.parse("90c6c135-ad44-41d0-b1b7-bae47de48627")).to_element().get("display") == "off"
 
 
 @given(st.builds(PciHostdev, pci_addrs, st.booleans(), st.none() | st.booleans(),
@@ -119,8 +131,15 @@ def test_pci_round_trip(dev: PciHostdev) -> None:
     assert PciHostdev.from_element(dev.to_element()) == dev
 
 
+vports = st.none() | st.builds(Virtualport, st.just("802.1Qbh"), st.just((("profileid", "p1"),))) \
+    | st.builds(Virtualport, st.just("802.1Qbg"),
+                st.just((("managerid", "11"), ("typeid", "1193047"), ("typeidversion", "2"))))
+
+
 @given(st.builds(HostdevInterface, pci_addrs, st.none() | macs, st.none() | st.integers(0, 4095), st.booleans(),
-                 guest))
+                 guest, st.none() | st.sampled_from(["virtio", "e1000e", "rtl8139"]), boot,
+                 st.none(), st.none() | st.integers(1, 16), vports)
+       | st.builds(HostdevInterface, pci_addrs, driver=st.just("vfio")))
 def test_interface_round_trip(dev: HostdevInterface) -> None:
     assert HostdevInterface.from_element(dev.to_element()) == dev
 

@@ -42,6 +42,10 @@ CASES = {
                                  "PCI hostdev 0000:41:00.0"),
     "bad-mac": ("<interface type='network'><mac address='52:54:00:zz:00:01'/></interface>",
                 "interface 52:54:00:zz:00:01"),
+    # issue 16: what libvirt refuses for mdevs (its hostdev-mdev-invalid-target-address / -src-address-invalid)
+    "mdev-address-type": (_mdev("", "<address type='drive' controller='0' bus='0' target='0' unit='1'/>"),
+                          f"mdev {U1}"),
+    "mdev-source": (_mdev("", src=PCI41), "mdev ?"),
 }
 
 
@@ -79,3 +83,29 @@ def test_cpus_the_host_lacks() -> None:
 @pytest.mark.parametrize("case", ["vdi-mixed", "gaming-passthrough", "compute-mdev-multi"])
 def test_built_domains_are_clean(case: str) -> None:
     assert lint(build_case(case), host_cpus=frozenset(range(16))) == []
+
+
+def _chipset(machine: str, slot: str, functions: tuple[int, ...]) -> Domain:
+    ctrls = "".join(f"<controller type='usb' index='{i}'><address type='pci' domain='0x0000' bus='0x00' "
+                    f"slot='{slot}' function='{f:#x}'/></controller>" for i, f in enumerate(functions))
+    return Domain.from_xml(f"<domain type='kvm'><name>lint</name><memory>1048576</memory><vcpu>1</vcpu>"
+                           f"<os><type machine='{machine}'>hvm</type></os><devices>{ctrls}</devices></domain>")
+
+
+@pytest.mark.parametrize("machine,slot", [("pc", "0x01"), ("pc-i440fx-8.2", "0x01"), ("q35", "0x1f"),
+                                          ("pc-q35-7.2", "0x1f")])
+def test_functions_beside_the_chipsets_own_function_0_are_fine(machine: str, slot: str) -> None:
+    # libvirt's dumpxml puts IDE/USB at 00:01.1/.2 (i440fx) and SATA at 00:1f.2 (q35): function 0 is the
+    # built-in ISA/LPC bridge, which the XML never lists
+    assert lint(_chipset(machine, slot, (1, 2))) == []
+
+
+@pytest.mark.parametrize("machine,slot", [("pc", "0x1f"), ("q35", "0x01"), ("pc", "0x03")])
+def test_other_slots_still_need_function_0(machine: str, slot: str) -> None:
+    assert [p.code for p in lint(_chipset(machine, slot, (1, 2)))] == ["multifunction-incomplete"]
+
+
+def test_usb_hostdevs_with_the_same_bus_and_device_numbers_are_no_duplicate_pci_devices() -> None:
+    usb = ("<hostdev mode='subsystem' type='usb' managed='yes'><source><vendor id='0x03f0'/>"
+           "<product id='0x7e04'/><address bus='1' device='{}'/></source></hostdev>")
+    assert lint(_dom(usb.format(20) + usb.format(21))) == []

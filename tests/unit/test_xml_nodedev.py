@@ -93,3 +93,42 @@ def test_bad_nodedev() -> None:
         parse_nodedevs("<device>")
     with pytest.raises(XmlError, match="pci_x"):
         parse_nodedev("<device><name>pci_x</name><capability type='pci'><bus>999</bus></capability></device>")
+
+
+def test_one_bad_device_is_reported_and_the_others_are_read() -> None:
+    good = "<device><name>pci_0000_3b_00_0</name><capability type='pci'><domain>0</domain><bus>59</bus>" \
+           "<slot>0</slot><function>0</function></capability></device>"
+    bad = "<device><name>pci_odd</name><capability type='pci'><bus>999</bus></capability></device>"
+    devs = parse_nodedevs(good + bad + good.replace("59", "60").replace("3b", "3c"))
+    assert [d.name for d in devs] == ["pci_0000_3b_00_0", "pci_0000_3c_00_0"]
+    assert len(devs.errors) == 1 and "pci_odd" in devs.errors[0] and "999" in devs.errors[0]
+
+
+def test_test_driver_node_files_and_odd_type_ids() -> None:
+    # a test-driver node file holds node devices beside domains (whose own <device> children are no nodes)
+    text = ("<node><domain type='test'><name>d</name><devices><device>1</device></devices></domain>"
+            "<device><name>pci_0000_02_10_7</name><capability type='pci'><domain>0</domain><bus>2</bus>"
+            "<slot>16</slot><function>7</function><capability type='mdev_types'>"
+            "<type id='foo1'><deviceAPI>vfio-pci</deviceAPI><availableInstances>1</availableInstances></type>"
+            "<type id='i915-GVTg_V5_4'><deviceAPI>vfio-pci</deviceAPI><availableInstances>2</availableInstances>"
+            "</type></capability></capability></device></node>")
+    (dev,) = parse_nodedevs(text)
+    assert [str(t.id) for t in dev.mdev_types] == ["i915-GVTg_V5_4"]
+    assert any("foo1" in e and "left out" in e for e in parse_nodedevs(text).errors)
+    with pytest.raises(XmlError, match="foo1"):
+        parse_nodedev(text[text.index("<device><name>pci"):text.index("</node>")])
+
+
+def test_mdev_types_under_css_and_ap_parents_and_a_ccw_parent_address() -> None:
+    css = ("<device><name>css_0_0_fffe</name><parent>computer</parent><capability type='css'><cssid>0x0</cssid>"
+           "<ssid>0x0</ssid><devno>0xfffe</devno><capability type='mdev_types'><type id='vfio_ccw-io'>"
+           "<name>I/O subchannel</name><deviceAPI>vfio-ccw</deviceAPI><availableInstances>1</availableInstances>"
+           "</type></capability></capability></device>")
+    mdev = ("<device><name>mdev_c60cc60c_c60c_c60c_c60c_c60cc60cc60c_0_0_0052</name><capability type='mdev'>"
+            "<type id='vfio_ccw-io'/><uuid>c60cc60c-c60c-c60c-c60c-c60cc60cc60c</uuid>"
+            "<parent_addr>0.0.0052</parent_addr><iommuGroup number='4'/></capability></device>")
+    devs = parse_nodedevs(css + mdev)
+    assert devs.errors == []
+    assert [(str(t.id), t.device_api) for t in devs[0].mdev_types] == [("vfio_ccw-io", "vfio-ccw")]
+    assert devs[1].mdev_parent is None and devs[1].mdev_parent_addr == "0.0.0052"
+    assert str(devs[1].mdev_uuid) == "c60cc60c-c60c-c60c-c60c-c60cc60cc60c"

@@ -23,6 +23,7 @@ from vgpuvirt.xml import (
     MdevHostdev,
     PciHostdev,
     VirtioNic,
+    Virtualport,
     build_domain,
     validate,
 )
@@ -89,11 +90,17 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
         "pci": [PciHostdev(GPU, managed=False, rom_bar=False, boot_order=1,
                            guest_address=GuestAddress(PciAddress(0, 0, 0x0B, 0), multifunction=True)),
                 PciHostdev(AUDIO, managed=False, guest_address=GuestAddress(PciAddress(0, 0, 0x0B, 1)))],
+        # an interface hostdev with all it can carry (issue 16: model, boot order, driver queues, virtualport)
+        "nics": [HostdevInterface(NIC_VF, mac=MacAddress.parse("52:54:00:aa:bb:03"), model="virtio", boot_order=2,
+                                  queues=4, virtualport=Virtualport("802.1Qbh", (("profileid", "vdi-port"),)))],
         "options": DomainOptions(graphics="vnc", hyperv=True, host_passthrough=False, hugepages=True,
                                  virtio_input=False, virtio_nics=(VirtioNic("user"),))})
     out["gaming-pc-machine"] = ("gaming", {
         "name": "xml-gaming-pc", "uuid": VM_UUID, "memory_mib": 8192, "vcpus": 4,
         "pci": [PciHostdev(GPU), PciHostdev(AUDIO)],
+        "nics": [HostdevInterface(NIC_VF, driver="vfio",
+                                  virtualport=Virtualport("802.1Qbg", (("managerid", "11"), ("typeid", "1193047"),
+                                                                       ("typeidversion", "2"))))],
         "options": DomainOptions(machine="pc", secure_boot=False, hugepages=False, host_passthrough=True,
                                  graphics="none", virtio_nics=())})
     return out

@@ -36,6 +36,8 @@ def register(sub: Any) -> None:
     um.add_argument("mountpoint")
     um.add_argument("--pid-file", default=None, help="wait for (and remove) the server named in this file")
     um.set_defaults(func=_umount)
+    from vgpuvirt.cli import sim_fault
+    sim_fault.register(s)
 
 
 def _list(ctx: Context, args: argparse.Namespace) -> int:
@@ -120,7 +122,10 @@ def _mount(ctx: Context, args: argparse.Namespace) -> int:
 
 def _umount(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.sim import fuse
-    fuse.stop(os.path.abspath(args.mountpoint), pid_file=args.pid_file)
+    mnt = os.path.abspath(args.mountpoint)
+    fuse.stop(mnt, pid_file=args.pid_file)
+    if ctx.json:
+        ctx.emit_json({"mountpoint": mnt, "mounted": False})
     return 0
 
 

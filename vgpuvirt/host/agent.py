@@ -277,6 +277,36 @@ class OsFs:
         finally:
             os.close(fd)
 
+    def replace_file(self, path: str, value: str, mode: int) -> None:
+        """A whole configuration file (``/etc/modprobe.d/...``) replaced atomically: a new file beside it,
+        fsynced, renamed over it; never written through a link (the rename replaces a link itself, it does
+        not follow it), its directory checked to be inside the root as for :meth:`write`."""
+        check_path(path)
+        parent, name = self._at(path).rsplit("/", 1)[0] or "/", path.rpartition("/")[2]
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            where = _fd_path(dfd)
+            if self.confined and where is not None and not (where + "/").startswith(self._inside):
+                raise self._escape(path, where + "/" + name)
+            tmp = ".%s.%d.tmp" % (name, os.getpid())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o7777, dir_fd=dfd)
+            try:
+                try:
+                    _write_all(fd, value.encode("utf-8"))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
 
 def _join(base: str, link: str) -> str:
     """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
@@ -751,6 +781,17 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
                     return _err(_errno.ETIMEDOUT, "timed out waiting for %s to be %s %s" % (
                         path, state, op.get("value", "")))
                 time.sleep(interval)
+        if kind == "replace_file":
+            value = op["value"]
+            if not isinstance(value, str) or "\0" in value:
+                return _err(_errno.EINVAL, "value must be text")
+            fs.replace_file(path, value, int(op.get("mode", 0o644)))
+            return {"ok": True}
+        if kind == "nvml":
+            # A simulated host answers from its model; a real one through libnvidia-ml (ctypes).
+            handler = getattr(fs, "nvml", None)
+            answer = handler(op) if handler is not None else nvml_call(op)  # type: Dict[str, Any]
+            return answer
         if kind == "exec":
             argv = op["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -873,7 +914,8 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
 
 
 def mutates(op: "Dict[str, Any]") -> bool:
-    return op.get("op") == "write" or (op.get("op") == "exec" and not op.get("read_only"))
+    return op.get("op") in ("write", "replace_file") or (op.get("op") in ("exec", "nvml")
+                                                         and not op.get("read_only"))
 
 
 #: what an audit record keeps of a written value or an argument
@@ -940,8 +982,10 @@ class Audit:
             return
         outcome = "skipped" if res.get("skipped") else "ok" if res.get("ok") else "failed"
         rec = {"event": "op", "n": n, "op": op.get("op"), "outcome": outcome}  # type: Dict[str, Any]
-        if op.get("op") == "write":
+        if op.get("op") in ("write", "replace_file"):
             rec["path"], rec["value"] = op.get("path"), _clip(op.get("value"))
+        elif op.get("op") == "nvml":
+            rec["call"], rec["argv"] = op.get("value"), [_clip(a) for a in op.get("argv") or []][:8]
         else:
             rec["argv"] = [_clip(a) for a in op.get("argv") or []][:32]
             rec["rc"] = res.get("rc")
@@ -1115,6 +1159,101 @@ def _read_exactly(fd: int, n: int) -> "Optional[bytes]":
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------------------------------- NVML
+# The vGPU scheduler through libnvidia-ml with ctypes (a host reached over SSH has python3, not pynvml).
+# An "nvml" op: {"op": "nvml", "value": CALL, "argv": [PCI bus id, ...]}; the answer carries the state as
+# JSON in "stdout", or rc = the NVML return code (3 NOT_SUPPORTED, 13 FUNCTION_NOT_FOUND, 12 no library).
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+
+def _nvml_structs() -> "Any":
+    import ctypes as C
+
+    class Params(C.Union):          # nvmlVgpuSchedulerParams_t / SetParams_t share this shape (2 x uint)
+        _fields_ = [("a", C.c_uint), ("b", C.c_uint)]
+
+    class GetState(C.Structure):    # nvmlVgpuSchedulerGetState_t
+        _fields_ = [("policy", C.c_uint), ("arr", C.c_uint), ("p", C.c_uint * 2)]
+
+    class SetState(C.Structure):    # nvmlVgpuSchedulerSetState_t
+        _fields_ = [("policy", C.c_uint), ("arr", C.c_uint), ("p", C.c_uint * 2)]
+
+    class Caps(C.Structure):        # nvmlVgpuSchedulerCapabilities_t
+        _fields_ = [("supported", C.c_uint * 3), ("max_ts", C.c_uint), ("min_ts", C.c_uint),
+                    ("arr", C.c_uint), ("max_freq", C.c_uint), ("min_freq", C.c_uint),
+                    ("max_avg", C.c_uint), ("min_avg", C.c_uint)]
+
+    class LogEntry(C.Structure):    # nvmlVgpuSchedulerLogEntry_t
+        _fields_ = [("timestamp", C.c_ulonglong), ("run_total", C.c_ulonglong), ("run", C.c_ulonglong),
+                    ("runlist", C.c_uint), ("target", C.c_ulonglong), ("preempt", C.c_ulonglong)]
+
+    class Log(C.Structure):         # nvmlVgpuSchedulerLog_t
+        _fields_ = [("engine", C.c_uint), ("policy", C.c_uint), ("arr", C.c_uint), ("p", C.c_uint * 2),
+                    ("count", C.c_uint), ("entries", LogEntry * 200)]
+    return C, GetState, SetState, Caps, Log
+
+
+def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
+    import json
+    try:
+        C, GetState, SetState, Caps, Log = _nvml_structs()
+        lib = C.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return dict(_err(None, "NVML library not found: %s" % exc), rc=NVML_ERROR_LIBRARY_NOT_FOUND)
+    call, args = op.get("value"), [str(a) for a in op.get("argv") or []]
+
+    def fn(name: str) -> "Any":
+        f = getattr(lib, name, None)
+        if f is None:
+            raise LookupError(name)
+        return f
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            text = "NVML error %d" % rc
+            try:
+                es = fn("nvmlErrorString")
+                es.restype = C.c_char_p
+                text = es(rc).decode("utf-8", "replace")
+            except LookupError:
+                pass
+            raise RuntimeError(rc, "%s: %s" % (what, text))
+    try:
+        check(fn("nvmlInit_v2")(), "nvmlInit")
+        try:
+            handle = C.c_void_p()
+            check(fn("nvmlDeviceGetHandleByPciBusId_v2")(args[0].encode(), C.byref(handle)), args[0])
+            if call == "vgpu_scheduler_get":
+                st, caps, log = GetState(), Caps(), Log()
+                check(fn("nvmlDeviceGetVgpuSchedulerState")(handle, C.byref(st)), "GetVgpuSchedulerState")
+                out = {"policy": st.policy, "arr": st.arr,
+                       # with ARR on the union holds (avgFactor, timeslice), else (timeslice,)
+                       "timeslice_ns": st.p[1] if st.arr == 2 else st.p[0]}
+                if fn("nvmlDeviceGetVgpuSchedulerCapabilities")(handle, C.byref(caps)) == 0:
+                    out["capabilities"] = {"policies": [p for p in caps.supported if p],
+                                           "min_timeslice_ns": caps.min_ts, "max_timeslice_ns": caps.max_ts,
+                                           "adaptive": bool(caps.arr)}
+                if fn("nvmlDeviceGetVgpuSchedulerLog")(handle, C.byref(log)) == 0:
+                    out["log_entries"] = log.count
+                return {"ok": True, "rc": 0, "stdout": json.dumps(out)}
+            if call == "vgpu_scheduler_set":
+                st = SetState()
+                st.policy, st.arr = int(args[1]), int(args[2])
+                st.p[0] = int(args[3])      # timeslice (ns) when ARR is off; 0: the driver's default
+                check(fn("nvmlDeviceSetVgpuSchedulerState")(handle, C.byref(st)), "SetVgpuSchedulerState")
+                return {"ok": True, "rc": 0, "stdout": "{}"}
+            return dict(_err(_errno.EINVAL, "unknown NVML call %r" % (call,)), rc=2)
+        finally:
+            fn("nvmlShutdown")()
+    except LookupError as exc:
+        return dict(_err(None, "NVML has no %s (driver too old)" % exc), rc=NVML_ERROR_FUNCTION_NOT_FOUND)
+    except RuntimeError as exc:
+        return dict(_err(None, str(exc.args[1])), rc=exc.args[0])
+    except (IndexError, ValueError) as exc:
+        return dict(_err(_errno.EINVAL, "bad NVML arguments: %s" % exc), rc=2)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -27,6 +27,7 @@ class Op:
     group: str | None = None
     ok_codes: tuple[int, ...] | None = None
     read_only: bool = False
+    mode: int | None = None
 
     @staticmethod
     def write(path: str, value: str, *, group: str | None = None) -> Op:
@@ -59,13 +60,29 @@ class Op:
         return Op("exec", argv=tuple(argv), stdin=stdin, timeout=timeout, group=group,
                   ok_codes=tuple(ok_codes), read_only=read_only)
 
+    @staticmethod
+    def replace_file(path: str, text: str, *, mode: int = 0o644, group: str | None = None) -> Op:
+        """Replace a whole configuration file (``/etc/modprobe.d/...``) atomically (new file, fsync, rename)."""
+        if not isinstance(text, str) or "\0" in text:
+            raise InvalidSpec("file content", text, "text without NUL bytes")
+        return Op("replace_file", str(SysPath(path)), value=text, mode=int(mode), group=group)
+
+    @staticmethod
+    def nvml(call: str, args: Sequence[str], *, read_only: bool, group: str | None = None) -> Op:
+        """One NVML call on the host (its answer, as JSON, in the result's stdout; its NVML code in rc)."""
+        if call not in ("vgpu_scheduler_get", "vgpu_scheduler_set"):
+            raise InvalidSpec("NVML call", call, "vgpu_scheduler_get or vgpu_scheduler_set")
+        if not all(isinstance(a, str) and a.isprintable() for a in args):
+            raise InvalidSpec("NVML arguments", args, "printable strings")
+        return Op("nvml", value=call, argv=tuple(args), read_only=read_only, group=group)
+
     @property
     def mutates(self) -> bool:
-        return self.op == "write" or (self.op == "exec" and not self.read_only)
+        return self.op in ("write", "replace_file") or (self.op in ("exec", "nvml") and not self.read_only)
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op}
-        for k in ("path", "value", "min", "state", "timeout", "stdin", "group"):
+        for k in ("path", "value", "min", "state", "timeout", "stdin", "group", "mode"):
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
@@ -82,6 +99,10 @@ class Op:
             return f"write {self.value!r} > {self.path}"
         if self.op == "exec":
             return "exec " + " ".join(self.argv or ())
+        if self.op == "replace_file":
+            return f"replace {self.path} ({len(self.value or '')} bytes)"
+        if self.op == "nvml":
+            return f"nvml {self.value} " + " ".join(self.argv or ())
         return f"{self.op} {self.path}"
 
 

@@ -16,11 +16,13 @@ from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity
 from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
+from vgpuvirt.provision.cpu_pinning import gpu_cpu_pinning
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
 from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
 from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
+from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
@@ -105,7 +107,7 @@ class Plan:
                 if k.host == h:
                     lines.append(f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})"))
         if self.pending:
-            lines.append(f"then, once the VFs show their vGPU types, place {len(self.pending)} VM(s): "
+            lines.append(f"then, once the VFs exist (and show their vGPU types), place {len(self.pending)} VM(s): "
                          + ", ".join(self.pending[:8]) + (" ..." if len(self.pending) > 8 else ""))
         if self.empty:
             lines.append("nothing to do: every VM is in place")
@@ -120,14 +122,21 @@ def domain_meta(xml: str) -> dict[str, Any] | None:
 
 def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
     """The step that makes an assignment's device; None when the device exists already (whole GPU, VF)."""
+    frl_off = vm.gpus[a.index].frl is False
+    if frl_off and not (a.kind == "mdev" and a.type.id.startswith("nvidia-")):
+        # NVIDIA documents vgpu_params on the mdev only; a vGPU 17+ VF's equivalent is not documented.
+        raise InvalidSpec("GPU request", f"frl=off for {vm.name}", "an NVIDIA mdev vGPU: the frame rate limiter "
+                          f"of a {a.kind} device ({a.type.id} on {a.slot}) cannot be turned off through vgpu_params")
     if a.kind == "mdev":
-        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id))
+        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id),
+                          "frame_rate_limiter=0" if frl_off else None)
     if a.kind == "vendor-vf":
         return SetVfType(a.host, vm.name, a.slot, VgpuTypeId.parse(a.type.id))
     return None
 
 
-def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None) -> str:
+def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
+               pin: str | None = None) -> str:
     from vgpuvirt.xml import Disk, DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
@@ -161,9 +170,9 @@ def _build_xml(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: Pc
                                      vlan=vm.nic.vlan))
         gpus_meta.append({"kind": "nic-vf", "address": str(nic_vf)})
     pinning = None
-    if vm.host_cpus:
+    if pin:
         from vgpuvirt.xml import CpuPinning
-        cpus = sorted(parse_cpulist(vm.host_cpus))
+        cpus = sorted(parse_cpulist(pin))
         pinning = CpuPinning.from_cpulist(",".join(map(str, cpus[: vm.vcpus])))
     numa = picks[0].numa_node if vm.template == "compute" else None
     dom = build_domain(vm.template, name=vm.name, uuid=domain_uuid_for(vm.name), memory_mib=vm.memory_mib,
@@ -234,6 +243,10 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     for a in assignments:
         by_vm.setdefault(a.vm, []).append(a)
     adopted_vms = {a.vm for a in ready}
+    nics = _nic_vfs(todo, by_vm, hs)
+    if isinstance(nics, Plan):
+        nics.kept, nics.vms, nics.explain = kept, list(requests), explain
+        return nics
     for vm in todo:
         picks = sorted(by_vm[vm.name], key=lambda a: a.index)
         host = picks[0].host
@@ -243,8 +256,14 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
                 if made is not None:
                     steps.append(made)
                     absent[host].add(made.target)
-        nic_vf = _take_nic_vf(vm, hs[host]) if vm.nic is not None else None
-        steps.append(DefineDomain(host, vm.name, _build_xml(vm, host, picks, nic_vf)))
+        nic = nics.get(vm.name)
+        if nic is not None:
+            explain.append(Candidate(vm.name, host, str(nic.vf), "chosen", nic.reason))
+        gpu = next((g for g in hs[host].gpus if g.address == picks[0].gpu), None)
+        pin, why = gpu_cpu_pinning(vm, gpu.local_cpus if gpu is not None else None)
+        if why:
+            explain.append(Candidate(vm.name, host, str(picks[0].gpu), "chosen", why))
+        steps.append(DefineDomain(host, vm.name, _build_xml(vm, host, picks, nic.vf if nic else None, pin)))
         if vm.start:
             steps.append(StartDomain(host, vm.name))
     hosts = list(hs)
@@ -276,15 +295,33 @@ def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: li
     return ready
 
 
-def _take_nic_vf(vm: VmRequest, h: HostState) -> PciAddress:
-    assert vm.nic is not None
-    for i, (vf, pf) in enumerate(h.free_nic_vfs):
-        if vm.nic.pf is None or pf == vm.nic.pf:
-            del h.free_nic_vfs[i]
-            return vf
-    from vgpuvirt.errors import NoCapacity
-    raise NoCapacity(h.name, str(vm.nic.pf or "NIC"), f"no free SR-IOV NIC VF for {vm.name}"
-                     + (f" on PF {vm.nic.pf}" if vm.nic.pf else ""))
+def _nic_vfs(todo: Sequence[VmRequest], by_vm: Mapping[str, list[Assignment]], hs: Mapping[str, HostState]
+             ) -> dict[str, NicChoice] | Plan:
+    """The NIC VF of each VM that asks for one, nearest its first GPU; or, when some VM finds none free but
+    NIC PFs with SR-IOV off can serve it, a plan whose only steps are enabling them (:mod:`.nic_vf`)."""
+    out: dict[str, NicChoice] = {}
+    short: dict[str, list[VmRequest]] = {}
+    refusal: NoCapacity | None = None
+    nears: dict[str, PciAddress | None] = {}
+    for vm in todo:
+        if vm.nic is None:
+            continue
+        first = min(by_vm[vm.name], key=lambda a: a.index)
+        nears[vm.name] = first.gpu
+        try:
+            out[vm.name] = take_nic_vf(vm, hs[first.host], first.gpu)
+        except NoCapacity as exc:
+            short.setdefault(first.host, []).append(vm)
+            refusal = refusal or exc
+    if refusal is None:
+        return out
+    prep = []
+    for host, vms in short.items():
+        found = nic_preparation(hs[host], vms, nears)
+        if not found:
+            raise refusal
+        prep.extend(found)
+    return Plan([], [], [], [], [], list(hs), {}, prep=prep, pending=[vm.name for vm in todo], unmet=str(refusal))
 
 
 def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Provenance] | None:

@@ -78,10 +78,13 @@ class VgpuRequest:
     display: bool = True
     with_audio: bool = True                  # passthrough: take the GPU's other functions along
     allow_boot_vga: bool = False             # passthrough: the host's console GPU may be taken
+    frl: bool | None = None                  # False: the frame rate limiter off (NVIDIA mdev vgpu_params)
 
     def __post_init__(self) -> None:
         if self.mode not in ("vgpu", "passthrough", "vf"):
             raise InvalidSpec("GPU mode", self.mode, "vgpu, passthrough or vf")
+        if self.frl is not None and (not isinstance(self.frl, bool) or self.mode != "vgpu"):
+            raise InvalidSpec("frame rate limiter", self.frl, "on or off, for a vGPU (not passthrough or a VF)")
         if self.type is not None and (not isinstance(self.type, str) or not self.type.strip()
                                       or len(self.type) > 80 or any(c in self.type for c in "\0\n/<>;|&$`")):
             raise InvalidSpec("vGPU type", self.type, "a type id (nvidia-231, 231) or name (GRID T4-2Q)")
@@ -112,7 +115,10 @@ class VgpuRequest:
         if not any(op in t for op in (">=", "=")):
             return cls(type=t)
         kw: dict[str, object] = {}
-        for part in t.split(","):
+        parts = t.split(",")
+        if parts and not any(op in parts[0] for op in (">=", "=")):
+            kw["type"] = parts.pop(0).strip()      # ``nvidia-231,frl=off``: a type, then options
+        for part in parts:
             m = re.fullmatch(r"\s*([a-z_]+)\s*(>=|=)\s*([^,]+?)\s*", part)
             if not m:
                 raise InvalidSpec("GPU request", text, "key=value or key>=value items separated by commas")
@@ -135,23 +141,28 @@ class VgpuRequest:
                 kw["mode"] = val
             elif key == "boot_vga":
                 kw["allow_boot_vga"] = val.lower() in ("1", "yes", "true", "on")
+            elif key == "frl":
+                if val.lower() not in ("on", "off"):
+                    raise InvalidSpec("GPU request", text, "frl=on or frl=off")
+                kw["frl"] = val.lower() == "on"
             else:
                 raise InvalidSpec("GPU request key", key,
-                                  "fb>=, heads>=, res>=, series=, mig=, vendor=, type=, mode=, boot_vga=")
+                                  "fb>=, heads>=, res>=, series=, mig=, vendor=, type=, mode=, boot_vga=, frl=")
         return cls(**kw)  # type: ignore[arg-type]
 
     def describe(self) -> str:
         if self.mode != "vgpu":
             return self.mode + (f" ({self.vendor})" if self.vendor else "")
+        frl = "" if self.frl is None else f",frl={'on' if self.frl else 'off'}"
         if self.type:
-            return f"type {self.type}"
+            return f"type {self.type}{frl}"
         bits = [f"fb>={self.min_framebuffer_mib}MiB" if self.min_framebuffer_mib else None,
                 f"heads>={self.min_heads}" if self.min_heads else None,
                 f"series={self.series}" if self.series else None,
                 f"res>={self.min_resolution}" if self.min_resolution else None,
                 None if self.mig_backed is None else f"mig={'yes' if self.mig_backed else 'no'}",
                 f"vendor={self.vendor}" if self.vendor else None]
-        return ",".join(b for b in bits if b) or "any vGPU"
+        return (",".join(b for b in bits if b) or "any vGPU") + frl
 
 
 def _int(v: str, text: str) -> int:
@@ -229,6 +240,7 @@ class VmRequest:
     memory_mib: int = 4096
     vcpus: int = 2
     host_cpus: str | None = None             # pin to these host CPUs (also implies NUMA affinity)
+    pin_cpus: bool | None = None             # pin to the GPU's local CPUs; None: as the template says (gaming)
     numa_node: int | None = None             # preferred NUMA node for the GPU
     numa_strict: bool = False                # refuse GPUs on other nodes instead of preferring
     disk: str | None = None
@@ -255,6 +267,8 @@ class VmRequest:
             cpus = parse_cpulist(self.host_cpus)
             if not cpus:
                 raise InvalidSpec("host CPU list", self.host_cpus, "at least one CPU")
+        if self.pin_cpus not in (None, True, False):
+            raise InvalidSpec("pin_cpus", self.pin_cpus, "true, false or unset (the template decides)")
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise InvalidSpec("NUMA node", self.numa_node, "a non-negative integer")
         # Checked here, before any plan: an unknown key or a wrong type is the caller's input (Ansible's

@@ -101,18 +101,27 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
     from vgpuvirt.services.sriov import SriovService
 
     enabled: list[tuple[str, PciAddress]] = []
+    tried: set[tuple[str, PciAddress]] = set()
     try:
-        for pr in prep_plan.prep:
-            change = SriovService(hosts[pr.host]).enable(pr.pf)
-            if change.changed:
-                enabled.append((pr.host, pr.pf))
-        invs, doms = gather(hosts, conn)
-        t1 = time.monotonic()
-        p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
-        t2 = time.monotonic()
-        if p.prep:
-            raise NoCapacity(", ".join(hosts), ", ".join(p.pending),
-                             f"still nothing fits after enabling VFs: {p.unmet}")
+        todo = prep_plan.prep
+        while True:
+            # A second round only when the new plan asks for other PFs: vGPU boards first, then the NICs
+            # the VMs placed on them need (each PF at most once, so this ends).
+            for pr in todo:
+                change = SriovService(hosts[pr.host]).enable(pr.pf)
+                if change.changed:
+                    enabled.append((pr.host, pr.pf))
+            tried |= {(pr.host, pr.pf) for pr in todo}
+            invs, doms = gather(hosts, conn)
+            t1 = time.monotonic()
+            p = plan(invs, requests, domains=doms, policy=policy, heterogeneous=heterogeneous)
+            t2 = time.monotonic()
+            todo = [pr for pr in p.prep if (pr.host, pr.pf) not in tried]
+            if not p.prep:
+                break
+            if not todo:
+                raise NoCapacity(", ".join(hosts), ", ".join(p.pending),
+                                 f"still nothing fits after enabling VFs: {p.unmet}")
         if on_plan is not None:
             on_plan(p)
         applied = apply(p, hosts, conn, progress=progress, wait_timeout=wait_timeout)

@@ -39,6 +39,28 @@ class Slot:
     blocked: str | None = None                                  # why nothing may go here
 
 
+@dataclass(frozen=True)
+class Locality:
+    """Where a PCI device sits: its NUMA node and the bridges above it (nearest first), to tell which
+    devices share a PCIe switch or root port."""
+
+    numa_node: int | None
+    bridges: tuple[PciAddress, ...] = ()
+
+
+def localities(inv: Inventory) -> dict[PciAddress, Locality]:
+    up = {d.address: d.upstream for d in inv.pci_devices}
+    out: dict[PciAddress, Locality] = {}
+    for d in inv.pci_devices:
+        chain: list[PciAddress] = []
+        b = d.upstream
+        while b is not None and b not in chain and len(chain) < 16:   # a malformed tree must not loop
+            chain.append(b)
+            b = up.get(b)
+        out[d.address] = Locality(d.numa_node, tuple(chain))
+    return out
+
+
 @dataclass
 class GpuState:
     host: str
@@ -55,8 +77,10 @@ class GpuState:
     vfs_in_use: int = 0                     # plain VFs handed to domains (existing + planned)
     sriov_capable: int = 0                  # VFs a PF with SR-IOV off could enable (vGPU boards)
     switch_to_mixed: bool = False           # counted in mixed-size mode: the plan switches it (--heterogeneous)
+    unhealthy: str | None = None            # why placement must not use it (XID, ECC, pending repair, PCIe link)
     # Every vGPU type of its mdev parents and vGPU 17+ VFs, once each (a GPU's VFs repeat one table).
     type_profiles: dict[str, TypeProfile] = field(default_factory=dict)
+    local_cpus: str | None = None           # the host CPUs nearest the GPU (sysfs local_cpulist)
 
     @property
     def residents(self) -> int:
@@ -78,6 +102,8 @@ class HostState:
     existing_mdevs: dict[MdevUuid, tuple[str, str]] = field(default_factory=dict)
     domains: dict[str, str] = field(default_factory=dict)        # name -> XML
     vf_types: dict[PciAddress, int] = field(default_factory=dict)  # vendor VF -> current type
+    nic_pfs_off: list[tuple[PciAddress, int]] = field(default_factory=list)  # (NIC PF with SR-IOV off, total VFs)
+    locality: Mapping[PciAddress, Locality] = field(default_factory=dict)   # read-only, shared by clones
 
     @property
     def used(self) -> int:
@@ -87,7 +113,8 @@ class HostState:
         """A copy placement may change: GPU states and slots are copied; budgets and type profiles are
         immutable and shared (a deep copy of a large host cost ~30 ms, this ~1 ms)."""
         return HostState(self.name, [g.clone() for g in self.gpus], list(self.free_nic_vfs),
-                         dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types))
+                         dict(self.existing_mdevs), dict(self.domains), dict(self.vf_types),
+                         list(self.nic_pfs_off), self.locality)
 
 
 def _profile(t: MdevType, vendor: str, vt: VgpuType | None) -> TypeProfile:
@@ -151,7 +178,7 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
     pci = {d.address: d for d in inv.pci_devices}
     existing = {m.uuid: (str(m.parent), str(m.type)) for m in inv.mdevs if m.parent}
     hs = HostState(inv.host, [], existing_mdevs=existing, domains=doms,
-                   vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu})
+                   vf_types={v.address: int(v.current_type) for v in inv.vendor_vgpu}, locality=localities(inv))
     for g in physical_gpus(inv):
         dev = pci.get(g.address)
         budget = gpu_budget(inv, g)
@@ -160,7 +187,8 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
         if holder is not None and budget.whole_holder is None:
             budget = budget.whole_taken(holder)
         gs = GpuState(host=inv.host, address=g.address, vendor=vendor, numa_node=g.numa_node,
-                      backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga))
+                      backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga), local_cpus=g.local_cpulist,
+                      unhealthy="; ".join(g.health.reasons) if g.health and not g.health.healthy else None)
         gs.slots = _vgpu_slots(inv, budget, vendor)
         gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []
@@ -186,6 +214,9 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
     for d in inv.pci_devices:
         if (d.pci_class or "").startswith("0x02") and d.physfn is not None and d.address not in used_pci:
             hs.free_nic_vfs.append((d.address, d.physfn))
+        elif ((d.pci_class or "").startswith("0x02") and d.physfn is None and (d.sriov_totalvfs or 0) > 0
+              and not d.sriov_numvfs and d.driver and d.address not in used_pci):
+            hs.nic_pfs_off.append((d.address, int(d.sriov_totalvfs or 0)))
     hs.gpus.sort(key=lambda g: g.address)
     return hs
 
@@ -217,17 +248,23 @@ def allow_mixed_size(hosts: Iterable[HostState]) -> None:
 
 @dataclass(frozen=True)
 class SriovPrep:
-    """Enable the VFs of an NVIDIA vGPU board whose SR-IOV is off: its vGPU types live on the VFs."""
+    """Enable the VFs of a PF whose SR-IOV is off: an NVIDIA vGPU board (``purpose="vgpu"``: its vGPU
+    types live on the VFs) or a NIC (``"nic"``: VMs asked for NIC VFs and none is free)."""
 
     host: str
     pf: PciAddress
     vfs: int
+    purpose: str = "vgpu"
 
     def describe(self) -> str:
+        if self.purpose == "nic":
+            return (f"enable {self.vfs} SR-IOV VFs on NIC {self.pf} (a VM asks for a NIC VF and none is free; "
+                    "disabled again if the run fails)")
         return f"enable {self.vfs} SR-IOV VFs on {self.pf} (its vGPU types appear on the VFs)"
 
     def to_dict(self) -> dict[str, object]:
-        return {"action": "enable-sriov", "host": self.host, "pf": str(self.pf), "vfs": self.vfs}
+        return {"action": "enable-sriov", "host": self.host, "pf": str(self.pf), "vfs": self.vfs,
+                "purpose": self.purpose}
 
 
 def sriov_preparation(hosts: Mapping[str, HostState], vms: Iterable[VmRequest]) -> list[SriovPrep]:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vgpuvirt.errors import XmlError
-from vgpuvirt.host.base import Snapshot
+from vgpuvirt.host.base import Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.identity import made_for
 from vgpuvirt.services import mdev as mdev_svc
@@ -167,13 +167,15 @@ class CreateMdev(HostStep):
     uuid: MdevUuid
     parent: PciAddress
     type: MdevTypeId
+    vgpu_params: str | None = None          # NVIDIA's nvidia/vgpu_params, written before any VM opens it
 
     @property
     def target(self) -> str:
         return str(self.uuid)
 
     def describe(self) -> str:
-        return f"create vGPU {self.type} {self.uuid} on {self.parent} (for {self.vm})"
+        params = f" with vgpu_params {self.vgpu_params}" if self.vgpu_params else ""
+        return f"create vGPU {self.type} {self.uuid} on {self.parent}{params} (for {self.vm})"
 
     def kept(self) -> str:
         return f"vGPU {self.type} {self.uuid} on {self.parent}"
@@ -186,7 +188,12 @@ class CreateMdev(HostStep):
 
     def item(self, wait_timeout: float) -> Planned:
         spec = mdev_svc.MdevSpec(self.parent, self.type, self.uuid)
-        return mdev_svc.create_item(self.host, spec, wait_timeout=wait_timeout)
+        planned = mdev_svc.create_item(self.host, spec, wait_timeout=wait_timeout)
+        if not self.vgpu_params:
+            return planned
+        # In the create's group and batch: the VM is defined and started only after this batch.
+        params = Op.write(f"{self.state_path()}/nvidia/vgpu_params", self.vgpu_params, group=f"create:{self.uuid}")
+        return replace(planned, ops=(*planned.ops, params))
 
     def undo_item(self, wait_timeout: float) -> Planned:
         return mdev_svc.remove_item(self.host, self.uuid, wait_timeout=wait_timeout)

@@ -119,6 +119,11 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
     return result
 
 
+def _of_host(views: Sequence[str], hname: str) -> bool:
+    prov = Provenance.read(views[0]) if views else None
+    return prov is None or prov.host in (hname, None)
+
+
 def _remove_vgpus(host: Host, c: LibvirtConnection, mine: Mapping[str, Sequence[HostStep]], r: TeardownResult,
                   dry_run: bool, wait_timeout: float) -> set[str]:
     """Remove the domains' provable, unused vGPUs in one batch; the names of the domains that still
@@ -127,7 +132,9 @@ def _remove_vgpus(host: Host, c: LibvirtConnection, mine: Mapping[str, Sequence[
     due: set[str] = set()
     todo: list[tuple[str, HostStep]] = []
     try:
-        refs = domain_refs(c.xml_views())
+        # On a libvirt shared by several hosts (test fleets), another host's domains name ITS devices, which
+        # may have the same addresses as ours: only this host's domains (and foreign ones) can hold ours.
+        refs = domain_refs({n: v for n, v in c.xml_views().items() if _of_host(v, hname)})
     except VgpuvirtError as exc:
         r.failed.append(f"{hname}: reading every domain's XML before removing vGPUs: {exc}")
         return set(mine)

@@ -16,6 +16,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.inventory_health import with_health
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
     Backend,
@@ -47,9 +48,11 @@ from vgpuvirt.services.nvml import NvmlReport
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
                     nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None) -> Inventory:
+                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
+                    kernel_log: OpResult | None = None) -> Inventory:
     """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
-    ``nvidia-smi mig -lgi`` / ``-lgip``."""
+    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
+    give each GPU's health)."""
     idx = Index(snap)
     usage = Usage.from_domains(domains)
     warnings: list[str] = list(usage.warnings)
@@ -62,6 +65,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
+    gpus = with_health(gpus, nvidia_smi, kernel_log, warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
     return Inventory(

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.metrics_model import Health
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 
 Backend = Literal["mdev", "mdev-sriov", "vendor-vfio", "passthrough", "gvtg", "sriov-vf"]
@@ -202,6 +203,7 @@ class Gpu:
     boot_vga: bool | None = None
     nvidia: NvidiaGpuFacts | None = None
     notes: list[str] = field(default_factory=list)
+    health: Health | None = None             # None: not known (no nvidia-smi / kernel log in the round trip)
 
     @property
     def name(self) -> str | None:
@@ -218,6 +220,8 @@ class Gpu:
             "vfs": [str(v) for v in self.vfs], "vgpus_in_use": self.vgpus_in_use, "domain": self.domain,
             "boot_vga": self.boot_vga, "nvidia": self.nvidia.to_dict() if self.nvidia else None,
             "notes": list(self.notes),
+            "health": ({"healthy": self.health.healthy, "reasons": list(self.health.reasons),
+                        "warnings": list(self.health.warnings)} if self.health is not None else None),
         }
 
 

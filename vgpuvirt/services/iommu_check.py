@@ -101,7 +101,7 @@ class AssignabilityReport:
 
 def read_patterns() -> list[str]:
     attrs = ("class", "driver", "iommu_group", "reset_method", "physfn", "sriov_numvfs", "driver_override",
-             "nvidia/current_vgpu_type")
+             "nvidia/current_vgpu_type", "boot_vga")
     return [f"{sysfs.IOMMU_GROUPS}/*", f"{sysfs.IOMMU_GROUPS}/*/devices/*", f"{sysfs.IOMMU_CLASS}/*",
             f"{sysfs.MDEV_DEVICES}/*", *(sysfs.pci("*", a) for a in attrs)]
 
@@ -172,6 +172,9 @@ class _Facts:
     def reset_methods(self, a: PciAddress) -> list[str] | None:
         return parse_reset_methods(self.snap.text(f"{sysfs.PCI}/{a}/reset_method"))
 
+    def boot_vga(self, a: PciAddress) -> bool:
+        return (self.snap.text(f"{sysfs.PCI}/{a}/boot_vga") or "").strip() == "1"
+
 
 def _describe(f: _Facts, a: PciAddress) -> str:
     c = f.pci_class(a)
@@ -240,6 +243,13 @@ def _check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
         blocking.append(f"group {group} also holds {_describe(f, m)}, bound to a host driver that uses DMA; "
                         "pass it through too, unbind it, or move the card to a slot with its own group")
         members.append(Member(m, drv, cls, "blocking", f"host driver {drv}"))
+    if f.boot_vga(a):
+        # Assignable as far as the IOMMU goes, but the host loses its console, the firmware has already
+        # initialised it (its option ROM may be shadowed: a ROM file may be needed), and unbinding the
+        # framebuffer driver can hang the host's display stack: the user must mean it.
+        warnings.append("boot VGA device (boot_vga=1): the host's console and firmware framebuffer use it; "
+                        "passing it through takes the host's display away and may need a ROM file "
+                        "(placement takes it only when asked: boot_vga=yes)")
     resets = f.reset_methods(a)
     if not resets:
         warnings.append("no reset method (reset_method absent or empty): the device may keep state between VMs")

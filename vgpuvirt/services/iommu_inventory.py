@@ -64,6 +64,10 @@ class InventoryFacts:
         d = self.devices.get(a)
         return d.reset_methods if d is not None else None
 
+    def boot_vga(self, a: PciAddress) -> bool:
+        d = self.devices.get(a)
+        return bool(d is not None and d.boot_vga)
+
 
 def check_from_inventory(inv: Inventory, addresses: Iterable[PciAddress],
                          users: Mapping[PciAddress, list[str]]) -> list[DeviceCheck]:

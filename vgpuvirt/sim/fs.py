@@ -19,6 +19,7 @@ import errno
 from typing import Any
 
 from vgpuvirt.sim.fs_devices import DeviceTree
+from vgpuvirt.sim.fs_etc import EtcTree
 from vgpuvirt.sim.fs_nodes import MAX_LINKS, PAGE_SIZE, Attr, Dir, Link, Node, _attr_for, _Fail, _norm, _Res
 from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.model import Dev, SimModel
@@ -26,7 +27,7 @@ from vgpuvirt.sim.model import Dev, SimModel
 __all__ = ["MAX_LINKS", "PAGE_SIZE", "Attr", "Dir", "Link", "Node", "SimFs"]
 
 
-class SimFs(DeviceTree):
+class SimFs(DeviceTree, EtcTree):
     """The agent-compatible filesystem of one simulated host."""
 
     def __init__(self, model: SimModel) -> None:
@@ -42,7 +43,7 @@ class SimFs(DeviceTree):
         boot_id = Attr(lambda: self.model.boot_id + "\n")
         random: dict[str, Node] = {"boot_id": boot_id}
         proc: dict[str, Node] = {"sys": Dir(lambda: {"kernel": Dir(lambda: {"random": Dir(lambda: random)})})}
-        self._root = Dir(lambda: {"sys": Dir(self._sys), "proc": Dir(lambda: proc)})
+        self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc)})
 
     # ------------------------------------------------------------------ path walking
 

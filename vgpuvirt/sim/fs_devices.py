@@ -17,6 +17,7 @@ class DeviceTree(SystemTree):
     """The device part of :class:`~vgpuvirt.sim.fs.SimFs`'s tree, from ``/sys`` down."""
 
     _children: dict[str, list[Dev]]
+    _module: Callable[[], dict[str, Node]]      # /sys/module, from fs_etc.EtcTree
 
     # ------------------------------------------------------------------ /sys
 
@@ -25,7 +26,7 @@ class DeviceTree(SystemTree):
 
     def _sys(self) -> dict[str, Node]:
         return {"bus": Dir(self._bus), "class": Dir(self._class), "devices": Dir(self._devices),
-                "kernel": Dir(self._kernel), "module": Dir(dict)}
+                "kernel": Dir(self._kernel), "module": Dir(self._module)}
 
     def _bus(self) -> dict[str, Node]:
         out: dict[str, Node] = {"pci": Dir(self._bus_pci)}

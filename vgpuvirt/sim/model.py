@@ -20,7 +20,9 @@ from vgpuvirt.sim.driver_binding import DriverBinding
 from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.nvidia_switches import NvidiaSwitches
 from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType
+from vgpuvirt.sim.scheduler import SimScheduler
 from vgpuvirt.sim.sriov_vfs import SriovVfs
+from vgpuvirt.sim.telemetry import SimTelemetry
 
 __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 
@@ -53,9 +55,13 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.hugepages: dict[int, dict[int, int]] = {n.id: dict(n.hugepages) for n in profile.nodes}
         self.overcommit: dict[int, int] = {2048: 0, 1048576: 0}
         self.gpus: dict[str, Gpu] = {}
+        self.sched = SimScheduler(self)        # the vGPU scheduler (NVML and the RmPVMRL registry key)
         self._gvt_next = 1
         self._vg_cache: dict[str, list[tuple[VgpuType, int | None]]] = {}
         self._vg_version = -1
+        # utilisation over time and injected faults, as the emulated nvidia-smi / dmesg report them
+        self.telemetry = SimTelemetry()
+        self.telemetry.profile = profile.name
         dirs: dict[str, str] = {}
         for spec in profile.devices:
             a = str(spec.address)
@@ -109,17 +115,23 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         """The host restarts: VFs, vGPU 17+ VF types, MIG instances and every mdev vanish (mdevctl's
         definitions live in /etc, outside the simulator, and nothing here starts them); drivers, overrides,
         new_ids, hugepages and heterogeneous mode are back to the profile's boot state. MIG mode persists
-        (A100/H100/A30 keep it in the GPU), and a pending mode becomes current."""
+        (A100/H100/A30 keep it in the GPU), and a pending mode becomes current; /etc (modprobe.d) stays and the
+        driver loads with its options."""
         with self.lock:
             mig = {a: g.mig_enabled if g.mig_pending is None else g.mig_pending for a, g in self.gpus.items()}
             version = self.version
+            sched, telemetry = self.sched, self.telemetry
             self._build(boot=True)
             for a, on in mig.items():
                 self.gpus[a].mig_enabled = on
+            # /etc/modprobe.d stays and the driver loads with its options (NVML's scheduler changes are gone);
+            # injected faults stand for the hardware and stay too
+            self.sched, self.telemetry = sched, telemetry
+            sched.reload_driver()
             self.boot_id = str(_uuid.uuid4())
             self.boots += 1
             # version only grows: caches (the vGPU cache, the FUSE server's) key on it
-            self.version = version + 1
+            self.version = max(self.version, version) + 1
 
     # ------------------------------------------------------------------ helpers
 

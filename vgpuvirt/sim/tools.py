@@ -2,7 +2,8 @@
 
 Only what vgpuvirt and its users call is emulated; every answer comes from (and changes) the model.
 
-* ``nvidia-smi -q -x``, ``nvidia-smi -L``
+* ``nvidia-smi -q -x`` (with the readings of :mod:`vgpuvirt.sim.nvsmi_render`), ``nvidia-smi -L``,
+  ``nvidia-smi vgpu -q``, ``dmesg`` (the NVIDIA lines: scheduler message, XIDs)
 * ``nvidia-smi vgpu -i N -shm 0|1``   (heterogeneous mode; rc 19 "In use by another client" with vGPUs)
 * ``nvidia-smi [-i N] -mig 0|1`` (pending until reset when the GPU is busy), ``nvidia-smi -i N -r``,
   ``nvidia-smi mig -lgip|-lgipp|-lgi|-lci|-cgi|-cci|-dci|-dgi`` (:mod:`vgpuvirt.sim.mig_tools`)
@@ -21,6 +22,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
+from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
 DRIVER_VERSION = "550.90.05"
 Outcome = tuple[int, str, str]
@@ -98,6 +100,7 @@ def _xml(model: SimModel) -> str:
         total = g.table.framebuffer_mib if g is not None else 0
         for tag, mib in (("total", total), ("reserved", 0), ("used", 0), ("free", total)):
             ET.SubElement(fb, tag).text = f"{mib} MiB"
+        add_gpu_readings(model, d, e)
     body = ET.tostring(root, encoding="unicode")
     return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
 
@@ -141,6 +144,8 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
         return 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     if args in (["-q", "-x"], ["-x", "-q"]):
         return 0, _xml(model), ""
+    if args == ["vgpu", "-q"]:
+        return 0, vgpu_query(model, gpus), ""
     if args == ["-L"]:
         lines = []
         for i, d in enumerate(gpus):
@@ -223,4 +228,6 @@ def run_tool(model: SimModel, argv: list[str], stdin: str) -> Outcome:
             return _nvidia_smi(model, argv[1:])
         if prog == "sriov-manage":
             return _sriov_manage(model, argv[1:])
+        if prog == "dmesg" and len(argv) == 1:
+            return 0, dmesg(model, nvidia_gpus(model)), ""
     return 127, "", f"{argv[0]}: command not found\n"

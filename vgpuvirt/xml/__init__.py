@@ -5,7 +5,14 @@ See docs/xml.md. ``build_domain(...)`` is the one call most callers need.
 
 from vgpuvirt.xml.domain import Domain, GpuDevices, device_xml
 from vgpuvirt.xml.element import GuestAddress
-from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev, device_from_element
+from vgpuvirt.xml.hostdev import (
+    GpuDevice,
+    HostdevInterface,
+    MdevHostdev,
+    PciHostdev,
+    Virtualport,
+    device_from_element,
+)
 from vgpuvirt.xml.lint import LintProblem, check, lint
 from vgpuvirt.xml.nodedev import NodeDevice, NodedevMdevType, parse_nodedev, parse_nodedevs
 from vgpuvirt.xml.parts import CpuPinning, Disk, EvdevInput, Graphics, Tpm, VirtioNic
@@ -20,7 +27,7 @@ NicVfSpec = HostdevInterface
 __all__ = [
     "TEMPLATES", "CpuPinning", "Disk", "Domain", "DomainOptions", "EvdevInput", "GpuDevice", "GpuDevices",
     "Graphics", "GuestAddress", "HostdevInterface", "LintProblem", "MdevHostdev", "MdevSpec", "NicVfSpec",
-    "NodeDevice", "NodedevMdevType", "PciHostdev", "PciSpec", "SchemaMissing", "Tpm", "VirtioNic",
+    "NodeDevice", "NodedevMdevType", "PciHostdev", "PciSpec", "SchemaMissing", "Tpm", "VirtioNic", "Virtualport",
     "build_domain", "check", "device_from_element", "device_xml", "lint", "load_template", "parse_nodedev",
     "parse_nodedevs", "validate",
 ]

@@ -130,8 +130,11 @@ def guest_address_of(el: Element) -> GuestAddress | None:
 
 def source_key_of(el: Element) -> str | None:
     """``mdev:<uuid>`` or ``pci:<address>`` of a hostdev/hostdev-interface element, read without full parsing."""
+    # only PCI and mdev sources: a USB hostdev's <address bus= device=> is no PCI address
+    if el.tag == "hostdev" and el.get("type") not in ("pci", "mdev"):
+        return None
     a = el.find("source/address")
-    if a is None:
+    if a is None or (el.tag == "interface" and a.get("type", "pci") != "pci"):
         return None
     uuid = a.get("uuid")
     if uuid is not None:

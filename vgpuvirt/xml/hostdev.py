@@ -6,6 +6,7 @@ No policy here: which device, which type and whether it is managed are the calle
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vgpuvirt.errors import InvalidSpec
@@ -48,6 +49,8 @@ class MdevHostdev:
         object.__setattr__(self, "uuid", MdevUuid.parse(self.uuid))
         if self.model not in MDEV_MODELS:
             raise InvalidSpec("mdev model", self.model, " | ".join(MDEV_MODELS))
+        if self.model != "vfio-pci" and (self.display or self.ramfb):
+            raise InvalidSpec("mdev display", self.model, "display and ramfb only with model vfio-pci")
         check_boot_order(self.boot_order)
 
     def label(self) -> str:
@@ -58,8 +61,10 @@ class MdevHostdev:
         return f"mdev:{self.uuid}"
 
     def to_element(self) -> Element:
-        el = make("hostdev", {"mode": "subsystem", "type": "mdev", "managed": "no", "model": self.model,
-                              "display": onoff(self.display)})
+        el = make("hostdev", {"mode": "subsystem", "type": "mdev", "managed": "no", "model": self.model})
+        if self.model == "vfio-pci":
+            # libvirt supports display (and ramfb) only on vfio-pci mdevs; vfio-ccw/vfio-ap carry neither
+            el.set("display", onoff(self.display))
         if self.ramfb:
             el.set("ramfb", "on")
         src = sub(el, "source")
@@ -150,15 +155,60 @@ class PciHostdev:
                    guest_address=guest_address_of(el), boot_order=boot_order_of(el))
 
 
+_NIC_MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}")
+VIRTUALPORT_TYPES = ("802.1Qbg", "802.1Qbh", "openvswitch", "midonet")
+_PARAM_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
+@dataclass(frozen=True)
+class Virtualport:
+    """``<virtualport type=...><parameters .../></virtualport>``: the switch port profile libvirt sets up for
+    the VF (802.1Qbh ``profileid``, 802.1Qbg ``managerid``/``typeid``/``typeidversion``/``instanceid``)."""
+
+    type: str
+    parameters: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type not in VIRTUALPORT_TYPES:
+            raise InvalidSpec("virtualport type", self.type, " | ".join(VIRTUALPORT_TYPES))
+        params = tuple(sorted(dict(self.parameters).items()))
+        for k, v in params:
+            if not isinstance(k, str) or not _PARAM_RE.fullmatch(k) or not isinstance(v, str) or not v \
+                    or len(v) > 128 or any(c in v for c in "\0\n<>&'\""):
+                raise InvalidSpec("virtualport parameter", (k, v), "a name and a plain value")
+        object.__setattr__(self, "parameters", params)
+
+    def to_element(self) -> Element:
+        el = make("virtualport", {"type": self.type})
+        if self.parameters:
+            sub(el, "parameters", dict(self.parameters))
+        return el
+
+    @classmethod
+    def from_element(cls, el: Element) -> Virtualport:
+        params = el.find("parameters")
+        pairs = () if params is None else tuple((str(k), str(v)) for k, v in params.attrib.items())
+        return cls(el.get("type", ""), pairs)
+
+
 @dataclass(frozen=True)
 class HostdevInterface:
-    """``<interface type='hostdev'>``: an SR-IOV NIC VF; libvirt sets its MAC and VLAN on the PF first."""
+    """``<interface type='hostdev'>``: an SR-IOV NIC VF; libvirt sets its MAC and VLAN on the PF first.
+
+    ``model`` is the NIC model the guest is told about (``virtio``, ``e1000e``: libvirt records it, the VF
+    stays what it is); ``driver``/``queues`` are ``<driver name= queues=>``; ``virtualport`` the switch
+    port profile (802.1Qbh/802.1Qbg); ``boot_order`` makes it a boot device (PXE from the VF's ROM)."""
 
     address: PciAddress
     mac: MacAddress | None = None
     vlan: int | None = None
     managed: bool = True
     guest_address: GuestAddress | None = None
+    model: str | None = None
+    boot_order: int | None = None
+    driver: str | None = None
+    queues: int | None = None
+    virtualport: Virtualport | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", PciAddress.parse(self.address))
@@ -167,6 +217,18 @@ class HostdevInterface:
         if self.vlan is not None and (not isinstance(self.vlan, int) or isinstance(self.vlan, bool)
                                       or not 0 <= self.vlan <= 4095):
             raise InvalidSpec("VLAN id", self.vlan, "an integer 0..4095")
+        if self.model is not None and (not isinstance(self.model, str) or not _NIC_MODEL_RE.fullmatch(self.model)):
+            raise InvalidSpec("NIC model", self.model, "a model name such as virtio or e1000e")
+        if self.driver is not None and self.driver != "vfio":
+            raise InvalidSpec("hostdev interface driver", self.driver, "vfio")
+        if self.queues is not None and (not isinstance(self.queues, int) or isinstance(self.queues, bool)
+                                        or not 1 <= self.queues <= 256):
+            raise InvalidSpec("queues", self.queues, "an integer 1..256")
+        if self.driver is not None and self.queues is not None:
+            # libvirt's schema: <driver name='vfio'/> (the hostdev backend) or <driver queues=N/>, not both
+            raise InvalidSpec("hostdev interface driver", (self.driver, self.queues), "driver='vfio' or queues, "
+                                                                                       "not both")
+        check_boot_order(self.boot_order)
 
     def label(self) -> str:
         return f"NIC VF {self.address}"
@@ -176,13 +238,26 @@ class HostdevInterface:
         return f"pci:{self.address}"
 
     def to_element(self) -> Element:
+        # children in libvirt's own output order (mac, driver, source, vlan, virtualport, model, boot, address)
         el = make("interface", {"type": "hostdev", "managed": yesno(self.managed)})
         if self.mac is not None:
             sub(el, "mac", {"address": str(self.mac)})
+        if self.driver is not None or self.queues is not None:
+            drv = sub(el, "driver")
+            if self.driver is not None:
+                drv.set("name", self.driver)
+            if self.queues is not None:
+                drv.set("queues", str(self.queues))
         src = sub(el, "source")
         sub(src, "address", {"type": "pci", **self.address.libvirt_attrs()})
         if self.vlan is not None:
             sub(sub(el, "vlan"), "tag", {"id": str(self.vlan)})
+        if self.virtualport is not None:
+            el.append(self.virtualport.to_element())
+        if self.model is not None:
+            sub(el, "model", {"type": self.model})
+        if self.boot_order is not None:
+            sub(el, "boot", {"order": str(self.boot_order)})
         if self.guest_address is not None:
             el.append(self.guest_address.to_element())
         return el
@@ -192,11 +267,20 @@ class HostdevInterface:
         expect_tag(el, "interface", "hostdev")
         mac = el.find("mac")
         tag = el.find("vlan/tag")
+        model = el.find("model")
+        drv = el.find("driver")
+        vport = el.find("virtualport")
         return cls(pci_from_address(el.find("source/address"), "interface source address"),
                    mac=None if mac is None else MacAddress.parse(mac.get("address", "")),
                    vlan=None if tag is None else parse_int(tag.get("id"), "VLAN id"),
                    managed=parse_flag(el.get("managed"), "interface managed"),
-                   guest_address=guest_address_of(el))
+                   guest_address=guest_address_of(el),
+                   model=None if model is None else model.get("type"),
+                   boot_order=boot_order_of(el),
+                   driver=None if drv is None else drv.get("name"),
+                   queues=None if drv is None or drv.get("queues") is None
+                   else parse_int(drv.get("queues"), "queues"),
+                   virtualport=None if vport is None else Virtualport.from_element(vport))
 
 
 GpuDevice = MdevHostdev | PciHostdev | HostdevInterface

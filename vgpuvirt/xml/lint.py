@@ -31,7 +31,7 @@ class LintProblem:
 def _label(el: Element) -> str:
     if el.tag == "hostdev" and el.get("type") == "mdev":
         a = el.find("source/address")
-        return f"mdev {a.get('uuid') if a is not None else '?'}"
+        return f"mdev {(a.get('uuid') if a is not None else None) or '?'}"
     a = el.find("source/address")
     if a is not None and a.get("bus") is not None:
         try:
@@ -73,6 +73,7 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
         if el.tag not in ("hostdev", "interface", "disk", "controller", "video", "sound", "memballoon"):
             continue
         if el.tag == "hostdev" and el.get("type") == "mdev":
+            out.extend(_lint_mdev_addresses(el))
             display = el.get("display") == "on"
             if el.get("model", "") != "vfio-pci" and el.get("display") is not None:
                 out.append(LintProblem("display-model", _label(el), "display is only supported with model='vfio-pci'"))
@@ -116,12 +117,15 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
     if len(ramfb) > 1:
         out.append(LintProblem("ramfb-multiple", ", ".join(ramfb),
                                "only one vGPU per domain may have ramfb='on'"))
+    builtin = _chipset_slot(domain)
     for (dom, bus, slot), funcs in sorted(slots.items()):
         where = f"guest {dom:04x}:{bus:02x}:{slot:02x}"
         numbers = [f for f, _, _ in funcs]
         for f in sorted({f for f in numbers if numbers.count(f) > 1}):
             names = ", ".join(_label(e) for g, _, e in funcs if g == f)
             out.append(LintProblem("duplicate-guest-address", names, f"share guest address {where}.{f}"))
+        if (dom, bus, slot) == builtin:
+            continue  # function 0 is the chipset's own bridge (not in the XML): functions 1.. sit beside it
         if any(f > 0 for f in numbers) and not any(f == 0 and mf for f, mf, _ in funcs):
             names = ", ".join(_label(e) for _, _, e in funcs)
             out.append(LintProblem("multifunction-incomplete", names,
@@ -129,6 +133,39 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
 
     out.extend(_lint_cpus(domain, host_cpus))
     return out
+
+
+#: The guest address type each mdev model takes (libvirt refuses others: a vfio-pci vGPU at a drive address).
+_MDEV_ADDRESS = {"vfio-pci": "pci", "vfio-ccw": "ccw", "vfio-ap": None}
+
+
+def _lint_mdev_addresses(el: Element) -> list[LintProblem]:
+    out: list[LintProblem] = []
+    src = el.find("source/address")
+    if src is None or src.get("uuid") is None:
+        out.append(LintProblem("mdev-source", _label(el), "an mdev hostdev's <source><address> needs the "
+                                                          "instance's uuid='...' (not a PCI address)"))
+    model = el.get("model", "")
+    for a in el.iterchildren("address"):
+        want = _MDEV_ADDRESS.get(model, "pci")
+        if a.get("type") != want:
+            out.append(LintProblem("mdev-address-type", _label(el),
+                                   f"a {model or 'vfio-pci'} mdev takes "
+                                   + (f"a guest <address type='{want}'>" if want else "no guest <address>")
+                                   + f", not type='{a.get('type')}'"))
+    return out
+
+
+def _chipset_slot(domain: Domain) -> tuple[int, int, int] | None:
+    """The guest slot whose function 0 is the machine's built-in bridge: PIIX3 at 00:01.0 on i440fx (pc),
+    ICH9 LPC at 00:1f.0 on q35. libvirt lists the chipset's other functions there (IDE/USB at 00:01.1/.2,
+    SATA at 00:1f.2) without function 0, which is not a device of the domain XML."""
+    machine = domain.machine or "pc"
+    if "q35" in machine:
+        return (0, 0, 0x1F)
+    if machine == "pc" or machine.startswith("pc-"):       # pc, pc-i440fx-*
+        return (0, 0, 0x01)
+    return None
 
 
 def _lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintProblem]:

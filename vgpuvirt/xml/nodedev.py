@@ -5,6 +5,7 @@ Normalized when parsed: ``<bus>59</bus>`` (decimal) and ``bus='0x3b'`` (hex) bot
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from lxml import etree
@@ -13,6 +14,9 @@ from vgpuvirt.errors import InvalidSpec, XmlError
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.xml.domain import parse_xml
 from vgpuvirt.xml.element import Element, parse_int, pci_from_address
+
+_H = "[0-9a-fA-F]"
+_MDEV_NAME_RE = re.compile(rf"mdev_({_H}{{8}}_{_H}{{4}}_{_H}{{4}}_{_H}{{4}}_{_H}{{12}})(?!{_H})")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class NodeDevice:
     mdev_type: MdevTypeId | None = None
     mdev_uuid: MdevUuid | None = None
     mdev_parent: PciAddress | None = None
+    mdev_parent_addr: str | None = None      # as libvirt gives it: 0000:3b:00.0, or 0.0.0052 for a css parent
     capabilities: tuple[str, ...] = field(default=())
 
     @property
@@ -68,8 +73,12 @@ def parse_nodedev(doc: str | bytes | Element) -> NodeDevice:
         raise XmlError(f"node device {el.findtext('name')!r}: {exc}") from exc
 
 
-def _parse(el: Element) -> NodeDevice:
+def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
+    """``problems`` collects what was left out (an mdev type whose id is no ``driver-name``); without
+    it such a type is an error."""
     caps: list[str] = []
+    strict = problems is None
+    problems = [] if problems is None else problems
     kw: dict[str, object] = {"name": el.findtext("name") or "", "path": el.findtext("path"),
                              "parent": el.findtext("parent"), "driver": el.findtext("driver/name")}
     cap = el.find("capability")
@@ -83,45 +92,83 @@ def _parse(el: Element) -> NodeDevice:
             kw["product_id"] = _hex(cap.find("product"), "id")
             numa = cap.find("numa")
             kw["numa_node"] = None if numa is None else parse_int(numa.get("node"), "numa node")
-            types: list[NodedevMdevType] = []
             for sub in cap.iterchildren("capability"):
                 stype = sub.get("type", "")
-                caps.append(stype)
-                if stype == "mdev_types":
-                    for t in sub.iterchildren("type"):
-                        avail = t.findtext("availableInstances")
-                        types.append(NodedevMdevType(MdevTypeId.parse(t.get("id", "")), t.findtext("name"),
-                                                     t.findtext("deviceAPI"),
-                                                     None if avail is None else int(avail)))
-                elif stype == "virt_functions":
+                if stype == "virt_functions":
                     mc = sub.get("maxCount")
                     kw["max_vfs"] = None if mc is None else int(mc)
                     kw["vfs"] = tuple(pci_from_address(a, "VF address") for a in sub.iterchildren("address"))
                 elif stype == "phys_function":
                     kw["phys_function"] = pci_from_address(sub.find("address"), "PF address")
-            kw["mdev_types"] = tuple(types)
         elif ctype == "mdev":
             tid = cap.find("type")
             kw["mdev_type"] = None if tid is None else MdevTypeId.parse(tid.get("id", ""))
             u = cap.findtext("uuid")
-            if u is None and kw["name"] and str(kw["name"]).startswith("mdev_"):
-                # the name carries the UUID: mdev_<uuid with _>[_<parent>]
-                parts = str(kw["name"])[5:].split("_")
-                u = "-".join(parts[:5]) if len(parts) >= 5 else None
+            if u is None:
+                # the name carries the UUID: mdev_<uuid with _>[_<parent>] (or another suffix)
+                m = _MDEV_NAME_RE.match(str(kw["name"] or ""))
+                u = None if m is None else m[1].replace("_", "-")
             kw["mdev_uuid"] = None if u is None else MdevUuid.parse(u)
             pa = cap.findtext("parent_addr")
-            kw["mdev_parent"] = None if pa is None else PciAddress.parse(pa)
+            kw["mdev_parent_addr"] = pa
+            # a PCI parent (a vGPU's GPU); a channel-subsystem or AP parent (0.0.0052) has no PCI address
+            kw["mdev_parent"] = _pci_or_none(pa)
         group = cap.find("iommuGroup")
         if group is not None:
             kw["iommu_group"] = parse_int(group.get("number"), "IOMMU group")
             kw["iommu_group_members"] = tuple(pci_from_address(a, "IOMMU group member")
                                               for a in group.iterchildren("address"))
+    # mdev types are offered by PCI devices, s390 subchannels (css), the AP matrix, or a top-level
+    # mdev_types capability (mtty, sample drivers): read them wherever they are
+    types: list[NodedevMdevType] = []
+    for top in el.iterchildren("capability"):
+        nested = [c for c in top.iterchildren("capability")]
+        for c in nested:
+            if c is not None and c.get("type", "") not in caps:
+                caps.append(c.get("type", ""))
+        for holder in [top, *nested]:
+            if holder.get("type") != "mdev_types":
+                continue
+            for t in holder.iterchildren("type"):
+                try:
+                    types.append(_mdev_type(t))
+                except (InvalidSpec, ValueError) as exc:
+                    problems.append(f"mdev type {t.get('id')!r}: {exc}")
+    if strict and problems:
+        raise InvalidSpec("mdev types", problems, "driver-name type ids")
+    kw["mdev_types"] = tuple(types)
     kw["capabilities"] = tuple(caps)
     return NodeDevice(**kw)  # type: ignore[arg-type]
 
 
-def parse_nodedevs(text: str | bytes) -> list[NodeDevice]:
-    """Several ``<device>`` documents in one text (e.g. concatenated dumpxml output); comments ignored."""
+def _mdev_type(t: Element) -> NodedevMdevType:
+    avail = t.findtext("availableInstances")
+    return NodedevMdevType(MdevTypeId.parse(t.get("id", "")), t.findtext("name"), t.findtext("deviceAPI"),
+                           None if avail is None else int(avail))
+
+
+def _pci_or_none(text: str | None) -> PciAddress | None:
+    if text is None:
+        return None
+    try:
+        return PciAddress.parse(text)
+    except InvalidSpec:
+        return None
+
+
+class NodeDevices(list[NodeDevice]):
+    """The devices of a multi-device document, and ``errors``: one line per device (or mdev type) that could
+    not be read, naming it. One odd device never costs the others."""
+
+    def __init__(self, devices: list[NodeDevice] = (), errors: list[str] = ()) -> None:  # type: ignore[assignment]
+        super().__init__(devices)
+        self.errors: list[str] = list(errors)
+
+
+def parse_nodedevs(text: str | bytes) -> NodeDevices:
+    """Every node ``<device>`` in one text (concatenated dumpxml output, or a test-driver node file's
+    ``<node>``); comments ignored. A device that cannot be read is left out and reported in
+    ``.errors``; only text that is not well-formed XML raises."""
     data = text.encode() if isinstance(text, str) else text
     if data.lstrip().startswith(b"<?xml"):
         data = data.split(b"?>", 1)[1]
@@ -130,4 +177,17 @@ def parse_nodedevs(text: str | bytes) -> list[NodeDevice]:
         root = etree.fromstring(b"<devices>" + data + b"</devices>", parser)
     except etree.XMLSyntaxError as exc:
         raise XmlError(f"node-device XML is not well-formed: {exc}") from exc
-    return [parse_nodedev(el) for el in root.iterchildren("device")]
+    out = NodeDevices()
+    # node devices stand at the top, or in a test-driver node file's <node> (beside domains, pools, networks,
+    # whose own <device> elements are something else)
+    found = [*root.iterchildren("device"), *(d for n in root.iterchildren("node") for d in n.iterchildren("device"))]
+    for el in found:
+        name = el.findtext("name") or "?"
+        problems: list[str] = []
+        try:
+            out.append(_parse(el, problems))
+        except (InvalidSpec, ValueError) as exc:
+            out.errors.append(f"node device {name!r}: {exc}")
+            continue
+        out.errors.extend(f"node device {name!r}: {p} (left out)" for p in problems)
+    return out

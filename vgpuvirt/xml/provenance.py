@@ -47,6 +47,16 @@ class Provenance:
             etree.SubElement(el, GPU_TAG, attrib=dict(g))
         return el
 
+    def metadata_xml(self) -> str:
+        """The element for ``virDomainSetMetadata`` (key ``vgpuvirt``, uri :data:`NAMESPACE`): without the
+        namespace, which libvirt puts on it and its children itself (it refuses a prefix already declared)."""
+        el = etree.Element("provision")
+        if self.host is not None:
+            el.set("host", self.host)
+        for g in self.gpus:
+            etree.SubElement(el, "gpu", attrib=dict(g))
+        return etree.tostring(el, encoding="unicode")
+
     @classmethod
     def from_element(cls, el: Element) -> Provenance:
         if el.tag != TAG:

@@ -244,7 +244,8 @@ def build_domain(
     if disk is not None:
         dom.add_disk(disk)
 
-    if any(m.boot_order is not None for m in mdevs) or any(p.boot_order is not None for p in pci):
+    devices: list[MdevHostdev | PciHostdev | HostdevInterface] = [*mdevs, *pci, *nics]
+    if any(d.boot_order is not None for d in devices):
         # libvirt refuses per-device <boot order> next to <os><boot dev=...>; the caller's order wins
         os_el = dom.child("os")
         for b in [] if os_el is None else os_el.findall("boot"):
@@ -269,10 +270,14 @@ def _is_q35(dom: Domain) -> bool:
 
 
 def place_multifunction(dom: Domain, pci: Sequence[PciHostdev]) -> list[PciHostdev]:
-    """Functions of one host device (GPU .0 + audio .1) become one multi-function guest slot.
+    """Functions of one host device (GPU .0 + audio .1) become one multi-function guest slot, each at its
+    host function number (the guest sees the layout it would see on the host: drivers find a GPU's audio,
+    USB or UCSI functions at the numbers the hardware gives them).
 
-    Hostdevs with an explicit ``guest_address`` and single-function devices are returned unchanged;
-    a group gets a new ``pcie-root-port`` on q35 (or a free slot on bus 0 elsewhere), function 0 first.
+    Hostdevs with an explicit ``guest_address`` and single-function devices are returned unchanged, and so
+    is a group without function 0 (a guest slot must have a function 0: libvirt then gives each function a
+    slot of its own, as it does by default). A group gets a new ``pcie-root-port`` on q35 (or a free slot on
+    bus 0 elsewhere), ``multifunction='on'`` on function 0.
     """
     groups: dict[tuple[int, int, int], list[PciHostdev]] = defaultdict(list)
     for p in pci:
@@ -281,7 +286,7 @@ def place_multifunction(dom: Domain, pci: Sequence[PciHostdev]) -> list[PciHostd
     placed: dict[PciAddress, PciHostdev] = {}
     next_slot = 0x10
     for members in groups.values():
-        if len(members) < 2:
+        if len(members) < 2 or not any(p.address.function == 0 for p in members):
             continue
         members.sort(key=lambda p: p.address.function)
         if _is_q35(dom):
@@ -294,7 +299,8 @@ def place_multifunction(dom: Domain, pci: Sequence[PciHostdev]) -> list[PciHostd
                 raise XmlError("no free PCI slot on bus 0 for a multi-function device")
             bus, slot = 0, next_slot
             next_slot += 1
-        for fn, p in enumerate(members):
+        for p in members:
+            fn = p.address.function
             ga = GuestAddress(PciAddress(0, bus, slot, fn), multifunction=fn == 0)
             placed[p.address] = PciHostdev(p.address, managed=p.managed, rom_bar=p.rom_bar, rom_file=p.rom_file,
                                            guest_address=ga, boot_order=p.boot_order)

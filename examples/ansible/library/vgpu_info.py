@@ -46,6 +46,19 @@ options:
       - Left unset, NVML is used when it is available and silently skipped otherwise; C(true) makes its absence a
         warning in C(warnings); C(false) never loads it.
     type: bool
+  survey:
+    description:
+      - Also return the fact C(ansible_facts.vgpuvirt_survey) - the host's raw inventory reads and the libvirt
+        domains recorded for it - which the C(vgpu_pool) action plugin places a pool across the play's hosts with.
+        Read in the same pass; libvirt is read at O(uri) (C(qemu:///system) when O(uri) is unset).
+    type: bool
+    default: false
+  host_name:
+    description:
+      - With O(survey=true), the name of this host as vgpuvirt records it in the domains it makes (default - the
+        target's hostname). Domains recorded for another host are left out of the survey, so several hosts may
+        share one libvirt daemon (test fleets do); give each host a distinct name (C({{ inventory_hostname }})).
+    type: str
 attributes:
   check_mode:
     support: full
@@ -76,6 +89,11 @@ EXAMPLES = r"""
 - name: Only hosts whose IOMMU is on may get passthrough VMs
   ansible.builtin.group_by:
     key: "iommu_{{ ansible_facts.vgpuvirt.iommu_enabled | default(false) }}"
+
+- name: Survey every hypervisor for vgpu_pool (raw reads and the domains recorded for it)
+  vgpu_info:
+    survey: true
+    host_name: "{{ inventory_hostname }}"
 
 - name: Name the domains that use each mdev (talks to libvirt)
   vgpu_info:
@@ -144,6 +162,7 @@ ansible_facts:
           elements: str
 """
 
+import platform
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -151,7 +170,8 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 try:
     # open_host and domain_pairs stay names of this module: unit tests replace them
     from vgpuvirt.ansible_support import domain_pairs, run_module
-    from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.host.local import LocalHost
+    from vgpuvirt.provision.pool import take_survey
     from vgpuvirt.services.inventory import inventory
 except ImportError:
     HAS_VGPUVIRT = False
@@ -164,13 +184,27 @@ ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),
     uri=dict(type="str", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     use_nvml=dict(type="bool"),
+    survey=dict(type="bool", default=False),
+    host_name=dict(type="str"),
 )
 
 
+def open_host(module):
+    """The target below ``sysfs_root``, named ``host_name`` (default ``local``, as the inventory fact says)."""
+    return LocalHost(module.params["sysfs_root"], name=module.params["host_name"] or "local")
+
+
 def run(module, host):
-    domains = domain_pairs(module.params["uri"]) if module.params["uri"] else None
-    inv = inventory(host, domains=domains, use_nvml=module.params["use_nvml"])
-    return dict(changed=False, ansible_facts=dict(vgpuvirt=inv.to_dict()))
+    p = module.params
+    domains = domain_pairs(p["uri"]) if p["uri"] else None
+    inv = inventory(host, domains=domains, use_nvml=p["use_nvml"])
+    facts = dict(vgpuvirt=inv.to_dict())
+    if p["survey"]:
+        # the pool's domains record the host by this name: the target's hostname unless host_name says
+        name = host.name if p["host_name"] else platform.node() or "local"
+        pairs = domains if domains is not None else domain_pairs("qemu:///system")
+        facts["vgpuvirt_survey"] = take_survey(host, pairs, name=name).to_dict()
+    return dict(changed=False, ansible_facts=facts)
 
 
 def main():

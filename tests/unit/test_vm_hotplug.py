@@ -1,0 +1,169 @@
+"""Issue 16, VM lifecycle and hot-plug on libvirt's test driver: ``vgpuvirt vm`` verbs, ``LibvirtConnection``
+taking device objects, attach refused up front on a driver that cannot hot-plug, and an attach libvirt
+refuses removing the vGPU it made."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import require_part
+
+from vgpuvirt.cli import main
+from vgpuvirt.model import MdevUuid, PciAddress
+from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
+from vgpuvirt.services.inventory import inventory
+from vgpuvirt.sim import SimHost
+from vgpuvirt.xml import MdevHostdev, PciHostdev
+
+try:
+    import libvirt
+except ImportError:  # a real part: fails under CI=true
+    libvirt = None
+
+
+@pytest.fixture(autouse=True)
+def _needs_libvirt() -> None:
+    require_part("libvirt-python", libvirt is not None, "pip install 'vgpuvirt[libvirt]'")
+
+
+@pytest.fixture
+def conn() -> Any:
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    # test:///default keeps its state while a connection is open: this one spans the CLI calls.
+    c = LibvirtConnection("test:///default")
+    yield c
+    c.close()
+
+
+def test_attach_and_detach_take_device_objects(conn, monkeypatch):
+    sent: list[tuple[str, str]] = []
+
+    class Dom:
+        def attachDeviceFlags(self, xml: str, flags: int) -> None:
+            sent.append(("attach", xml))
+
+        def detachDeviceFlags(self, xml: str, flags: int) -> None:
+            sent.append(("detach", xml))
+
+        def isActive(self) -> bool:
+            return False
+
+        def XMLDesc(self, flags: int) -> str:
+            return "<domain><name>test</name><devices/></domain>"
+
+    monkeypatch.setattr(conn, "_lookup", lambda name: Dom())
+    u = MdevUuid.parse("0f2c4c1a-3f7b-4e0e-9a55-2bd1b1c0e001")
+    conn.attach("test", MdevHostdev(u), config=True)
+    conn.detach("test", PciHostdev(PciAddress.parse("0000:41:00.0")), config=True)
+    assert sent[0][0] == "attach" and str(u) in sent[0][1] and "type=\"mdev\"" in sent[0][1]
+    assert sent[1][0] == "detach" and "bus=\"0x41\"" in sent[1][1]
+    from vgpuvirt.errors import InvalidSpec
+    with pytest.raises(InvalidSpec, match="device"):
+        conn.attach("test", 42, config=True)  # type: ignore[arg-type]
+
+
+def test_vm_verbs_on_the_test_driver(conn, capsys):
+    h = SimHost.from_profile("t4x2")
+    provision(h, conn, [VmRequest("w16vm-cli-a", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        base = ["--host", "sim:t4x2"]
+        assert main([*base, "vm", "start", "w16vm-cli-a", "--connect", "test:///default"]) == 0
+        assert "w16vm-cli-a: started" in capsys.readouterr().out
+        assert conn.is_active("w16vm-cli-a")
+        assert main(["--json", *base, "vm", "list", "w16vm-cli-*", "--connect", "test:///default"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        (vm,) = out["vms"]
+        assert vm["name"] == "w16vm-cli-a" and vm["state"] == "running" and vm["vgpuvirt"] is True
+        (gpu,) = vm["gpus"]
+        # This process's sim host has no such mdev (a fresh SimHost): the type comes from the metadata.
+        assert gpu["kind"] == "mdev" and gpu["type"] == "nvidia-231" and gpu["parent"] == "0000:3b:00.0"
+        assert vm["host"] == "sim:t4x2"
+        assert main([*base, "vm", "list", "w16vm-cli-*", "--connect", "test:///default"]) == 0
+        table = capsys.readouterr().out
+        assert "w16vm-cli-a" in table and "nvidia-231" in table
+        assert main([*base, "vm", "reboot", "w16vm-cli-a", "--connect", "test:///default"]) == 0
+        assert main([*base, "vm", "shutdown", "w16vm-cli-a", "--connect", "test:///default"]) == 0
+        assert not conn.is_active("w16vm-cli-a")   # the test driver's guests obey at once
+        assert main([*base, "vm", "start", "w16vm-cli-a", "--connect", "test:///default"]) == 0
+        capsys.readouterr()
+        assert main(["--json", *base, "vm", "destroy", "w16vm-cli-a", "--connect", "test:///default"]) == 0
+        assert json.loads(capsys.readouterr().out)["vms"][0]["changed"] is True
+        assert not conn.is_active("w16vm-cli-a")
+        assert main([*base, "vm", "reboot", "w16vm-cli-a", "--connect", "test:///default"]) == 1
+        assert "not running" in capsys.readouterr().err
+        assert main([*base, "vm", "start", "w16vm-nope", "--connect", "test:///default"]) == 1
+        assert "w16vm-nope" in capsys.readouterr().err
+    finally:
+        teardown(h, conn, ["w16vm-cli-a"])
+
+
+def test_list_names_types_from_the_host_when_it_shows_them(conn):
+    from vgpuvirt.provision.vms import vm_infos
+    h = SimHost.from_profile("t4x2")
+    provision(h, conn, [VmRequest("w16vm-ls", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        doms = [d for d in conn.domains() if d.name == "w16vm-ls"]
+        (info,) = vm_infos(h.name, doms, inventory(h, domains=[(d.name, d.xml) for d in doms]))
+        (g,) = info.gpus
+        assert (g.type, g.type_name, info.state) == ("nvidia-231", "GRID T4-2Q", "shut off")
+    finally:
+        teardown(h, conn, ["w16vm-ls"])
+
+
+def test_attach_on_a_driver_that_cannot_hotplug_changes_nothing(conn, capsys):
+    h = SimHost.from_profile("t4x2")
+    provision(h, conn, [VmRequest("w16vm-hp-no", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        before = {m.uuid for m in inventory(h).mdevs}
+        from vgpuvirt.errors import InvalidSpec
+        from vgpuvirt.provision.hotplug import attach_gpu, detach_gpu
+        with pytest.raises(InvalidSpec, match="test driver cannot"):
+            attach_gpu(h, conn, "w16vm-hp-no", VgpuRequest.parse("nvidia-231"))
+        with pytest.raises(InvalidSpec, match="test driver cannot"):
+            detach_gpu(h, conn, "w16vm-hp-no")
+        assert {m.uuid for m in inventory(h).mdevs} == before
+    finally:
+        teardown(h, conn, ["w16vm-hp-no"])
+
+
+def test_a_failed_attach_removes_the_vgpu_it_made(conn, monkeypatch):
+    from vgpuvirt.errors import LibvirtError, ProvisioningError
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import attach_gpu
+    h = SimHost.from_profile("t4x2")
+    provision(h, conn, [VmRequest("w16vm-hp-fail", gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+
+    def refused(*a: Any, **kw: Any) -> None:
+        raise LibvirtError("attach device failed: injected", domain="w16vm-hp-fail", code=1, uri=conn.uri)
+
+    try:
+        before = {m.uuid for m in inventory(h).mdevs}
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", refused)
+        with pytest.raises(ProvisioningError, match="injected") as ei:
+            attach_gpu(h, conn, "w16vm-hp-fail", VgpuRequest.parse("nvidia-231"))
+        assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
+        assert {m.uuid for m in inventory(h).mdevs} == before
+    finally:
+        monkeypatch.undo()
+        teardown(h, conn, ["w16vm-hp-fail"])
+
+
+def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
+    from vgpuvirt.provision import NicRequest
+    from vgpuvirt.provision.vms import vm_infos
+    h = SimHost.from_profile("desktop")
+    vm = VmRequest("w16vm-ls-g", gpus=(VgpuRequest(mode="passthrough"),), template="gaming", nic=NicRequest(),
+                   start=False)
+    provision(h, conn, [vm])
+    try:
+        doms = [d for d in conn.domains() if d.name == vm.name]
+        (info,) = vm_infos(h.name, doms, inventory(h))
+        rows = {g.device: (g.kind, g.type, g.type_name, g.parent) for g in info.gpus}
+        assert rows["0000:01:00.0"] == ("pci", "passthrough", "GA102 [GeForce RTX 3080]", None)
+        (nic,) = [g for g in info.gpus if g.kind == "nic-vf"]
+        assert nic.parent == "0000:05:00.0"
+    finally:
+        teardown(h, conn, [vm.name])

@@ -1,0 +1,1 @@
+"""What shows the metrics snapshot: the Prometheus exporter and ``vgpuvirt top``'s view (above services)."""

@@ -1,0 +1,148 @@
+"""Collect a metrics snapshot: ONE round trip per host per collection, whatever the number of GPUs and vGPUs.
+
+One ``host.apply`` carries four read-only programs and the inventory's sysfs reads:
+
+* ``nvidia-smi -q -x``: per GPU utilisation, temperature, power, clocks, ECC, retired pages / remapped rows,
+  PCIe link (:mod:`.nvsmi_readings`), and what the inventory takes from it (mode, MIG);
+* ``nvidia-smi mig -lgi``: the GPU instances (MIG-backed capacity);
+* ``nvidia-smi vgpu -q``: every active vGPU with its VM, framebuffer, utilisation, encoder statistics and
+  frame rate limit (:mod:`.vgpu_query`);
+* ``dmesg``: XIDs and the scheduler's boot message (:mod:`.kernel_log`);
+* the sysfs globs of the inventory: mdevs, vGPU 17+ VFs, types and capacity (:mod:`.inventory`).
+
+On the machine we run on (a LocalHost reading the real ``/``), NVML through ``pynvml`` (``nvidia-ml-py``)
+gives the readings instead when it is installed (:mod:`.nvml_metrics`). nvidia-smi is NVML's own client
+and exists wherever the driver does; on a host where it is missing,
+failing or the driver is not loaded, its readings are absent (None), the capacity model still answers,
+and ``sources`` says what happened. Owners are joined through libvirt: ``domains`` (name, XML) pairs map an
+mdev UUID or a VF's address to its domain; without them the driver's own VM name/UUID is used.
+
+:class:`Collector` keeps, per host, the newest kernel-log timestamp it saw, so a GPU's ``xids`` are the XIDs
+*since the previous collection*; ``xids_since_boot`` keeps every code still in the log (health uses those).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+from vgpuvirt.errors import InvalidSpec, VgpuvirtError
+from vgpuvirt.host.base import Host, Op
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
+from vgpuvirt.services.inventory_health import kernel_log_of
+from vgpuvirt.services.kernel_log import DMESG_ARGV
+from vgpuvirt.services.metrics_build import build_host_metrics
+from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
+from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvml import load_pynvml
+from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
+from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
+
+__all__ = ["METRICS_ARGVS", "Collector", "collect", "collect_many"]
+
+#: The programs of one collection, in order (all read-only; ``mig -lgi`` exits 6 when there is no GI).
+METRICS_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV, DMESG_ARGV)
+
+Domains = Iterable[tuple[str, str]]
+
+
+def _ops(programs: Mapping[str, str]) -> list[Op]:
+    return [Op.exec((programs.get(argv[0], argv[0]), *argv[1:]), timeout=60.0, read_only=True,
+                    ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
+            for argv in METRICS_ARGVS]
+
+
+class Collector:
+    """Collects snapshots and remembers, per host, where the previous collection left the kernel log.
+
+    ``programs`` maps a program name (``nvidia-smi``, ``dmesg``) to the path to run instead, for hosts where
+    it is not on the PATH (``/usr/lib/nvidia/bin/nvidia-smi``); the value travels as argv, never a shell."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, programs: Mapping[str, str] | None = None,
+                 use_nvml: bool | None = None, nvml_module: Any = None) -> None:
+        self._cursors: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.clock = clock
+        for name, path in (programs or {}).items():
+            if name not in ("nvidia-smi", "dmesg") or not path or "\0" in path:
+                raise InvalidSpec("program", f"{name}={path}", "nvidia-smi=PATH or dmesg=PATH")
+        self.programs = dict(programs or {})
+        # NVML (pynvml) for a LocalHost reading the real /: None = when installed, True = required, False = never.
+        # ``nvml_module`` injects a pynvml stand-in (tests).
+        self.use_nvml = use_nvml
+        self.nvml_module = nvml_module
+
+    def _nvml(self, host: Host) -> NvmlMetrics | None:
+        from vgpuvirt.host.local import LocalHost
+
+        if self.use_nvml is False or not (isinstance(host, LocalHost) and host.sysfs_root == "/"):
+            if self.use_nvml:
+                raise InvalidSpec("use_nvml", True, "NVML only on LocalHost reading the real / (it describes "
+                                                    "the machine we run on)")
+            return None
+        module = self.nvml_module or load_pynvml(required=bool(self.use_nvml))
+        return collect_nvml(module) if module is not None else None
+
+    def collect(self, host: Host, *, domains: Domains | None = None) -> HostMetrics:
+        """One host's metrics in ONE round trip. A host that fails (transport, agent) gives ``up=False`` with
+        the reason in ``error``; nothing is raised for a host problem."""
+        started = self.clock()
+        t0 = time.perf_counter()
+        rt0 = host.round_trips
+        nvml = self._nvml(host)
+        try:
+            batch = host.apply(_ops(self.programs), lock=False, on_error="continue", reads_after=INVENTORY_GLOBS)
+        except (VgpuvirtError, OSError) as exc:
+            return HostMetrics(host=host.name, up=False, collected_at=started,
+                               duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
+                               error=f"{type(exc).__name__}: {exc}")
+        smi, lgi, vq, dmesg = batch.results
+        doms = list(domains) if domains is not None else None
+        inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
+                              kernel_log=dmesg)
+        sources = dict(inv.sources)
+        if nvml is not None:
+            sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
+        klog = kernel_log_of(dmesg, sources)
+        with self._lock:
+            cursor = self._cursors.get(host.name)
+            if klog is not None and klog.last_uptime_s is not None:
+                if cursor is not None and klog.last_uptime_s < cursor:
+                    cursor = None      # the log went back in time: the host rebooted, every XID is new
+                self._cursors[host.name] = klog.last_uptime_s
+        return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
+                                  sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
+                                  round_trips=host.round_trips - rt0, nvml=nvml)
+
+    def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
+                     workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:
+        """Every host in parallel (one thread each, up to ``workers``). With ``timeout`` (seconds), a host
+        that has not answered by then is reported ``up=False`` ("no answer within ...") and the snapshot
+        returns without it; its collection finishes (or fails) in the background."""
+        started = self.clock()
+        if not hosts:
+            return MetricsSnapshot(collected_at=started)
+        pool = ThreadPoolExecutor(max_workers=workers or min(32, len(hosts)), thread_name_prefix="metrics")
+        try:
+            futures = [pool.submit(self.collect, h, domains=(domains or {}).get(h.name)) for h in hosts]
+            wait(futures, timeout=timeout)
+            results = tuple(f.result() if f.done() else
+                            HostMetrics(host=h.name, up=False, collected_at=started, duration_s=timeout,
+                                        error=f"no answer within {timeout} s")
+                            for h, f in zip(hosts, futures, strict=True))
+        finally:
+            pool.shutdown(wait=timeout is None, cancel_futures=False)
+        return MetricsSnapshot(collected_at=started, hosts=results)
+
+
+def collect(host: Host, *, domains: Domains | None = None) -> HostMetrics:
+    """One collection with a fresh :class:`Collector` (every XID in the kernel log counts as new)."""
+    return Collector().collect(host, domains=domains)
+
+
+def collect_many(hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
+                 timeout: float | None = None) -> MetricsSnapshot:
+    return Collector().collect_many(hosts, domains=domains, timeout=timeout)

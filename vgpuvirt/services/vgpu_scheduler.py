@@ -1,0 +1,235 @@
+"""The time-sliced vGPU scheduler of NVIDIA GPUs: read (current and pending), plan, apply.
+
+Reading is ONE round trip per host whatever the number of GPUs: a batch of read-only NVML calls (one per
+GPU, ``nvmlDeviceGetVgpuSchedulerState`` and its capabilities) with the modprobe.d files and the nvidia
+module's loaded registry parameters read after it. Where the driver has the NVML scheduler calls, ``set``
+changes the state at once (and, with ``persist``, also writes the registry key so that the next driver
+load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into vgpuvirt's own
+file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
+"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one
+batch; when its NVML part fails after the file was replaced, the file is put back.
+
+:func:`plan_schedulers` / :func:`apply_schedulers` are the entry points other parts (a layout file) call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpuvirt.errors import DeviceError, DeviceNotFound, InvalidSpec
+from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services.scheduler_model import (
+    MODPROBE_FILE,
+    MODULE_PARAMS,
+    SchedulerSetting,
+    effective,
+    modprobe_options,
+    registry_values,
+    render_modprobe,
+)
+
+__all__ = ["GpuScheduler", "SchedulerChange", "SchedulerPlan", "apply_schedulers", "nvidia_gpus",
+           "plan_schedulers", "read_schedulers"]
+
+_PCI = "/sys/bus/pci/devices"
+NVML_NOT_SUPPORTED = 3
+
+
+class SchedulerError(DeviceError):
+    """A scheduler change refused or failed on one GPU (nothing of it is left half-done)."""
+
+
+@dataclass(frozen=True)
+class GpuScheduler:
+    address: str
+    current: SchedulerSetting | None     # None: neither NVML nor the loaded module parameters tell it
+    current_source: str                  # "nvml" or "module parameters"
+    pending: SchedulerSetting            # what the next load of the nvidia module applies
+    nvml: bool                           # whether the driver has the NVML scheduler calls for this GPU
+    nvml_error: str | None = None
+    nvml_code: int | None = None         # NVML's return code when it failed (3: NOT_SUPPORTED for this GPU)
+    capabilities: Mapping[str, Any] | None = None
+    log_entries: int | None = None       # nvmlDeviceGetVgpuSchedulerLog's entry count (runlist switches logged)
+
+    @property
+    def vgpu_capable(self) -> bool:
+        """False when NVML answers NOT_SUPPORTED: the driver has the calls, this GPU (or driver) has no vGPU."""
+        return self.nvml_code != NVML_NOT_SUPPORTED
+
+    @property
+    def differs(self) -> bool:
+        """A change is waiting for the next driver load."""
+        return self.current is not None and self.current != self.pending
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.address, "current": self.current.to_dict() if self.current else None,
+                "current_source": self.current_source, "pending": self.pending.to_dict(),
+                "pending_differs": self.differs, "nvml": self.nvml, "nvml_error": self.nvml_error,
+                "vgpu_capable": self.vgpu_capable,
+                "capabilities": dict(self.capabilities) if self.capabilities else None,
+                "log_entries": self.log_entries}
+
+
+@dataclass
+class _Read:
+    gpus: list[GpuScheduler]
+    files: dict[str, str]
+    ours: dict[str, int]                 # GPU -> RmPVMRL in vgpuvirt's own file
+    foreign: list[str] = field(default_factory=list)   # other files setting the per-device key
+
+
+def nvidia_gpus(host: Host) -> list[str]:
+    """The NVIDIA display-class physical functions of a host (one read)."""
+    snap = host.read([f"{_PCI}/*/vendor", f"{_PCI}/*/class", f"{_PCI}/*/physfn"])
+    out = []
+    for path in snap.glob(f"{_PCI}/*/vendor"):
+        base = path.rsplit("/", 1)[0]
+        cls = snap.int(f"{base}/class") or 0
+        if snap.text(path) == "0x10de" and cls >> 16 == 0x03 and not snap.has(f"{base}/physfn"):
+            out.append(base.rsplit("/", 1)[1])
+    return sorted(out)
+
+
+def _bus_id(addr: str) -> str:
+    return PciAddress.parse(addr).nvml_bus_id
+
+
+def _read(host: Host, gpus: Sequence[str]) -> _Read:
+    addrs = [str(PciAddress.parse(g)) for g in gpus]
+    ops = [Op.nvml("vgpu_scheduler_get", [_bus_id(a)], read_only=True) for a in addrs]
+    batch = host.apply(ops, lock=False, on_error="continue",
+                       reads_after=["/etc/modprobe.d/*", *MODULE_PARAMS, *(f"{_PCI}/{a}/vendor" for a in addrs)])
+    snap: Snapshot = batch.after
+    for a in addrs:
+        if snap.text(f"{_PCI}/{a}/vendor") != "0x10de":
+            raise DeviceNotFound(host.name, a, "no NVIDIA GPU at this address")
+    files = {p: e.text for p, e in snap.items() if p.startswith("/etc/modprobe.d/") and e.text is not None
+             and p.endswith(".conf")}
+    options = modprobe_options(files)
+    ours = registry_values(None, options.get(MODPROBE_FILE, {}).get("NVreg_RegistryDwordsPerDevice"))
+    glob_, per_device, foreign = "", {}, []
+    for path, opts in options.items():
+        glob_ = opts.get("NVreg_RegistryDwords", glob_)
+        if "NVreg_RegistryDwordsPerDevice" in opts:
+            per_device.update(registry_values(None, opts["NVreg_RegistryDwordsPerDevice"]))
+            if path != MODPROBE_FILE:
+                foreign.append(path)
+    pending_values = {**registry_values(glob_, None), **per_device}
+    loaded = registry_values(snap.text(MODULE_PARAMS[0]), snap.text(MODULE_PARAMS[1]))
+    params_known = snap.text(MODULE_PARAMS[0]) is not None
+    out = []
+    for a, res in zip(addrs, batch.results, strict=True):
+        if res.ok:
+            state = json.loads(res.stdout or "{}")
+            current: SchedulerSetting | None = SchedulerSetting.from_nvml(state)
+            source, caps, err, log = "nvml", state.get("capabilities"), None, state.get("log_entries")
+        else:
+            current = effective(loaded, a) if params_known else None
+            source, caps, err, log = "module parameters", None, res.error, None
+        out.append(GpuScheduler(address=a, current=current, current_source=source,
+                                pending=effective(pending_values, a), nvml=res.ok, nvml_error=err,
+                                capabilities=caps, log_entries=log, nvml_code=None if res.ok else res.rc))
+    return _Read(out, files, ours, foreign)
+
+
+def read_schedulers(host: Host, gpus: Sequence[str] | None = None) -> list[GpuScheduler]:
+    """Each GPU's scheduler: current (NVML, or the loaded module parameters) and pending (modprobe.d)."""
+    return _read(host, list(gpus) if gpus is not None else nvidia_gpus(host)).gpus
+
+
+@dataclass(frozen=True)
+class SchedulerChange:
+    gpu: str
+    before: SchedulerSetting | None
+    after: SchedulerSetting
+    via: str                             # "nvml" (now), "registry" (pending: next driver load), "none"
+    persist: bool = False
+
+    def describe(self) -> str:
+        if self.via == "none":
+            return f"{self.gpu}: already {self.after.describe()}"
+        when = ("now" + (" and at every driver load" if self.persist else ", until the driver reloads")
+                if self.via == "nvml" else "pending: takes effect at the next load of the nvidia module")
+        was = self.before.describe() if self.before else "unknown"
+        return f"{self.gpu}: {was} -> {self.after.describe()} ({when})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "before": self.before.to_dict() if self.before else None,
+                "after": self.after.to_dict(), "via": self.via, "persist": self.persist,
+                "pending": self.via == "registry", "description": self.describe()}
+
+
+@dataclass(frozen=True)
+class SchedulerPlan:
+    host: str
+    changes: tuple[SchedulerChange, ...]
+    ops: tuple[Op, ...]
+    file_before: str | None              # vgpuvirt's modprobe.d file as it was (for the undo)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "changes": [c.to_dict() for c in self.changes]}
+
+
+def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, persist: bool = False) -> SchedulerPlan:
+    """What setting each GPU takes and how (one read). Refuses, changing nothing, a timeslice the GPU (or the
+    registry key) cannot take, and another modprobe.d file setting the same per-device key."""
+    if not settings:
+        raise InvalidSpec("GPU list", [], "at least one GPU")
+    wanted = {str(PciAddress.parse(g)): s for g, s in settings.items()}
+    r = _read(host, list(wanted))
+    values = dict(r.ours)
+    changes, nvml_ops = [], []
+    for g in r.gpus:
+        want = wanted[g.address]
+        if not g.vgpu_capable:
+            raise SchedulerError(host.name, g.address, "NVML reports the vGPU scheduler not supported on this GPU "
+                                 "(no vGPU host driver for it): there is no time-sliced vGPU to schedule")
+        if g.nvml:
+            caps = g.capabilities or {}
+            ts = (want.timeslice_us or 0) * 1000
+            lo, hi = caps.get("min_timeslice_ns"), caps.get("max_timeslice_ns")
+            if ts and lo is not None and hi is not None and not lo <= ts <= hi:
+                raise InvalidSpec("timeslice (us)", want.timeslice_us,
+                                  f"{lo // 1000}..{hi // 1000} us on {host.name} {g.address} (its NVML capabilities)")
+            if want.adaptive and caps.get("adaptive") is False:
+                raise SchedulerError(host.name, g.address, "this GPU has no adaptive round robin scheduler")
+            via = "none" if g.current == want and (not persist or g.pending == want) else "nvml"
+            if via == "nvml" and g.current != want:
+                n = want.to_nvml()
+                nvml_ops.append(Op.nvml("vgpu_scheduler_set", [_bus_id(g.address), str(n["policy"]), str(n["arr"]),
+                                                               str(n["timeslice_ns"])], read_only=False))
+            if persist:
+                values[g.address] = want.to_rmpvmrl()
+        else:
+            values[g.address] = want.to_rmpvmrl()      # validates the registry key's timeslice range
+            # compared as the key encodes them: "adaptive" and the driver's default are one value there
+            via = "none" if g.pending.to_rmpvmrl() == values[g.address] else "registry"
+        changes.append(SchedulerChange(g.address, g.current, want, via, persist and g.nvml))
+    ops: list[Op] = []
+    if values != r.ours:
+        if r.foreign:
+            raise SchedulerError(host.name, ", ".join(wanted), f"{', '.join(r.foreign)} also sets the nvidia "
+                                 "module's NVreg_RegistryDwordsPerDevice: only one file can; merge it into "
+                                 f"{MODPROBE_FILE} or remove it first")
+        ops.append(Op.replace_file(MODPROBE_FILE, render_modprobe(values)))
+    return SchedulerPlan(host.name, tuple(changes), tuple(ops + nvml_ops), r.files.get(MODPROBE_FILE))
+
+
+def apply_schedulers(host: Host, plan: SchedulerPlan) -> SchedulerPlan:
+    """Run the plan's one batch; if its NVML part fails after the file was replaced, put the file back."""
+    if not plan.ops:
+        return plan
+    batch = host.apply(plan.ops, on_error="stop")
+    if batch.ok:
+        return plan
+    failed = batch.failures()[0]
+    undo = ""
+    if any(r.ok and r.op.op == "replace_file" for r in batch):
+        back = host.apply([Op.replace_file(MODPROBE_FILE, plan.file_before or "")])
+        undo = "; the modprobe.d file was put back" if back.ok else "; putting the modprobe.d file back FAILED"
+    gpu = failed.op.argv[0] if failed.op.op == "nvml" and failed.op.argv else MODPROBE_FILE
+    raise SchedulerError(host.name, gpu, f"{failed.op.describe()} failed: {failed.error}{undo}")
