@@ -16,7 +16,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
-from vgpuvirt.services.inventory_health import with_health
+from vgpuvirt.services.inventory_health import HealthInputs, health_inputs, with_health
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
     Backend,
@@ -48,9 +48,12 @@ from vgpuvirt.services.nvml import NvmlReport
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
                     nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None, kernel_log: OpResult | None = None) -> Inventory:
+                    mig_lgi: OpResult | None = None, kernel_log: OpResult | None = None,
+                    health: HealthInputs | None = None) -> Inventory:
     """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``: ``nvidia-smi mig -lgi``;
-    ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they give each GPU's health)."""
+    ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they give each GPU's health).
+    ``health``: ``health_inputs(nvidia_smi, kernel_log)`` already parsed by the caller (a metrics collection
+    uses the same parse), instead of parsing them here."""
     idx = Index(snap)
     usage = Usage.from_domains(domains)
     warnings: list[str] = list(usage.warnings)
@@ -63,7 +66,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi)
     vfs = vendor_vfs(raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
-    gpus = with_health(gpus, nvidia_smi, kernel_log, warnings, sources)
+    gpus = with_health(gpus, health or health_inputs(nvidia_smi, kernel_log), warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
     return Inventory(
@@ -180,15 +183,21 @@ def _gpus(devices: dict[PciAddress, PciDevice], groups: dict[int, list[PciAddres
           mdevs: list[Mdev], vfs: list[VendorVf], facts: NvidiaFacts, warnings: list[str]) -> list[Gpu]:
     parent_by_addr = {p.address: p for p in parents}
     vendor_by_addr = {v.address: v for v in vfs}
+    mdevs_by_parent: dict[str | None, int] = {}
+    for m in mdevs:
+        mdevs_by_parent[m.parent] = mdevs_by_parent.get(m.parent, 0) + 1
+    by_slot: dict[tuple[int, int, int], list[PciAddress]] = {}    # the functions of each slot that are not VFs
+    for a, d in devices.items():
+        if d.physfn is None:
+            by_slot.setdefault(a.device_slot, []).append(a)
     gpus: list[Gpu] = []
     for addr, dev in sorted(devices.items()):
         if not dev.is_gpu or dev.physfn is not None:
             continue
         backend = _backend(dev, parent_by_addr.get(str(addr)), parent_by_addr, vendor_by_addr)
-        in_use = sum(1 for m in mdevs if m.parent in {str(addr), *(str(v) for v in dev.virtfns)})
+        in_use = sum(mdevs_by_parent.get(p, 0) for p in {str(addr), *(str(v) for v in dev.virtfns)})
         in_use += sum(1 for v in dev.virtfns if v in vendor_by_addr and vendor_by_addr[v].current_type)
-        functions = [a for a, d in devices.items()
-                     if a != addr and a.device_slot == addr.device_slot and d.physfn is None]
+        functions = [a for a in by_slot.get(addr.device_slot, ()) if a != addr]
         peers = [a for a in groups.get(dev.iommu_group, []) if a != addr] if dev.iommu_group is not None else []
         gpus.append(Gpu(
             address=addr, vendor=dev.vendor, device=dev.device, driver=dev.driver, backend=backend,

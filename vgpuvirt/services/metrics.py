@@ -32,7 +32,7 @@ from typing import Any
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
-from vgpuvirt.services.inventory_health import kernel_log_of
+from vgpuvirt.services.inventory_health import health_inputs
 from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
@@ -101,12 +101,13 @@ class Collector:
                                error=f"{type(exc).__name__}: {exc}")
         smi, lgi, vq, dmesg = batch.results
         doms = list(domains) if domains is not None else None
+        health = health_inputs(smi, dmesg)   # parsed once: the inventory's health and the metrics share it
         inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
-                              kernel_log=dmesg)
+                              kernel_log=dmesg, health=health)
         sources = dict(inv.sources)
         if nvml is not None:
             sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
-        klog = kernel_log_of(dmesg, sources)
+        klog = health.klog
         with self._lock:
             cursor = self._cursors.get(host.name)
             if klog is not None and klog.last_uptime_s is not None:
@@ -115,7 +116,7 @@ class Collector:
                 self._cursors[host.name] = klog.last_uptime_s
         return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
                                   sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
-                                  round_trips=host.round_trips - rt0, nvml=nvml)
+                                  round_trips=host.round_trips - rt0, nvml=nvml, readings=health.readings)
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
                      workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:
