@@ -19,6 +19,10 @@ mdev UUID or a VF's address to its domain; without them the driver's own VM name
 
 :class:`Collector` keeps, per host, the newest kernel-log timestamp it saw, so a GPU's ``xids`` are the XIDs
 *since the previous collection*; ``xids_since_boot`` keeps every code still in the log (health uses those).
+It also keeps, per host, the sysfs part of the last inventory it built
+(:class:`~vgpuvirt.services.inventory_build.SysfsCache`): a collection whose files read exactly as the previous
+one's (the usual case between two scrapes) skips parsing them again. The tools' outputs are parsed once per
+collection and shared by the inventory's health and the metrics (:func:`.inventory_health.health_inputs`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
+from vgpuvirt.services.inventory_build import SysfsCache
 from vgpuvirt.services.inventory_health import health_inputs
 from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
@@ -64,6 +69,8 @@ class Collector:
     def __init__(self, *, clock: Callable[[], float] = time.time, programs: Mapping[str, str] | None = None,
                  use_nvml: bool | None = None, nvml_module: Any = None) -> None:
         self._cursors: dict[str, float] = {}
+        # per host: the inventory's sysfs part, reused while the host's files read the same (see SysfsCache)
+        self._sysfs: dict[str, SysfsCache] = {}
         self._lock = threading.Lock()
         self.clock = clock
         for name, path in (programs or {}).items():
@@ -102,8 +109,10 @@ class Collector:
         smi, lgi, vq, dmesg = batch.results
         doms = list(domains) if domains is not None else None
         health = health_inputs(smi, dmesg)   # parsed once: the inventory's health and the metrics share it
+        with self._lock:
+            cache = self._sysfs.setdefault(host.name, SysfsCache())
         inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
-                              kernel_log=dmesg, health=health)
+                              kernel_log=dmesg, health=health, cache=cache)
         sources = dict(inv.sources)
         if nvml is not None:
             sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
