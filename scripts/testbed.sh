@@ -6,7 +6,8 @@
 #   scripts/testbed.sh start          virtlogd, libvirtd, a loopback sshd on 127.0.0.1:2222, a shared mnt dir;
 #                                     writes $SBX/testbed.json (what tests/conftest.py reads)
 #   scripts/testbed.sh stop           stops what `start`/`hosts-up` started (by pid file, nothing else)
-#   scripts/testbed.sh status         one line per part; exit 0 when sshd and libvirtd run
+#   scripts/testbed.sh status         one line per part; exit 0 when sshd runs and libvirtd answers on its socket
+#   scripts/testbed.sh libvirt-state  ours | foreign | silent | none (read-only; see libvirt_state)
 #   scripts/testbed.sh hosts-up N     N extra test hosts: sshd on 127.0.2.1..N:2222, each with its own mnt dir
 #   scripts/testbed.sh hosts-down     stops the extra hosts          (netns-up/netns-down are aliases)
 #   scripts/testbed.sh host-down N    stops extra host hN only (a test's "host gone"; hosts-up brings it back)
@@ -24,7 +25,8 @@ SSH_DIR=$SBX/ssh
 MNT=$SBX/mnt
 ENV_FILE=$SBX/testbed.json
 EXTRA_NET=127.0.2            # extra host N listens on 127.0.2.N (all of 127/8 is local: no netns needed)
-LIBVIRT_URI=qemu:///system
+LIBVIRT_URI=${VGPUVIRT_LIBVIRT_URI:-qemu:///system}
+LIBVIRT_WAIT=${VGPUVIRT_LIBVIRT_WAIT:-30}   # seconds `start` waits for a libvirtd that runs but does not answer yet
 export DEBIAN_FRONTEND=noninteractive
 
 APT_PKGS=(
@@ -34,14 +36,16 @@ APT_PKGS=(
   openssh-server                                                # the loopback sshd (and ssh-keygen)
   fuse3 mdevctl iproute2 util-linux                             # FUSE sysfs, real mdevctl, ss, unshare, flock
   prometheus tmux                                               # the exporter's scraper; `vgpuvirt top`'s terminal
+  systemd                                                       # systemd-analyze verify (the layout boot unit)
 )
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-die() { log "ERROR: $*"; exit "${2:-1}"; }
+die() { log "ERROR: $1"; exit "${2:-1}"; }
 
 # $SBX ends up in sshd_config and in argv; keep it to characters no config or shell can misread.
 [[ $SBX == /* && $SBX =~ ^[A-Za-z0-9/._-]+$ ]] || die "VGPUVIRT_SBX must be an absolute path of [A-Za-z0-9/._-]: $SBX" 2
 [[ $PORT =~ ^[0-9]{1,5}$ ]] || die "VGPUVIRT_SSH_PORT must be a number: $PORT" 2
+[[ $LIBVIRT_WAIT =~ ^[0-9]{1,4}$ ]] || die "VGPUVIRT_LIBVIRT_WAIT must be a number of seconds: $LIBVIRT_WAIT" 2
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (it starts sshd/libvirtd and makes mounts; no sudo is used)" 3; }
 
@@ -204,20 +208,41 @@ start_sshd() {
 }
 
 # ---------------------------------------------------------------- start / stop
+# libvirt_answers: libvirtd answers an API call on $LIBVIRT_URI (its socket is live, not just its pid).
+libvirt_answers() { virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; }
+
+# libvirt_state: where libvirtd stands, read-only:
+#   ours     the libvirtd of our pid file runs and answers      foreign  one we did not start answers
+#   silent   a libvirtd process runs but does not answer (starting up, hung, or on other sockets): a second
+#            libvirtd would fight it over /run/libvirt's sockets and pid file, so `start` never launches one
+#   none     no libvirtd process: `start` launches one
+libvirt_state() {
+  if libvirt_answers; then
+    if alive "$RUN/libvirtd.pid" libvirtd; then echo ours; else echo foreign; fi
+  elif alive "$RUN/libvirtd.pid" libvirtd || pgrep -x libvirtd >/dev/null; then echo silent
+  else echo none; fi
+}
+
 start_libvirt() {
   if alive "$RUN/virtlogd.pid" virtlogd; then :
   elif pgrep -x virtlogd >/dev/null; then log "virtlogd: one we did not start is running; using it"
   else virtlogd -d -p "$RUN/virtlogd.pid" 9>&-; log "virtlogd started"; fi
 
-  if alive "$RUN/libvirtd.pid" libvirtd; then return 0; fi
-  if virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; then
-    log "libvirtd: one we did not start answers on $LIBVIRT_URI; using it"
-    return 0
+  local state i
+  state=$(libvirt_state)
+  if [ "$state" = silent ]; then
+    log "libvirtd: a libvirtd runs but does not answer on $LIBVIRT_URI; waiting up to $LIBVIRT_WAIT s for it"
+    for i in $(seq 1 $((LIBVIRT_WAIT * 10))); do libvirt_answers && break; sleep 0.1; done
+    state=$(libvirt_state)
+    [ "$state" != silent ] || die "libvirtd (pid $(pgrep -x libvirtd | tr '\n' ' '| sed 's/ $//')) runs but does not answer on $LIBVIRT_URI: not starting a second one over its sockets; stop it or see $RUN/libvirtd.log" 5
   fi
+  case $state in
+    ours) return 0 ;;
+    foreign) log "libvirtd: one we did not start answers on $LIBVIRT_URI; using it"; return 0 ;;
+  esac
   LIBVIRT_LOG_OUTPUTS="3:file:$RUN/libvirtd.log" libvirtd -d --pid-file "$RUN/libvirtd.pid" 9>&-
-  local i
-  for i in $(seq 1 600); do virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1 && break; sleep 0.05; done
-  virsh -q -c "$LIBVIRT_URI" version >/dev/null || { tail -20 "$RUN/libvirtd.log" >&2; die "libvirtd did not answer"; }
+  for i in $(seq 1 600); do libvirt_answers && break; sleep 0.05; done
+  libvirt_answers || { tail -20 "$RUN/libvirtd.log" >&2; die "libvirtd did not answer"; }
   log "libvirtd ready on $LIBVIRT_URI (pid $(cat "$RUN/libvirtd.pid"))"   # cold ~8 s: QEMU capability probe
 }
 
@@ -325,9 +350,13 @@ status() {
     if alive "$2" "$3"; then echo "$1: running (pid $(cat "$2"))"; else echo "$1: stopped"; return 1; fi
   }
   show "sshd 127.0.0.1:$PORT" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config" || ok=1
-  if ! show libvirtd "$RUN/libvirtd.pid" libvirtd; then
-    virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1 && echo "  (a libvirtd we did not start answers)" || ok=1
-  fi
+  # a live pid is not a working libvirtd: ask it over its socket
+  case $(libvirt_state) in
+    ours)    echo "libvirtd: running (pid $(cat "$RUN/libvirtd.pid")), answers on $LIBVIRT_URI" ;;
+    foreign) echo "libvirtd: one we did not start answers on $LIBVIRT_URI" ;;
+    silent)  echo "libvirtd: runs (pid $(pgrep -x libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
+    none)    echo "libvirtd: stopped"; ok=1 ;;
+  esac
   show virtlogd "$RUN/virtlogd.pid" virtlogd || true
   for d in "$SBX"/hosts/h*; do
     [ -d "$d" ] || continue
@@ -349,9 +378,10 @@ case "${1:-}" in
   start)    start ;;
   stop)     stop ;;
   status)   status; exit $? ;;
+  libvirt-state) libvirt_state; exit 0 ;;
   hosts-up|netns-up)     hosts_up "${2:-}" ;;
   hosts-down|netns-down) hosts_down ;;
   host-down)             host_down "${2:-}" ;;
-  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac
 log "$1 done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"

@@ -204,8 +204,7 @@ def referee_tally(request: pytest.FixtureRequest) -> Counter:
 @pytest.fixture(scope="module")
 def opened_hosts() -> Iterator[list[Any]]:
     """Every Host the CLI opens (through ``open_host``) is appended here, so a fuzz test can look at its state."""
-    import vgpuvirt.cli.context
-    import vgpuvirt.cli.provision
+    import vgpuvirt.cli.targets
     from vgpuvirt.hosts import open_host
 
     opened: list[Any] = []
@@ -216,8 +215,7 @@ def opened_hosts() -> Iterator[list[Any]]:
         return host
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(vgpuvirt.cli.context, "open_host", recording_open_host)
-        mp.setattr(vgpuvirt.cli.provision, "open_host", recording_open_host)
+        mp.setattr(vgpuvirt.cli.targets, "open_host", recording_open_host)   # every verb opens hosts there
         yield opened
 
 

@@ -1,4 +1,7 @@
-"""Open any Host from one string: ``local``, ``ssh://[user@]host[:port]``, ``sim:PROFILE``.
+"""Open any Host from one string: ``local``, ``ssh://[user@]host[:port]``, ``sim:PROFILE[@NAME]``.
+
+``sim:t4x2@a`` and ``sim:t4x2@b`` are two simulated hosts of one profile, each with its own state, told apart
+by name (a fleet of identical simulated hosts).
 
 This factory sits above vgpuvirt.host and vgpuvirt.sim (it knows every implementation), so neither layer
 imports the other.
@@ -11,6 +14,7 @@ import re
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import BaseHost
 
+_SIM_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _SSH_RE = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
                      r"(?::(?P<port>\d{1,5}))?/?$")
 
@@ -24,11 +28,14 @@ def open_host(spec: str = "local", *, sysfs_root: str | None = None, identity: s
         if sysfs_root:
             raise InvalidSpec("--sysfs-root", sysfs_root, "no --sysfs-root with a sim: host (the profile is the tree)")
         from vgpuvirt.sim import SimHost
-        return SimHost.from_profile(spec[4:])
+        profile, at, name = spec[4:].partition("@")
+        if at and not _SIM_NAME.match(name):
+            raise InvalidSpec("host", spec, "sim:PROFILE@NAME with a NAME of letters, digits, '.', '_', '-'")
+        return SimHost.from_profile(profile, name=spec if at else None)
     m = _SSH_RE.match(spec)
     if m:
         from vgpuvirt.host.ssh import SSHHost
         return SSHHost(m["host"].strip("[]"), port=int(m["port"] or 22), username=m["user"],
                        key_filename=identity, known_hosts=known_hosts, sudo=sudo,
                        sysfs_root=sysfs_root or "/", allow_unknown_hosts=allow_unknown_hosts)
-    raise InvalidSpec("host", spec, "local, ssh://[user@]host[:port] or sim:PROFILE")
+    raise InvalidSpec("host", spec, "local, ssh://[user@]host[:port], sim:PROFILE or sim:PROFILE@NAME")

@@ -25,6 +25,7 @@ import tenacity
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
+from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
@@ -118,9 +119,11 @@ class LibvirtConnection:
                 try:
                     self._conn = libvirt.openReadOnly(self.uri) if self.readonly else libvirt.open(self.uri)
                 except libvirt.libvirtError as exc:
-                    raise self._translate(exc, None, "cannot connect") from exc
+                    code = exc.get_error_code()
+                    raise LibvirtError(connect_failure(self.uri, exc.get_error_message()) + f" (libvirt error {code})",
+                                       code=code, uri=self.uri) from exc
                 except SystemError as exc:
-                    raise self._undecodable(None, "cannot connect") from exc
+                    raise self._undecodable(None, "connect") from exc
             return self._conn
 
     def close(self) -> None:

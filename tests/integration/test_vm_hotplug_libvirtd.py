@@ -54,7 +54,7 @@ def conn(testbed: Any) -> Iterator[Any]:
 def sim(monkeypatch: pytest.MonkeyPatch) -> SimHost:
     """One simulated host for every CLI call of a test (a sim host lives in its process, per open)."""
     h = SimHost.from_profile("t4x2")
-    monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
+    monkeypatch.setattr("vgpuvirt.cli.targets.open_host", lambda *a, **kw: h)
     return h
 
 
@@ -139,7 +139,7 @@ def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, caps
     from vgpuvirt.xml import Domain, DomainOptions, VirtioNic, build_domain
 
     h = SimHost.from_profile("desktop")
-    monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
+    monkeypatch.setattr("vgpuvirt.cli.targets.open_host", lambda *a, **kw: h)
     name = PREFIX + "pt"
     conn.define(build_domain("gaming", name=name, memory_mib=256, vcpus=1,
                              options=DomainOptions(virtio_nics=(VirtioNic("user"),))).to_xml())
@@ -189,7 +189,7 @@ def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
 
 def test_a_vgpu17_vf_type_is_set_on_attach_and_reset_on_detach(conn, monkeypatch, capsys):
     h = SimHost.from_profile("l40s-vgpu17")
-    monkeypatch.setattr("vgpuvirt.cli.context.open_host", lambda *a, **kw: h)
+    monkeypatch.setattr("vgpuvirt.cli.targets.open_host", lambda *a, **kw: h)
     name = PREFIX + "vf17"
     provision(h, conn, [VmRequest(name, gpus=(VgpuRequest.parse("L40S-8Q"),), start=False, memory_mib=256,
                                   vcpus=1)])

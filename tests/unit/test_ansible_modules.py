@@ -32,7 +32,7 @@ from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 
 LIBRARY = Path(__file__).resolve().parents[2] / "examples" / "ansible" / "library"
-MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain", "vgpu_pool")
+MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain", "vgpu_pool", "vgpu_layout")
 
 
 def load(name: str) -> Any:
@@ -184,7 +184,8 @@ def test_missing_vgpuvirt_fails_with_missing_required_lib(name: str, monkeypatch
     mod = load(name)
     assert mod.HAS_VGPUVIRT is False
     args = {"vgpu_info": {}, "vgpu_mdev": {"name": "x"}, "vgpu_passthrough": {"addresses": ["0000:01:00.0"]},
-            "vgpu_domain": {"name": "x"}, "vgpu_pool": {"name": "x"}}[name]
+            "vgpu_domain": {"name": "x"}, "vgpu_pool": {"name": "x"},
+            "vgpu_layout": {"path": "/nonexistent.yaml"}}[name]
     out = io.StringIO()
     with patch_module_args(args), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         mod.main()

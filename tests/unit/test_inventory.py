@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host import agent
 from vgpuvirt.host.base import Op, OpResult, Snapshot
 from vgpuvirt.host.local import LocalHost
@@ -280,10 +280,10 @@ def test_use_nvml_is_refused_for_a_tree_that_is_not_this_machine(t4: LocalHost) 
     assert t4.round_trips == 0
 
 
-def test_empty_tree_gives_an_empty_inventory_with_iommu_warning(tmp_path: Path) -> None:
-    inv = inventory(LocalHost(str(tmp_path)))
-    assert inv.gpus == [] and inv.pci_devices == [] and not inv.iommu_enabled
-    assert any(w.startswith("IOMMU off") for w in inv.warnings)
+def test_empty_tree_is_no_sysfs_tree_not_an_empty_host(tmp_path: Path) -> None:
+    # issue 16: an empty --sysfs-root reported "0 GPUs, IOMMU OFF" as if it were a host
+    with pytest.raises(HostError, match=r"no sysfs tree here: nothing under .*/sys/bus/pci/devices"):
+        inventory(LocalHost(str(tmp_path)))
 
 
 def test_vf_types_take_static_attributes_from_their_pfs_sampled_vf() -> None:

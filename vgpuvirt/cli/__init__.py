@@ -13,26 +13,19 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from vgpuvirt.cli.api_words import cli_words
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.cli.options import CliParser, merge_globals
 from vgpuvirt.errors import VgpuvirtError
 
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
 SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
-               "sim", "vm", "attach", "detach", "metrics", "exporter", "top", "scheduler")
+               "layout", "sim", "mig", "vm", "attach", "detach", "metrics", "exporter", "top", "scheduler")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vgpuvirt", description="GPU-backed VMs on KVM/libvirt hosts")
-    p.add_argument("--host", default="local", help="local (default), ssh://[user@]host[:port] or sim:PROFILE")
-    p.add_argument("--sysfs-root", default=None, help="read/write sysfs below this directory (local and ssh hosts)")
-    p.add_argument("--json", action="store_true", help="machine-readable output on stdout, nothing else")
-    p.add_argument("--identity", default=None, help="SSH private key file")
-    p.add_argument("--known-hosts", default=None, help="known_hosts file (default: ~/.ssh/known_hosts)")
-    p.add_argument("--sudo", action="store_true", help="run remote commands through sudo -n")
-    p.add_argument("--insecure-accept-unknown-host-key", action="store_true", dest="allow_unknown_hosts",
-                   help="accept an unknown SSH host key for this run instead of refusing "
-                        "(warns with its fingerprint; never saved)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)")
+    # Global options: vgpuvirt/cli/options.py (every parser and sub-parser carries them).
+    p = CliParser(prog="vgpuvirt", description="GPU-backed VMs on KVM/libvirt hosts")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
@@ -50,7 +43,7 @@ class _PlainFormatter(logging.Formatter):
     """Log messages carry host text too (agent stderr, kernel messages): written inert, like every line."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        return printable(cli_words(super().formatMessage(record)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        merge_globals(args)
+    except VgpuvirtError as exc:
+        parser.error(str(exc))
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_PlainFormatter("%(levelname)s %(name)s: %(message)s"))
@@ -69,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc: int = args.func(ctx, args)
         return rc
     except VgpuvirtError as exc:
-        print(printable(f"vgpuvirt: error: {exc}"), file=sys.stderr)
+        print(printable(f"vgpuvirt: error: {cli_words(str(exc))}"), file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)

@@ -13,7 +13,8 @@ import argparse
 from typing import Any
 
 from vgpuvirt.cli.context import Context, printable
-from vgpuvirt.cli.vm import add_connect, connection
+from vgpuvirt.cli.targets import add_connect
+from vgpuvirt.cli.vm import connection
 
 
 def add_mode(p: argparse.ArgumentParser) -> None:

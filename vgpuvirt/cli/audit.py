@@ -28,13 +28,10 @@ def register(sub: Any) -> None:
     verbs = p.add_subparsers(dest="audit_verb", metavar="VERB")
     verbs.required = True
     show = verbs.add_parser("show", help="print a host's audit log (or, with --client, this machine's)")
-    show.add_argument("--host", default=argparse.SUPPRESS,
-                      help="the host whose log to read (as the global --host; local by default)")
     show.add_argument("--since", default=None, metavar="WHEN",
                       help="only records from then on: 30m, 2h, 7d, or a UTC time 2026-01-31[T12:00[:00]]")
     show.add_argument("--client", action="store_true",
                       help="this machine's log ($VGPUVIRT_AUDIT_LOG or ~/.local/state/vgpuvirt/audit.jsonl)")
-    show.add_argument("--json", action="store_true", dest="sub_json", help="print JSON only")
     show.set_defaults(func=run)
 
 
@@ -62,7 +59,6 @@ def plain(value: Any) -> str:
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.json = ctx.json or bool(args.sub_json)
     since = since_stamp(args.since) if args.since else None
     if args.client:
         path = client_audit.log_path()

@@ -7,25 +7,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.cli.targets import add_connect, local_domains
 from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.host.base import BaseHost
 from vgpuvirt.services.mutation import Change
 
 
 def add_common(p: argparse.ArgumentParser, *, dry_run: bool = True, domains: bool = False) -> None:
-    # SUPPRESS keeps the global `vgpuvirt --json ...` working when the sub-level flag is not given.
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON on stdout")
     if dry_run:
         p.add_argument("--dry-run", action="store_true", help="print the planned writes, change nothing")
     if domains:
-        # --connect as in inventory/plan/provision; --libvirt-uri kept as an alias.
-        p.add_argument("--connect", "--libvirt-uri", dest="libvirt_uri", metavar="URI", default=None,
-                       help="read domain XML from this libvirt URI (devices used by domains are respected)")
+        add_connect(p, help_text="read domain XML from this libvirt URI: devices that domains use are respected "
+                                 "(default on the local host: qemu:///system when it answers)")
         p.add_argument("--domain-xml", action="append", default=[], metavar="FILE",
                        help="a domain XML file to respect (repeatable)")
 
 
-def domains(args: argparse.Namespace) -> list[tuple[str, str]] | None:
-    """(name, xml) pairs from --domain-xml files and/or --libvirt-uri; None when neither was given."""
+def domains(args: argparse.Namespace, host: BaseHost | None = None) -> list[tuple[str, str]] | None:
+    """(name, xml) pairs from --domain-xml files and/or --connect; None when neither was given. With ``host``
+    (a verb that removes devices: sriov disable, mdev remove, gc) and neither given, the local host's own
+    libvirt is read (:func:`~vgpuvirt.cli.targets.local_domains`), so that a VM's device is never removed
+    just because no --connect was typed."""
     out: list[tuple[str, str]] = []
     for f in getattr(args, "domain_xml", []) or []:
         try:
@@ -34,7 +36,10 @@ def domains(args: argparse.Namespace) -> list[tuple[str, str]] | None:
             raise InvalidSpec("--domain-xml", f, f"a readable file ({exc.strerror})") from exc
         except UnicodeDecodeError as exc:
             raise InvalidSpec("--domain-xml", f, f"a UTF-8 domain XML file ({exc.reason} at byte {exc.start})") from exc
-    uri = getattr(args, "libvirt_uri", None)
+    uris = getattr(args, "connect", None) or []
+    if len(uris) > 1:
+        raise InvalidSpec("--connect", uris, "one URI (this command works on one host)")
+    uri = uris[0] if uris else None
     if uri:
         from vgpuvirt.libvirt_conn import LibvirtConnection
         conn = LibvirtConnection(uri, readonly=True)
@@ -42,7 +47,9 @@ def domains(args: argparse.Namespace) -> list[tuple[str, str]] | None:
             out.extend(conn.domain_xml_pairs())
         finally:
             conn.close()
-    return out if (uri or getattr(args, "domain_xml", None)) else None
+    if uri or getattr(args, "domain_xml", None):
+        return out
+    return local_domains(host) if host is not None else None
 
 
 def _lines(ch: Change) -> Iterator[str]:

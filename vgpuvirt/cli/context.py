@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 from vgpuvirt.host.base import BaseHost
-from vgpuvirt.hosts import open_host
 
 # C0, DEL, C1 (ESC, CSI, OSC, ST...), and the line/paragraph separators and bidi embeddings, overrides and
 # isolates that reorder what the reader sees ("Trojan Source").
@@ -39,6 +38,30 @@ def plain(value: object) -> str:
     return escape(printable(value))
 
 
+# Width of the console when the output is not a terminal: a pipe or a file gets whole lines (rich would
+# otherwise assume 80 columns and cut cells: `GRID T4-…`).
+PIPE_WIDTH = 100_000
+
+
+def console_for(stream: Any) -> Any:
+    """A rich Console on ``stream`` whose tables never truncate: on a terminal every cell wraps (fold) instead
+    of ending in an ellipsis; elsewhere the width is unlimited, so each row stays one whole line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    class _WholeCells(Console):
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            for obj in objects:
+                if isinstance(obj, Table):
+                    for col in obj.columns:
+                        col.no_wrap = False
+                        col.overflow = "fold"
+            super().print(*objects, **kwargs)
+
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    return _WholeCells(file=stream, highlight=False, width=None if tty else PIPE_WIDTH)
+
+
 class Context:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -47,10 +70,8 @@ class Context:
 
     def host(self) -> BaseHost:
         if self._host is None:
-            a = self.args
-            self._host = open_host(a.host, sysfs_root=a.sysfs_root, identity=a.identity,
-                                   known_hosts=a.known_hosts, sudo=a.sudo,
-                                   allow_unknown_hosts=a.allow_unknown_hosts)
+            from vgpuvirt.cli.targets import one_host_spec, open_one
+            self._host = open_one(one_host_spec(self.args), self.args)
         return self._host
 
     def emit_json(self, obj: Any) -> None:
@@ -58,9 +79,8 @@ class Context:
         sys.stdout.write("\n")
 
     def console(self) -> Any:
-        from rich.console import Console
         # Human output goes to stdout; with --json nothing but JSON goes there.
-        return Console(file=sys.stderr if self.json else sys.stdout, highlight=False)
+        return console_for(sys.stderr if self.json else sys.stdout)
 
     def close(self) -> None:
         if self._host is not None:

@@ -14,7 +14,8 @@ from typing import Any
 
 from vgpuvirt.cli.attach import add_mode, live_config
 from vgpuvirt.cli.context import Context, printable
-from vgpuvirt.cli.vm import add_connect, connection
+from vgpuvirt.cli.targets import add_connect
+from vgpuvirt.cli.vm import connection
 
 
 def register(sub: Any) -> None:

@@ -18,9 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _gc(ctx: Context, args: argparse.Namespace) -> int:
-    doms = domains(args)
+    doms = domains(args, ctx.host())
     if doms is None:
-        raise InvalidSpec("domains", None, "--connect URI or --domain-xml FILE: without them every vGPU "
-                                           "would look orphaned")
+        raise InvalidSpec("--connect", None, "a libvirt URI (or --domain-xml FILE): without the domains every "
+                                             "vGPU would look orphaned")
     emit(ctx, gc.collect(ctx.host(), doms, dry_run=not args.apply))
     return 0

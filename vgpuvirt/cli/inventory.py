@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from vgpuvirt.cli.context import Context, plain
+from vgpuvirt.cli.targets import add_connect, connect_uris
 from vgpuvirt.services.inventory import Inventory, class_name, inventory, type_capacity
 
 
@@ -16,9 +17,7 @@ def register(sub: Any) -> None:
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", dest="sub_json", help="print the JSON contract only")
-    p.add_argument("--connect", metavar="URI", default=None,
-                   help="libvirt URI: join mdevs/devices with the domains using them and flag orphans")
+    add_connect(p, help_text="libvirt URI: join mdevs/devices with the domains using them and flag orphans")
     p.add_argument("--no-nvidia-smi", action="store_true",
                    help="do not run nvidia-smi -q -x on the host (it runs in the same round trip otherwise)")
     p.add_argument("--nvml", choices=("auto", "yes", "no"), default="auto",
@@ -27,10 +26,11 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 
 def collect(ctx: Context, args: argparse.Namespace) -> Inventory:
     domains = None
-    if args.connect:
+    uri = connect_uris(args, 1)[0]
+    if uri:
         from vgpuvirt.libvirt_conn import LibvirtConnection
 
-        with LibvirtConnection(args.connect, readonly=True) as conn:
+        with LibvirtConnection(uri, readonly=True) as conn:
             domains = list(conn.domain_xml_pairs())
     use_nvml = {"auto": None, "yes": True, "no": False}[args.nvml]
     return inventory(ctx.host(), domains=domains, use_nvml=use_nvml,
@@ -38,7 +38,6 @@ def collect(ctx: Context, args: argparse.Namespace) -> Inventory:
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.json = ctx.json or bool(args.sub_json)
     inv = collect(ctx, args)
     if ctx.json:
         ctx.emit_json(inv.to_dict())

@@ -91,7 +91,7 @@ def _announce(ctx: Context, spec: MdevSpec) -> None:
 
 def _remove(ctx: Context, args: argparse.Namespace) -> int:
     emit(ctx, _svc(ctx, args).remove(args.uuid, undefine=not args.keep_definition, dry_run=args.dry_run,
-                                     domains=domains(args)))
+                                     domains=domains(args, ctx.host())))
     return 0
 
 

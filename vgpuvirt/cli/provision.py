@@ -2,7 +2,7 @@
 several hosts (in parallel, one connection each), with a summary table.
 
     vgpuvirt --host sim:t4x2 provision --connect test:///default --count 4 --gpu 'fb>=2G,series=Q'
-    vgpuvirt provision --host ssh://root@gpu1 --host ssh://root@gpu2 --count 40 --gpu nvidia-231 --explain
+    vgpuvirt --host ssh://root@gpu1 --host ssh://root@gpu2 provision --count 40 --gpu nvidia-231 --explain
 """
 
 from __future__ import annotations
@@ -14,24 +14,20 @@ from collections.abc import Iterator
 from typing import Any
 
 from vgpuvirt.cli.context import plain, printable
+from vgpuvirt.cli.targets import add_connect, open_targets
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
-from vgpuvirt.host.base import BaseHost
-from vgpuvirt.hosts import open_host
-from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import POLICIES
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
 from vgpuvirt.provision.steps import Step
 
+__all__ = ["add_request_args", "add_target_args", "open_targets", "progress_bar", "run"]
+
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", dest="hosts", action="append", default=None, metavar="HOST",
-                   help="a host to work on (repeat for several; they are worked in parallel); "
-                        "default: the global --host")
-    p.add_argument("--connect", action="append", default=None, metavar="URI",
-                   help="libvirt URI: one for every host, or one per --host in order "
-                        "(default: test:///default for sim:, qemu:///system for local, qemu+ssh://.../system for ssh)")
+    # the hosts are the global --host (repeatable; vgpuvirt/cli/options.py); --connect pairs with them
+    add_connect(p)
 
 
 def add_request_args(p: argparse.ArgumentParser) -> None:
@@ -71,41 +67,6 @@ def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
             raise InvalidSpec("--count", args.count, f"the number of --name values ({len(args.name)}) or nothing")
         return [VmRequest(name=n, gpus=gpus, **kw) for n in args.name]
     return VmRequest.pool(args.prefix, args.count if args.count is not None else 1, gpu=gpus, **kw)
-
-
-def default_uri(spec: str) -> str:
-    if spec.startswith("sim:"):
-        return "test:///default"
-    if spec.startswith("ssh://"):
-        rest = spec[len("ssh://"):].rstrip("/")
-        return f"qemu+ssh://{rest}/system"
-    return "qemu:///system"
-
-
-@contextlib.contextmanager
-def open_targets(args: argparse.Namespace) -> Iterator[tuple[dict[str, BaseHost], dict[str, LibvirtConnection]]]:
-    """Open every --host and its libvirt connection; close them all afterwards."""
-    specs: list[str] = args.hosts or [args.host]
-    if len(set(specs)) != len(specs):
-        raise InvalidSpec("--host", specs, "each host once")
-    uris: list[str] = args.connect or []
-    if len(uris) not in (0, 1, len(specs)):
-        raise InvalidSpec("--connect", uris, f"one URI, or one per --host ({len(specs)})")
-    hosts: dict[str, BaseHost] = {}
-    conns: dict[str, LibvirtConnection] = {}
-    try:
-        for i, spec in enumerate(specs):
-            h = open_host(spec, sysfs_root=args.sysfs_root, identity=args.identity, known_hosts=args.known_hosts,
-                          sudo=args.sudo, allow_unknown_hosts=args.allow_unknown_hosts)
-            hosts[h.name] = h
-            uri = uris[i] if len(uris) == len(specs) and uris else (uris[0] if uris else default_uri(spec))
-            conns[h.name] = LibvirtConnection(uri)
-        yield hosts, conns
-    finally:
-        for c in conns.values():
-            c.close()
-        for h in hosts.values():
-            h.close()
 
 
 @contextlib.contextmanager

@@ -28,6 +28,10 @@ def register(sub: Any) -> None:
     mnt.add_argument("--background", action="store_true", help="serve from a background process and return")
     mnt.add_argument("--pid-file", default=None, help="with --background: where to write the server's pid")
     mnt.set_defaults(func=_mount)
+    rb = s.add_parser("reboot", help="reboot a mounted simulated host (VFs, MIG instances, mdevs vanish)")
+    rb.add_argument("mountpoint")
+    rb.add_argument("--pid-file", required=True, help="the file `sim mount --background --pid-file` wrote")
+    rb.set_defaults(func=_reboot)
     um = s.add_parser("umount", help="unmount a simulated sysfs")
     um.add_argument("mountpoint")
     um.add_argument("--pid-file", default=None, help="wait for (and remove) the server named in this file")
@@ -116,5 +120,18 @@ def _mount(ctx: Context, args: argparse.Namespace) -> int:
 
 def _umount(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.sim import fuse
-    fuse.stop(os.path.abspath(args.mountpoint), pid_file=args.pid_file)
+    mnt = os.path.abspath(args.mountpoint)
+    fuse.stop(mnt, pid_file=args.pid_file)
+    if ctx.json:
+        ctx.emit_json({"mountpoint": mnt, "mounted": False})
+    return 0
+
+
+def _reboot(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim import fuse
+    boot_id = fuse.reboot(os.path.abspath(args.mountpoint), pid_file=args.pid_file)
+    if ctx.json:
+        ctx.emit_json({"mountpoint": os.path.abspath(args.mountpoint), "boot_id": boot_id})
+    else:
+        ctx.console().print(plain(f"rebooted the simulated host on {args.mountpoint} (boot_id {boot_id})"))
     return 0

@@ -35,12 +35,13 @@ def _svc(ctx: Context, args: argparse.Namespace) -> SriovService:
 
 def _enable(ctx: Context, args: argparse.Namespace) -> int:
     emit(ctx, _svc(ctx, args).enable(args.pf, args.num, force=args.force, dry_run=args.dry_run,
-                                     domains=domains(args)))
+                                     domains=domains(args, ctx.host())))
     return 0
 
 
 def _disable(ctx: Context, args: argparse.Namespace) -> int:
-    emit(ctx, _svc(ctx, args).disable(args.pf, force=args.force, dry_run=args.dry_run, domains=domains(args)))
+    emit(ctx, _svc(ctx, args).disable(args.pf, force=args.force, dry_run=args.dry_run,
+                                      domains=domains(args, ctx.host())))
     return 0
 
 

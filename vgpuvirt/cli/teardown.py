@@ -4,7 +4,7 @@ the VM's, or that another domain uses, is left and named; a VM whose vGPU could 
 defined so that a rerun finishes.
 
     vgpuvirt --host sim:t4x2 teardown --connect test:///default vm-001 vm-002
-    vgpuvirt teardown --host ssh://root@gpu1 --host ssh://root@gpu2 --pattern 'vdi-*'
+    vgpuvirt --host ssh://root@gpu1 --host ssh://root@gpu2 teardown --pattern 'vdi-*'
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ def register(sub: Any) -> None:
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.json = ctx.json or bool(args.sub_json)
     parent = args.parent
     if parent is not None and ":" in parent:
         parent = str(PciAddress.parse(parent))     # InvalidSpec (exit 2) on a malformed address

@@ -17,32 +17,19 @@ import sys
 from typing import Any
 
 from vgpuvirt.cli.context import Context, plain, printable
-from vgpuvirt.errors import InvalidSpec, VgpuvirtError
+from vgpuvirt.cli.targets import add_connect, connect_uris
+from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.libvirt_conn import LibvirtConnection
 
 log = logging.getLogger("vgpuvirt.cli")
 ACTIONS = ("start", "shutdown", "reboot", "destroy")
 
 
-def host_spec(ctx: Context) -> str:
-    """The one host these verbs work on (the global --host)."""
-    spec = ctx.args.host
-    if isinstance(spec, list | tuple):
-        if len(spec) != 1:
-            raise InvalidSpec("--host", spec, "one host for this command")
-        spec = spec[0]
-    return str(spec or "local")
-
-
 def connection(ctx: Context, args: argparse.Namespace) -> LibvirtConnection:
-    from vgpuvirt.cli.provision import default_uri
-    return LibvirtConnection(args.connect or default_uri(host_spec(ctx)))
-
-
-def add_connect(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect", default=None, metavar="URI",
-                   help="libvirt URI (default: test:///default for sim:, qemu:///system for local, "
-                        "qemu+ssh://.../system for ssh)")
+    """The libvirt connection of the one host these verbs work on: --connect, else the host's default
+    (vgpuvirt.libvirt_uri.default_uri: the SSH host's own user, port, key and known_hosts)."""
+    from vgpuvirt.libvirt_uri import default_uri
+    return LibvirtConnection(connect_uris(args, 1)[0] or default_uri(ctx.host()))
 
 
 def register(sub: Any) -> None:

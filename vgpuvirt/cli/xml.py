@@ -35,23 +35,20 @@ def register(subparsers: Any) -> None:
     b.add_argument("--host-cpus", default=None, metavar="CPULIST", help="the host's online CPUs (checked)")
     b.add_argument("--numa-node", type=int, default=None)
     b.add_argument("--no-validate", action="store_true", help="skip libvirt's RelaxNG schema check")
-    b.add_argument("--json", action="store_true", dest="xml_json")
     b.set_defaults(func=_build)
 
     lint = sub.add_parser("lint", help="check a domain XML file (lint rules + libvirt's schema)")
     lint.add_argument("file")
     lint.add_argument("--host-cpus", default=None, metavar="CPULIST")
-    lint.add_argument("--json", action="store_true", dest="xml_json")
     lint.set_defaults(func=_lint)
 
     dev = sub.add_parser("devices", help="list the GPU-related devices of a domain XML file")
     dev.add_argument("file")
-    dev.add_argument("--json", action="store_true", dest="xml_json")
     dev.set_defaults(func=_devices)
 
 
 def _json(ctx: Any, args: argparse.Namespace) -> bool:
-    return bool(ctx.json or getattr(args, "xml_json", False))
+    return bool(ctx.json)
 
 
 def _split_flags(spec: str, allowed: set[str], what: str) -> tuple[str, set[str]]:

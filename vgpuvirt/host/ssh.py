@@ -165,6 +165,16 @@ class SSHHost(BaseHost):
     def close(self) -> None:
         self._drop()
 
+    def host_key_line(self) -> str:
+        """The known_hosts line of the key this connection verified (or, with ``allow_unknown_hosts``, accepted):
+        lets another client of the same host (libvirt) check the very same key."""
+        transport = self._connect().get_transport()
+        if transport is None:
+            raise TransportError(self.name, "the SSH connection closed")
+        key = transport.get_remote_server_key()
+        where = self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+        return f"{where} {key.get_name()} {key.get_base64()}\n"
+
     # -- one exec ---------------------------------------------------------------------------
     def _command_line(self, argv: Sequence[str]) -> str:
         prefix = ["sudo", "-n", "--"] if self.sudo else []

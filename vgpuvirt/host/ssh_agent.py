@@ -26,7 +26,7 @@ def sudo_problem(host: str, rc: int, err: bytes) -> RemoteRequirementMissing | N
     if rc == 0:
         return None
     if _NO_SUDO.search(err):
-        return RemoteRequirementMissing(host, "sudo is not installed on the host (needed for --sudo / sudo=True): "
+        return RemoteRequirementMissing(host, "sudo is not installed on the host (needed for sudo=True): "
                                               "install it, or log in as root without --sudo")
     if _SUDO_PASSWORD.search(err):
         return RemoteRequirementMissing(host, "sudo -n needs a password on the host: allow passwordless sudo "

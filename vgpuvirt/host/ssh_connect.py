@@ -111,8 +111,7 @@ class _Policy(paramiko.MissingHostKeyPolicy):
                                           "verify host certificates: add the host's own key to known_hosts")
         raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
                                       "add it with ssh-keyscan after checking its fingerprint, "
-                                      "or opt in explicitly (allow_unknown_hosts=True, CLI "
-                                      "--insecure-accept-unknown-host-key)")
+                                      "or opt in explicitly (allow_unknown_hosts=True)")
 
 
 def _checked_key(name: str, path: str) -> str:

@@ -105,6 +105,7 @@ class GpuBudget:
     mixed_size_supported: bool | None = None
     mig_enabled: bool | None = None
     gpu_instances: Mapping[str, int] | None = None   # MIG profile -> GPU instances; None: not known
+    gi_free: Mapping[str, int] | None = None         # MIG profile -> more GIs the free slices take (-lgip)
     gvtg_pool: tuple[int, int, int] | None = None    # free (low gm, high gm, fences), a lower bound
     vfs_total: int | None = None
     vfs_enabled: int = 0
@@ -179,8 +180,12 @@ class GpuBudget:
         taken = sum(1 for r in self.residents if r.mig_profile == prof)
         if self.gpu_instances is not None:
             gis = self.gpu_instances.get(prof or "", 0)
+            more = ""
+            if self.gi_free is not None:
+                more = (f" (the free slices take {self.gi_free.get(prof or '', 0)} more GPU instance(s) of it: "
+                        "nvidia-smi mig -lgip)")
             return gis - taken, True, (f"MIG: {gis} GPU instance(s) of {prof}, {taken} hold a vGPU: "
-                                       f"{max(gis - taken, 0)} fit")
+                                       f"{max(gis - taken, 0)} fit{more}")
         return self._kernel_only(t, f"MIG: GPU-instance table not read (no nvidia-smi); {prof}")
 
     def _gvtg_fit(self, t: VgpuType) -> tuple[int, bool, str]:
@@ -260,6 +265,8 @@ class GpuBudget:
             "budget": {"framebuffer_mib": self.framebuffer_mib, "vfs_total": self.vfs_total,
                        "vfs_enabled": self.vfs_enabled, "mig_enabled": self.mig_enabled,
                        "gpu_instances": dict(self.gpu_instances) if self.gpu_instances is not None else None,
+                       # only when -lgip was read (keeps the established shape of older reports)
+                       **({"gpu_instance_profiles_free": dict(self.gi_free)} if self.gi_free is not None else {}),
                        "gvtg_pool_free": list(self.gvtg_pool) if self.gvtg_pool is not None else None},
             "used": {"vgpus": len(self.residents), "framebuffer_mib": used,
                      "vfs_in_use": sum(1 for p in self.places if p.is_vf and p.occupied),

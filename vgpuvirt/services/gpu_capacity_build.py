@@ -176,6 +176,7 @@ def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
         framebuffer_mib=_framebuffer(facts, types, mdev_types, not residents) if vendor == "nvidia" else None,
         sizing=_sizing(facts, residents, vendor), mixed_size_supported=_mixed_supported(facts),
         mig_enabled=mig_enabled, gpu_instances=gis, gvtg_pool=pool,
+        gi_free=facts.gi_profiles_free if facts is not None and mig_enabled else None,
         vfs_total=g.sriov_totalvfs, vfs_enabled=len(g.vfs), whole_holder=holder, notes=tuple(notes))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import (
@@ -30,7 +30,7 @@ from vgpuvirt.services.inventory_model import (
 )
 from vgpuvirt.services.inventory_parse import class_name
 from vgpuvirt.services.kernel_log import DMESG_ARGV
-from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, NVIDIA_SMI_LGIP_ARGV
 from vgpuvirt.services.nvml import NvmlReport
 from vgpuvirt.services.sysfs import IOMMU_CLASS, IOMMU_GROUPS, MDEV_BUS, MDEV_DEVICES, NVIDIA_VERSION, PCI, PROC_CMDLINE
 from vgpuvirt.services.type_capacity import TypeCapacity, type_capacity
@@ -99,19 +99,27 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
         nvidia_smi = host.sysfs_root == "/" and not (nvml_report and nvml_report.available)
     smi: OpResult | None = None
     dmesg: OpResult | None = None
+    lgi: OpResult | None = None
+    lgip: OpResult | None = None
     if nvidia_smi:
         # One exec: nvidia-smi first, then the sysfs reads, in the same agent request. A missing
         # nvidia-smi (ENOENT, rc 127) is normal; lock=False because nothing is changed.
-        # `mig -lgi` rides along: the GPU-instance table is what MIG-backed capacity counts.
+        # `mig -lgi` and `-lgip` ride along: the GPU-instance table is what MIG-backed capacity counts, the
+        # profiles' free counts what GPU instances could still be created in the free slices.
         # `dmesg` too: its XIDs, with nvidia-smi's ECC / retired-page / PCIe readings, give each GPU's health
         # (placement skips unhealthy GPUs) at no extra round trip.
         batch = host.apply([Op.exec(NVIDIA_SMI_ARGV, timeout=60.0, read_only=True),
                             Op.exec(NVIDIA_SMI_LGI_ARGV, timeout=60.0, read_only=True),
+                            Op.exec(NVIDIA_SMI_LGIP_ARGV, timeout=60.0, read_only=True),
                             Op.exec(DMESG_ARGV, timeout=60.0, read_only=True)], lock=False,
                            on_error="continue", reads_after=INVENTORY_GLOBS)
-        snap, smi, lgi, dmesg = batch.after, batch[0], batch[1], batch[2]
+        snap, smi, lgi, lgip, dmesg = batch.after, batch[0], batch[1], batch[2], batch[3]
     else:
         snap = host.read(INVENTORY_GLOBS)
-        lgi = None
+    if not any(path.startswith(f"{PCI}/") for path in snap):
+        # Every Linux sysfs lists PCI devices (the host bridge at least): an empty answer means the root is not
+        # a sysfs tree (an empty or wrong --sysfs-root), not a host with no GPU and the IOMMU off.
+        raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}{PCI} "
+                                   "(a sysfs root is the directory that holds sys/, e.g. / or a materialized tree)")
     return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi,
-                           kernel_log=dmesg)
+                           mig_lgip=lgip, kernel_log=dmesg)

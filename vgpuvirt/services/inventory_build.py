@@ -103,10 +103,12 @@ def _sysfs_part(snap: Snapshot, usage: Usage) -> _SysfsPart:
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
                     nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None, kernel_log: OpResult | None = None,
-                    health: HealthInputs | None = None, cache: SysfsCache | None = None) -> Inventory:
-    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``: ``nvidia-smi mig -lgi``;
-    ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they give each GPU's health).
+                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
+                    kernel_log: OpResult | None = None, health: HealthInputs | None = None,
+                    cache: SysfsCache | None = None) -> Inventory:
+    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
+    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
+    give each GPU's health).
     ``health``: ``health_inputs(nvidia_smi, kernel_log)`` already parsed by the caller (a metrics collection
     uses the same parse), instead of parsing them here. ``cache``: the host's :class:`SysfsCache`, to reuse the
     sysfs part of the previous build when the snapshot and domains are the same (the result is equal)."""
@@ -116,7 +118,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     devices, groups, mdevs, parents = part.devices, part.groups, list(part.mdevs), list(part.parents)
     warnings: list[str] = [*usage.warnings, *part.warnings]
     sources: dict[str, str] = {"sysfs": "ok"}
-    facts = nvidia_facts(nvidia_smi, nvml, dict(part.type_names), warnings, sources, mig_lgi)
+    facts = nvidia_facts(nvidia_smi, nvml, dict(part.type_names), warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(part.raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
     gpus = with_health(gpus, health or health_inputs(nvidia_smi, kernel_log), warnings, sources)

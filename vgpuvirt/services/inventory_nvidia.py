@@ -12,6 +12,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.inventory_model import PciDevice, VendorType, VendorVf
 from vgpuvirt.services.inventory_parse import Index, Usage, entry_int, entry_text, errno_text, pci_key
+from vgpuvirt.services.mig_parse import parse_lgip
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_mig_lgi, parse_nvidia_smi_xml
 from vgpuvirt.services.nvml import NvmlReport
 
@@ -25,9 +26,16 @@ class NvidiaFacts:
     type_names: dict[int, str] = field(default_factory=dict)
 
 
-def _with_gpu_instances(gpus: list[NvidiaGpuFacts], lgi: OpResult | None) -> list[NvidiaGpuFacts]:
-    """Attach ``nvidia-smi mig -lgi``'s rows to the MIG-enabled GPUs (its GPU index is the -q -x order).
-    Exit 6 means no GPU instance anywhere; any other failure leaves the table unknown (None)."""
+def _with_gpu_instances(gpus: list[NvidiaGpuFacts], lgi: OpResult | None,
+                        lgip: OpResult | None = None) -> list[NvidiaGpuFacts]:
+    """Attach ``nvidia-smi mig -lgi``'s rows (and ``-lgip``'s free counts) to the MIG-enabled GPUs (their GPU
+    index is the -q -x order). Exit 6 means none anywhere; any other failure leaves the table unknown (None)."""
+    if lgip is not None and lgip.ok:
+        free: dict[int, dict[str, int]] = {}
+        for p in parse_lgip(lgip.stdout):
+            free.setdefault(p.gpu, {})[p.name] = p.free
+        gpus = [replace(g, gi_profiles_free=free.get(i, {})) if g.mig_mode_current == "Enabled" else g
+                for i, g in enumerate(gpus)]
     if lgi is None or not (lgi.ok or lgi.rc == 6):
         return gpus
     rows = parse_mig_lgi(lgi.stdout) if lgi.ok else {}
@@ -36,7 +44,8 @@ def _with_gpu_instances(gpus: list[NvidiaGpuFacts], lgi: OpResult | None) -> lis
 
 
 def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, str],
-               lgi: OpResult | None = None) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
+               lgi: OpResult | None = None,
+               lgip: OpResult | None = None) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
     if result is None:
         sources["nvidia_smi"] = "not run"
         return {}, None
@@ -54,14 +63,15 @@ def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, 
         warnings.append(f"nvidia-smi -q -x: {report.error}")
         return {}, None
     sources["nvidia_smi"] = "ok"
-    gpus = _with_gpu_instances(report.gpus, lgi)
+    gpus = _with_gpu_instances(report.gpus, lgi, lgip)
     return {g.address: g for g in gpus if g.address is not None}, report.driver_version
 
 
 def nvidia_facts(nvidia_smi: OpResult | None, nvml: NvmlReport | None, type_names: dict[int, str],
-                 warnings: list[str], sources: dict[str, str], mig_lgi: OpResult | None = None) -> NvidiaFacts:
+                 warnings: list[str], sources: dict[str, str], mig_lgi: OpResult | None = None,
+                 mig_lgip: OpResult | None = None) -> NvidiaFacts:
     """Merge nvidia-smi's and NVML's per-GPU facts; ``type_names`` (from the VFs) is completed in place."""
-    smi_by_addr, smi_driver = _smi_facts(nvidia_smi, warnings, sources, mig_lgi)
+    smi_by_addr, smi_driver = _smi_facts(nvidia_smi, warnings, sources, mig_lgi, mig_lgip)
     facts: dict[PciAddress, NvidiaGpuFacts] = dict(smi_by_addr)
     if nvml is not None:
         sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"

@@ -19,6 +19,8 @@ NVIDIA_SMI_ARGV = ("nvidia-smi", "-q", "-x")
 #: The GPU instances of every MIG-enabled GPU (rows "|   0  MIG 1g.12gb   19   13   6:1   |", NVIDIA MIG user
 #: guide; exit 6 "No GPU instances found" when there are none).
 NVIDIA_SMI_LGI_ARGV = ("nvidia-smi", "mig", "-lgi")
+#: The GPU-instance profiles of every MIG-enabled GPU with how many more of each fit now (Free/Total).
+NVIDIA_SMI_LGIP_ARGV = ("nvidia-smi", "mig", "-lgip")
 _LGI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+:\d+\s*\|\s*$")
 
 _UNKNOWN = {"", "n/a", "not available", "[n/a]", "unknown error", "[unknown error]"}
@@ -43,6 +45,7 @@ class NvidiaGpuFacts:
     mig_mode_pending: str | None = None
     mig_devices: int | None = None
     gpu_instances: list[tuple[int, str]] | None = None   # (GI id, MIG profile) from ``nvidia-smi mig -lgi``
+    gi_profiles_free: dict[str, int] | None = None       # MIG profile -> more GIs that fit (``mig -lgip``)
     supported_vgpu_types: list[dict[str, Any]] | None = None
     creatable_vgpu_types: list[dict[str, Any]] | None = None
     active_vgpus: list[dict[str, Any]] | None = None
@@ -63,6 +66,7 @@ class NvidiaGpuFacts:
             "mig_devices": self.mig_devices,
             "gpu_instances": ([{"id": i, "profile": p} for i, p in self.gpu_instances]
                               if self.gpu_instances is not None else None),
+            **({"gi_profiles_free": dict(self.gi_profiles_free)} if self.gi_profiles_free is not None else {}),
             "supported_vgpu_types": self.supported_vgpu_types,
             "creatable_vgpu_types": self.creatable_vgpu_types,
             "active_vgpus": self.active_vgpus,

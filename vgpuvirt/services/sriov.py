@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec
-from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
 from vgpuvirt.services import sysfs
-from vgpuvirt.services.mutation import Change, error_for, first_failure, note
+from vgpuvirt.services.mutation import Change, Planned, error_for, first_failure, note
 from vgpuvirt.services.parsers import parse_hex_id, pci_or_none
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -209,3 +209,23 @@ class SriovService:
             ops += [Op.write(path, str(want)),
                     Op.wait(f"{sysfs.PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
         return ops
+
+
+def count_item(host: str, pf: PciAddress, current: int, want: int, *, wait_timeout: float = 30.0) -> Planned:
+    """The locked sysfs ops that take a PF from ``current`` to ``want`` VFs (through 0: the kernel refuses
+    one non-zero count to another), as one batch item; the layouts put it in their batch."""
+    path, g = f"{sysfs.PCI}/{pf}/sriov_numvfs", f"sriov:{pf}"
+    ops: list[Op] = []
+    if current:
+        ops += [Op.write(path, "0", group=g), Op.wait(f"{sysfs.PCI}/{pf}/virtfn0", "absent", timeout=wait_timeout,
+                                                      group=g)]
+    if want:
+        ops += [Op.write(path, str(VfCount(want)), group=g),
+                Op.wait(f"{sysfs.PCI}/{pf}/virtfn{want - 1}", "exists", timeout=wait_timeout, group=g)]
+
+    def explain(bad: OpResult) -> DeviceError:
+        return error_for(host, str(pf), bad, what=f"setting {want} VFs on {pf}", overrides={_errno.ERANGE: DeviceError})
+
+    return Planned("sriov.enable" if want else "sriov.disable", str(pf), tuple(ops), explain,
+                   {"pf": str(pf), "from": current, "to": want}, intent=f"{current} -> {want} VFs",
+                   message=f"{want} VFs", dry_message=f"would set {want} VFs")

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable, RecordError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host, Op, OpResult
 from vgpuvirt.model import DriverName, PciAddress
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.iommu_check import VFIO, _parse_addresses, _report, _users, read_patterns
-from vgpuvirt.services.mutation import Change, error_for, note
+from vgpuvirt.services.mutation import Change, Planned, error_for, note
 from vgpuvirt.services.parsers import parse_driver_override
 
 
@@ -75,6 +75,21 @@ def _release_ops(a: PciAddress, current: str | None, b: Binding, timeout: float)
         ops += [Op.write(sysfs.DRIVERS_PROBE, str(a), group=g),
                 Op.wait(f"{sysfs.PCI}/{a}/driver", "link_endswith", b.original_driver, timeout=timeout, group=g)]
     return ops
+
+
+def bind_item(host: str, a: PciAddress, current: str | None, to: str, *, timeout: float = 10.0) -> Planned:
+    """One device moved from driver ``current`` to ``to`` (vfio-pci, or back to the vendor's driver) with the
+    same ops :func:`prepare` and :func:`release` use, as one batch item (the layouts' driver step)."""
+    if to == VFIO:
+        ops = _bind_ops(a, current, timeout)
+    else:
+        ops = _release_ops(a, current, Binding(a, str(DriverName(to))), timeout)
+
+    def explain(bad: OpResult) -> DeviceError:
+        return error_for(host, str(a), bad, what=f"binding {a} to {to}")
+
+    return Planned("driver.bind", str(a), tuple(ops), explain, {"device": str(a), "from": current, "to": to},
+                   intent=f"bind to {to}", message=f"bound to {to}", dry_message=f"would bind to {to}")
 
 
 def prepare(host: Host, addresses: Iterable[str | PciAddress], *, domains: Iterable[tuple[str, str]] | None = None,

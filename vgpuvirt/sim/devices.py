@@ -38,6 +38,14 @@ class Gpu:
     heterogeneous: bool = False
     mig_enabled: bool = False
     gpu_instances: dict[int, str] = field(default_factory=dict)   # GI id -> MIG profile name
+    mig_pending: bool | None = None     # a MIG mode set but not in effect until a GPU reset or reboot
+    gi_start: dict[int, int] = field(default_factory=dict)        # GI id -> placement start (memory slice)
+    compute_instances: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)  # GI -> CI -> (k, start)
+    processes: int = 0                  # host processes holding the GPU (CUDA, DCGM...): a reset must wait
+
+    def gi_table(self) -> dict[int, tuple[str, int]]:
+        """GI id -> (MIG profile name, placement start)."""
+        return {gi: (p, self.gi_start.get(gi, 0)) for gi, p in self.gpu_instances.items()}
 
     @property
     def table(self) -> TypeTable:

@@ -39,7 +39,11 @@ class SimFs(DeviceTree, EtcTree):
         # a full inventory read resolves ~60,000 paths, nearly all sharing their parent with the last one.
         self._ok: dict[tuple[str, bool], _Res] = {}
         self._bad: dict[tuple[str, bool], tuple[int, int]] = {}
-        self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc)})
+        # /proc/sys/kernel/random/boot_id: a new one after each simulated reboot, as on Linux
+        boot_id = Attr(lambda: self.model.boot_id + "\n")
+        random: dict[str, Node] = {"boot_id": boot_id}
+        proc: dict[str, Node] = {"sys": Dir(lambda: {"kernel": Dir(lambda: {"random": Dir(lambda: random)})})}
+        self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc)})
 
     # ------------------------------------------------------------------ path walking
 

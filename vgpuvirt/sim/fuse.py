@@ -40,8 +40,20 @@ class SimFuse(_Operations):  # type: ignore[misc]
 
     def __init__(self, fs: SimFs) -> None:
         self.fs = fs
+        self.reboot_requested = False
+
+    def request_reboot(self, *_: object) -> None:
+        """SIGHUP (``vgpuvirt sim reboot``): only a flag, because a signal handler may run in the middle of
+        an operation; the next operation reboots the model before it looks at anything."""
+        self.reboot_requested = True
+
+    def _tick(self) -> None:
+        if self.reboot_requested:
+            self.reboot_requested = False
+            self.fs.model.reboot()
 
     def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        self._tick()
         kind, mode = self.fs.stat(path, follow=False)
         if kind == "l":
             st_mode, size, nlink = stat.S_IFLNK | 0o777, len(self.fs.readlink(path)), 1
@@ -53,6 +65,7 @@ class SimFuse(_Operations):  # type: ignore[misc]
                 "st_atime": _EPOCH, "st_mtime": _EPOCH, "st_ctime": _EPOCH}
 
     def opendir(self, path: str) -> int:
+        self._tick()
         # The kernel may hold a cached dentry of a directory that is gone (entries are cached, see
         # mount()); opening it must fail as it would on sysfs, not list an empty directory.
         kind, _ = self.fs.stat(path, follow=True)
@@ -61,20 +74,25 @@ class SimFuse(_Operations):  # type: ignore[misc]
         return 0
 
     def readdir(self, path: str, fh: Any) -> list[str]:
+        self._tick()
         return [".", "..", *self.fs.listdir(path)]
 
     def readlink(self, path: str) -> str:
+        self._tick()
         return self.fs.readlink(path)
 
     def open(self, path: str, flags: int) -> int:
+        self._tick()
         acc = flags & os.O_ACCMODE
         self.fs.check_open(path, read=acc in (os.O_RDONLY, os.O_RDWR), write=acc in (os.O_WRONLY, os.O_RDWR))
         return 0
 
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
+        self._tick()
         return self.fs.read(path).encode("utf-8")[offset:offset + size]
 
     def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
+        self._tick()
         self.fs.write(path, data.decode("utf-8", "surrogateescape"))
         return len(data)
 
@@ -100,6 +118,8 @@ def mount(profile: Profile | str, mountpoint: str, *, foreground: bool = True) -
     _require()
     prof = load_profile(profile) if isinstance(profile, str) else profile
     fs = SimFs(SimModel(prof))
+    ops = SimFuse(fs)
+    signal.signal(signal.SIGHUP, ops.request_reboot)
     # A created mdev must appear, and a removed one vanish, at once:
     # * negative_timeout=0: a failed lookup is never cached, so a new name is looked up (and found) at once;
     # * attr_timeout=0: every stat of a cached entry asks us (GETATTR), and a gone one answers ENOENT;
@@ -108,7 +128,7 @@ def mount(profile: Profile | str, mountpoint: str, *, foreground: bool = True) -
     #   with 0, reading a `large` inventory made ~340,000 lookups, each resolved from the root.
     # Symlink bodies are not cached by the kernel (no FUSE_CAP_CACHE_SYMLINKS): a `driver` link
     # changes its target on rebind.
-    mfusepy.FUSE(SimFuse(fs), mountpoint, foreground=foreground, nothreads=True, direct_io=True,
+    mfusepy.FUSE(ops, mountpoint, foreground=foreground, nothreads=True, direct_io=True,
                  allow_other=True, entry_timeout=ENTRY_TIMEOUT_S, attr_timeout=0, negative_timeout=0,
                  fsname=f"vgpuvirt-sim:{prof.name}", subtype="vgpuvirt-sim")
 
@@ -180,6 +200,34 @@ def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0)
                 except ProcessLookupError:
                     pass
         os.unlink(pid_file)
+
+
+BOOT_ID = "proc/sys/kernel/random/boot_id"
+
+
+def reboot(mountpoint: str, *, pid_file: str, timeout: float = 10.0) -> str:
+    """Reboot the simulated host a background mount serves (SIGHUP to its server); wait until its
+    ``proc/sys/kernel/random/boot_id`` changes and return the new one."""
+    try:
+        with open(pid_file, encoding="ascii") as fh:
+            pid = int(fh.read().strip() or "0")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidSpec("--pid-file", pid_file, "a file holding the pid `sim mount --background` wrote") from exc
+    path = os.path.join(mountpoint, BOOT_ID)
+    try:
+        with open(path, encoding="ascii") as fh:
+            before = fh.read().strip()
+        os.kill(pid, signal.SIGHUP)
+    except OSError as exc:
+        raise HostError("local", f"no simulated host mounted on {mountpoint} (pid {pid}): {exc.strerror}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(path, encoding="ascii") as fh:      # the read itself lets the server act on the signal
+            now = fh.read().strip()
+        if now != before:
+            return now
+        time.sleep(0.02)
+    raise HostError("local", f"the simulated host on {mountpoint} did not reboot within {timeout} s")
 
 
 def main(argv: list[str] | None = None) -> int:

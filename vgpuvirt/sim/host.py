@@ -77,6 +77,10 @@ class SimHost(BaseHost):
         self._locker = _ModelLock(self.model.lock)
         self._auditor = _MemoryAuditor()
 
+    def reboot(self) -> None:
+        """Restart the simulated host (see :meth:`vgpuvirt.sim.model.SimModel.reboot` for what survives)."""
+        self.model.reboot()
+
     @classmethod
     def from_profile(cls, name_or_path: str | os.PathLike[str], *, name: str | None = None) -> SimHost:
         return cls(load_profile(name_or_path), name=name)

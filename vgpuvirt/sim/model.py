@@ -38,6 +38,16 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.lock = threading.RLock()
         self.version = 0
         self.iommu = profile.iommu
+        self.boot_id = str(_uuid.uuid4())
+        self.boots = 0
+        self._build(boot=False)
+        self.version = 0
+
+    def _build(self, *, boot: bool) -> None:
+        """The host's state from its profile. ``boot``: as the kernel and driver come up (no VFs, no vGPUs,
+        no MIG instances; what persists across a reboot is carried by :meth:`reboot`), else the profile's
+        snapshot (VFs, GPU instances and vGPUs as the profile lists them)."""
+        profile = self.profile
         self.devices: dict[str, Dev] = {}
         self.mdevs: dict[str, Mdev] = {}
         self.drivers: set[str] = set(_ALWAYS_LOADED) | set(profile.drivers)
@@ -67,17 +77,55 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
             dev = Dev(addr=a, spec=spec, sysfs_dir=dirs[a], driver=spec.driver, numa_node=spec.numa_node,
                       group=spec.iommu_group if self.iommu else None, reset_method=spec.reset_method)
             if spec.vgpu is not None:
-                g = Gpu(a, spec.vgpu, heterogeneous=spec.vgpu.heterogeneous, mig_enabled=spec.vgpu.mig_enabled,
-                        gpu_instances={gi.id: gi.profile for gi in spec.vgpu.gpu_instances})
+                g = Gpu(a, spec.vgpu, heterogeneous=spec.vgpu.heterogeneous and not boot,
+                        mig_enabled=spec.vgpu.mig_enabled)
+                if not boot:
+                    self._place_initial_gis(g, f"devices[{a}].vgpu.mig.instances")
                 self.gpus[a] = g
                 dev.gpu = g
                 self.drivers.add(spec.vgpu.table.driver)
             self.devices[a] = dev
+        if boot:
+            return
         for dev in list(self.devices.values()):
             if dev.spec.sriov and dev.spec.sriov.numvfs:
                 self._enable_vfs(dev, dev.spec.sriov.numvfs)
         self._initial_vgpus()
-        self.version = 0
+
+    def _place_initial_gis(self, g: Gpu, key: str) -> None:
+        """The profile's GPU instances, each at the placement its id names in the slice tree when that is
+        free, else where the driver would put it (a profile gives ids, not placements)."""
+        from vgpuvirt.sim import mig_rules as R
+        by_name = {p.name: p for p in g.table.mig_profiles}
+        for gi in sorted(g.spec.gpu_instances, key=lambda x: x.id):
+            prof = by_name[gi.profile]
+            table = g.gi_table()
+            size = R.memory_size(g.table, prof)
+            start = next((s for s in R.placements(g.table, prof)
+                          if R.gi_node_id(g.table, s, size) == gi.id and R.fits_at(g.table, table, prof, s)), None)
+            if start is None:
+                start = R.choose_start(g.table, table, prof)
+            if start is None:
+                raise ProfileError(self.profile.source, key, f"GPU instance {gi.id} ({gi.profile}) has no free "
+                                                             "placement next to the others")
+            g.gpu_instances[gi.id] = gi.profile
+            g.gi_start[gi.id] = start
+
+    def reboot(self) -> None:
+        """The host restarts: VFs, vGPU 17+ VF types, MIG instances and every mdev vanish (mdevctl's
+        definitions live in /etc, outside the simulator, and nothing here starts them); drivers, overrides,
+        new_ids, hugepages and heterogeneous mode are back to the profile's boot state. MIG mode persists
+        (A100/H100/A30 keep it in the GPU), and a pending mode becomes current."""
+        with self.lock:
+            mig = {a: g.mig_enabled if g.mig_pending is None else g.mig_pending for a, g in self.gpus.items()}
+            version = self.version
+            self._build(boot=True)
+            for a, on in mig.items():
+                self.gpus[a].mig_enabled = on
+            self.boot_id = str(_uuid.uuid4())
+            self.boots += 1
+            # version only grows: caches (the vGPU cache, the FUSE server's) key on it
+            self.version = version + 1
 
     # ------------------------------------------------------------------ helpers
 

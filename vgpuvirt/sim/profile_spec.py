@@ -49,7 +49,9 @@ class MigProfile:
     id: int
     name: str
     max: int
-    slices: int
+    slices: int                        # compute slices
+    memory_gib: float = 0.0            # ``-lgip`` Memory GiB (0: derived from the table's framebuffer)
+    engines: tuple[int, ...] = ()      # ``-lgip`` SM, DEC, ENC, CE, JPEG, OFA (empty: derived)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class TypeTable:
     heterogeneous: bool = False        # the hardware supports mixed-size (nvidia-smi vgpu -shm 1)
     mig_profiles: tuple[MigProfile, ...] = ()
     compute_slices: int = 7            # MIG compute slices of one GPU (A100/H100: 7, A30: 4)
+    memory_slices: int = 8             # MIG memory slices of one GPU (A100/H100: 8, A30: 4)
+    mig_reset: bool = True             # a MIG mode change needs a GPU reset (Ampere); Hopper and later: False
     create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
 
     def get(self, sysfs_id: str) -> VgpuType | None:

@@ -5,7 +5,8 @@ Only what vgpuvirt and its users call is emulated; every answer comes from (and 
 * ``nvidia-smi -q -x`` (with the readings of :mod:`vgpuvirt.sim.nvsmi_render`), ``nvidia-smi -L``,
   ``nvidia-smi vgpu -q``, ``dmesg`` (the NVIDIA lines: scheduler message, XIDs)
 * ``nvidia-smi vgpu -i N -shm 0|1``   (heterogeneous mode; rc 19 "In use by another client" with vGPUs)
-* ``nvidia-smi -i N -mig 0|1``, ``nvidia-smi mig -i N -cgi P[,P...]``, ``-dgi -gi ID``, ``mig -lgi``
+* ``nvidia-smi [-i N] -mig 0|1`` (pending until reset when the GPU is busy), ``nvidia-smi -i N -r``,
+  ``nvidia-smi mig -lgip|-lgipp|-lgi|-lci|-cgi|-cci|-dci|-dgi`` (:mod:`vgpuvirt.sim.mig_tools`)
 * ``/usr/lib/nvidia/sriov-manage -e|-d ADDR|ALL``
 Anything else exits 127 ("command not found").
 """
@@ -19,6 +20,7 @@ import xml.etree.ElementTree as ET
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
+from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
@@ -68,12 +70,19 @@ def _xml(model: SimModel) -> str:
             ET.SubElement(pci, tag).text = val
         mig = ET.SubElement(e, "mig_mode")
         if g is not None and g.table.mig_profiles:
-            state = "Enabled" if g.mig_enabled else "Disabled"
-            ET.SubElement(mig, "current_mig").text = state
-            ET.SubElement(mig, "pending_mig").text = state
+            pending = g.mig_enabled if g.mig_pending is None else g.mig_pending
+            ET.SubElement(mig, "current_mig").text = "Enabled" if g.mig_enabled else "Disabled"
+            ET.SubElement(mig, "pending_mig").text = "Enabled" if pending else "Disabled"
         else:
             ET.SubElement(mig, "current_mig").text = "N/A"
             ET.SubElement(mig, "pending_mig").text = "N/A"
+        if g is not None and g.mig_enabled and any(g.compute_instances.values()):
+            devs = ET.SubElement(e, "mig_devices")     # one MIG device per compute instance (mig_a100.xml layout)
+            for n, (gi, ci, _name) in enumerate(mig_tools.mig_devices(g)):
+                md = ET.SubElement(devs, "mig_device")
+                ET.SubElement(md, "index").text = str(n)
+                ET.SubElement(md, "gpu_instance_id").text = str(gi)
+                ET.SubElement(md, "compute_instance_id").text = str(ci)
         virt = ET.SubElement(e, "gpu_virtualization_mode")
         if g is None:
             ET.SubElement(virt, "virtualization_mode").text = "None"
@@ -138,8 +147,14 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
     if args == ["vgpu", "-q"]:
         return 0, vgpu_query(model, gpus), ""
     if args == ["-L"]:
-        return 0, "".join(f"GPU {i}: {d.spec.product or 'NVIDIA GPU'} (UUID: {_gpu_uuid(d)})\n"
-                          for i, d in enumerate(gpus)), ""
+        lines = []
+        for i, d in enumerate(gpus):
+            lines.append(f"GPU {i}: {d.spec.product or 'NVIDIA GPU'} (UUID: {_gpu_uuid(d)})\n")
+            if d.gpu is not None and d.gpu.mig_enabled:
+                for n, (gi, ci, name) in enumerate(mig_tools.mig_devices(d.gpu)):
+                    mig_uuid = _uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-mig:{d.addr}:{gi}:{ci}")
+                    lines.append(f"  MIG {name:<12}Device {n:2d}: (UUID: MIG-{mig_uuid})\n")
+        return 0, "".join(lines), ""
     if args[:1] == ["vgpu"] and "-shm" in args:
         picked = _pick_gpu(model, _opt(args, "-i") or "")
         value = _opt(args, "-shm")
@@ -157,72 +172,22 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
                                  "In use by another client\n")
         word = "Enabled" if value == "1" else "Disabled"
         return 0, f"{word} vGPU heterogeneous mode for GPU {_bus_id(d)}\n", ""
-    if "-mig" in args and args[:1] != ["mig"]:
-        picked = _pick_gpu(model, _opt(args, "-i") or "0")
-        value = _opt(args, "-mig")
-        if picked is None or value not in ("0", "1"):
-            return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
-        d, g = picked
-        if g is None or not g.table.mig_profiles:
-            return _NOT_SUPPORTED, "", f"Unable to {'enable' if value == '1' else 'disable'} MIG Mode for GPU " \
-                                       f"{_bus_id(d)}: Not Supported\n"
-        try:
-            model.set_mig(g, value == "1")
-        except OSError:
-            return _IN_USE, "", f"Unable to change MIG Mode for GPU {_bus_id(d)}: In use by another client\n"
-        word = "Enabled" if value == "1" else "Disabled"
-        return 0, f"{word} MIG Mode for GPU {_bus_id(d)}\nAll done.\n", ""
     if args[:1] == ["mig"]:
-        return _mig(model, args[1:])
-    return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
-
-
-def _mig(model: SimModel, args: list[str]) -> Outcome:
-    if args == ["-lgi"] or args[:1] == ["-lgi"]:
-        rows = []
-        for i, d in enumerate(nvidia_gpus(model)):
-            g = d.gpu
-            if g is None or not g.mig_enabled:
-                continue
-            ids = {p.name: p.id for p in g.table.mig_profiles}
-            for gi, prof in sorted(g.gpu_instances.items()):
-                rows.append(f"|  {i:2d}  MIG {prof:<14s} {ids[prof]:5d} {gi:8d}          0:1     |\n")
-        if not rows:
-            return 6, "", "No GPU instances found: Not Found\n"
-        return 0, "".join(rows), ""
-    picked = _pick_gpu(model, _opt(args, "-i") or "0")
-    if picked is None or picked[1] is None:
-        return _INVALID, "", "Invalid GPU index.\n"
-    d, g = picked
-    assert g is not None
-    idx = nvidia_gpus(model).index(d)
-    if "-cgi" in args:
-        out: list[str] = []
-        for item in (_opt(args, "-cgi") or "").split(","):
-            mp = next((p for p in g.table.mig_profiles if item in (str(p.id), p.name, f"MIG {p.name}")), None)
-            if mp is None:
-                return _INVALID, "".join(out), f"Invalid GPU instance profile: {item}\n"
-            try:
-                gi = model.create_gi(g, mp.id)
-            except OSError as exc:
-                reason = "Not Supported" if exc.errno == errno.EOPNOTSUPP else "Insufficient Resources"
-                return 23 if exc.errno == errno.ENOSPC else _NOT_SUPPORTED, "".join(out), \
-                    f"Unable to create a GPU instance on GPU {idx} using profile {mp.id}: {reason}\n"
-            out.append(f"Successfully created GPU instance ID {gi:2d} on GPU {idx:2d} using profile "
-                       f"MIG {mp.name} (ID {mp.id:2d})\n")
-        return 0, "".join(out), ""
-    if "-dgi" in args:
-        raw = _opt(args, "-gi")
-        try:
-            gi = int(raw or "")
-            model.destroy_gi(g, gi)
-        except ValueError:
-            return _INVALID, "", "Invalid GPU instance ID.\n"
-        except OSError as exc:
-            reason = "In use by another client" if exc.errno == errno.EBUSY else "Not Found"
-            return _IN_USE if exc.errno == errno.EBUSY else 6, "", \
-                f"Unable to destroy GPU instance ID {raw} from GPU {idx}: {reason}\n"
-        return 0, f"Successfully destroyed GPU instance ID {gi:2d} from GPU {idx:2d}\n", ""
+        return mig_tools.mig(model, gpus, lambda key: _pick_gpu(model, key), args[1:])
+    if "-mig" in args or "-r" in args or "--gpu-reset" in args:
+        sel = _opt(args, "-i")
+        chosen: list[tuple[Dev, Gpu | None]] = []
+        for key in (sel.split(",") if sel is not None else [str(i) for i in range(len(gpus))]):
+            picked = _pick_gpu(model, key)
+            if picked is None:
+                return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+            chosen.append(picked)
+        if "-mig" not in args:
+            return mig_tools.reset(model, chosen)
+        value = _opt(args, "-mig")
+        if value not in ("0", "1"):
+            return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+        return mig_tools.set_mode(model, chosen, value == "1")
     return _INVALID, "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
 
 

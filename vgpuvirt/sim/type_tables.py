@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno as _errno
 import importlib.resources
+import re
 from typing import Any
 
 import yaml
@@ -12,6 +13,7 @@ from vgpuvirt.sim.profile_fields import _Ctx, _errno_value
 from vgpuvirt.sim.profile_spec import MigProfile, TypeTable, VgpuType
 
 _TYPES_FILE = "_types.yaml"
+_MIG_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?$")
 
 
 def _profiles_dir() -> Any:
@@ -31,7 +33,7 @@ def _gvt_description(t: dict[str, Any]) -> str:
 def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
-                      "types", "create_errno"}, {"driver", "mdev_driver", "types"})
+                      "memory_slices", "mig_reset", "types", "create_errno"}, {"driver", "mdev_driver", "types"})
     driver = ctx.text(m["driver"], f"{key}.driver")
     if not isinstance(m["types"], list) or not m["types"]:
         raise ctx.fail(f"{key}.types", "expected a non-empty list")
@@ -69,10 +71,24 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     for i, row in enumerate(m.get("mig_profiles") or []):
         rk = f"{key}.mig_profiles[{i}]"
         r = ctx.mapping(row, rk)
-        ctx.keys(r, rk, {"id", "name", "max", "slices"}, {"id", "name", "max", "slices"})
-        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), ctx.text(r["name"], f"{rk}.name"),
-                               ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8)))
+        ctx.keys(r, rk, {"id", "name", "max", "slices", "gib", "engines"}, {"id", "name", "max", "slices"})
+        name = ctx.text(r["name"], f"{rk}.name")
+        if not _MIG_NAME.match(name):
+            raise ctx.fail(f"{rk}.name", f"{name!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+        engines = r.get("engines", [])
+        if not isinstance(engines, list) or len(engines) not in (0, 6):
+            raise ctx.fail(f"{rk}.engines", "expected [SM, DEC, ENC, CE, JPEG, OFA]")
+        gib = r.get("gib", 0)
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib < 0:
+            raise ctx.fail(f"{rk}.gib", f"expected a non-negative number, got {gib!r}")
+        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), name,
+                               ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8),
+                               float(gib), tuple(ctx.integer(e, f"{rk}.engines[{j}]", 0)
+                                                 for j, e in enumerate(engines))))
     slices = ctx.integer(m.get("compute_slices", 7), f"{key}.compute_slices", 1, 8)
+    mem_slices = ctx.integer(m.get("memory_slices", 8), f"{key}.memory_slices", 1, 8)
+    if mem_slices < slices or mem_slices & (mem_slices - 1):
+        raise ctx.fail(f"{key}.memory_slices", f"{mem_slices} must be a power of two of at least compute_slices")
     for i, p in enumerate(migs):
         if p.slices > slices:
             raise ctx.fail(f"{key}.mig_profiles[{i}].slices", f"{p.slices} is more than compute_slices ({slices})")
@@ -84,7 +100,8 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      types=tuple(types),
                      framebuffer_mib=ctx.integer(m.get("framebuffer_mib", 0), f"{key}.framebuffer_mib", 0),
                      heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
-                     mig_profiles=tuple(migs), compute_slices=slices,
+                     mig_profiles=tuple(migs), compute_slices=slices, memory_slices=mem_slices,
+                     mig_reset=ctx.boolean(m.get("mig_reset", True), f"{key}.mig_reset"),
                      create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
                      if "create_errno" in m else _errno.EINVAL)
 

@@ -1,0 +1,192 @@
+"""Layout verbs on simulated hosts: export -> apply -> export, reruns, rollback, and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vgpuvirt.cli import main
+from vgpuvirt.errors import InvalidSpec, NoCapacity, ProvisioningError
+from vgpuvirt.host.base import Op
+from vgpuvirt.layout import dump_layout, parse_layout, verbs
+from vgpuvirt.layout.planner import LayoutStep, plan_host
+from vgpuvirt.services.mutation import Planned
+from vgpuvirt.sim.host import SimHost
+from vgpuvirt.sim.profiles import list_profiles
+
+PROFILES = list_profiles()
+
+LAB = parse_layout("""\
+version: v1
+configs:
+  day:
+    - devices: all
+      mode: vgpu
+      vgpu-devices: {A10-4Q: 6}
+  night:
+    - devices: all
+      mode: passthrough
+  t4-fill:
+    - devices: all
+      mode: vgpu
+      vgpu-devices: {T4-2Q: fill}
+  t4-retype:
+    - devices: all
+      mode: vgpu
+      vgpu-devices: {T4-1Q: 2}
+  l40s:
+    - devices: all
+      mode: vgpu
+      sizing: equal
+      vgpu-devices: {L40S-8Q: 3}
+""", "lab.yaml")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_export_apply_export_is_identical(profile: str) -> None:
+    host = SimHost.from_profile(profile)
+    before = verbs.export(host)
+    result = verbs.apply_host(host, before.config())
+    assert not result.changed, [s.text for s in result.done]
+    assert dump_layout(verbs.export(host)) == dump_layout(before)
+
+
+@pytest.mark.parametrize(("profile", "config"), [("a10-sriov", "day"), ("a10-sriov", "night"), ("t4x2", "t4-fill"),
+                                                 ("l40s-vgpu17", "l40s"), ("t4x2", "t4-retype")])
+def test_a_changed_host_exports_a_layout_that_rebuilds_it(profile: str, config: str) -> None:
+    a = SimHost.from_profile(profile)
+    done = verbs.apply_host(a, LAB.config(config))
+    assert done.changed
+    exported = verbs.export(a)
+    assert verbs.check(a, LAB.config(config)) == []
+    again = verbs.apply_host(a, LAB.config(config))
+    assert not again.changed and again.round_trips == {"read": 1}
+    b = SimHost.from_profile(profile)
+    verbs.apply_host(b, exported.config())
+    assert dump_layout(verbs.export(b)) == dump_layout(exported)
+
+
+def test_round_trips_per_phase_do_not_grow_with_gpus() -> None:
+    host = SimHost.from_profile("a10-sriov")
+    r = verbs.apply_host(host, LAB.config("day"))
+    assert r.round_trips == {"read": 1, "prepare": 1, "re-read": 1, "devices": 1}
+    big = SimHost.from_profile("large")
+    r = verbs.apply_host(big, parse_layout("version: v1\nconfigs:\n  a:\n    - devices: all\n      mode: vgpu\n"
+                                           "      vgpu-devices: {A10-2Q: 12}\n").config())
+    assert len(r.done) == 8 * 12
+    assert r.round_trips == {"read": 1, "prepare": 0, "devices": 1}
+
+
+def test_reshape_day_night_day() -> None:
+    host = SimHost.from_profile("a10-sriov")
+    verbs.apply_host(host, LAB.config("day"))
+    verbs.apply_host(host, LAB.config("night"))
+    assert verbs.export(host).config().entries[0].layout.mode == "passthrough"
+    assert verbs.check(host, LAB.config("day"))
+    verbs.apply_host(host, LAB.config("day"))
+    assert verbs.check(host, LAB.config("day")) == []
+
+
+def test_rollback_undoes_exactly_what_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = SimHost.from_profile("t4x2")
+    verbs.apply_host(host, LAB.config("t4-retype"))
+    before = dump_layout(verbs.export(host))
+    real = plan_host
+
+    def with_a_failing_step(*a: object, **k: object) -> object:
+        p = real(*a, **k)  # type: ignore[arg-type]
+        bad = Planned("test.fail", "x", (Op.write("/sys/bus/pci/devices/0000:3b:00.0/no_such_file", "1"),),
+                      lambda r: NoCapacity(host.name, "x", "injected"))
+        step = LayoutStep(host.name, p.steps[0].gpu, 2, 99, "an injected failing step", bad)
+        return type(p)(p.host, (*p.steps, step), p.diffs, p.pending)
+
+    monkeypatch.setattr(verbs, "plan_host", with_a_failing_step)
+    with pytest.raises(ProvisioningError) as exc:
+        verbs.apply_host(host, LAB.config("t4-fill"))
+    assert exc.value.completed and len(exc.value.rollback) == len(exc.value.completed)
+    assert not any(line.startswith("FAILED") for line in exc.value.rollback)
+    monkeypatch.undo()
+    assert dump_layout(verbs.export(host)) == before
+
+
+def test_bad_layouts_change_nothing() -> None:
+    host = SimHost.from_profile("t4x2")
+    with pytest.raises(InvalidSpec, match="A10-4Q"):
+        verbs.apply_host(host, LAB.config("day"))
+    with pytest.raises(NoCapacity):
+        verbs.apply_host(host, parse_layout("version: v1\nconfigs:\n  a:\n    - devices: [0]\n      mode: vgpu\n"
+                                            "      vgpu-devices: {T4-2Q: 9}\n").config())
+    assert not any(e.layout.vgpu_devices for e in verbs.export(host).config().entries)
+
+
+def test_cli_plan_apply_assert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "lab.yaml"
+    f.write_text(dump_layout(LAB))
+    assert main(["--host", "sim:a10-sriov", "layout", "plan", str(f), "-c", "day"]) == 0
+    out = capsys.readouterr().out
+    assert "set 32 SR-IOV VFs on 0000:41:00.0" in out and "mode off -> vgpu" in out
+    assert main(["--host", "sim:a10-sriov", "layout", "assert", str(f), "-c", "day"]) == 1
+    assert "DIFFERS" in capsys.readouterr().out
+    assert main(["--host", "sim:a10-sriov", "layout", "apply", str(f), "-c", "day"]) == 0
+    assert "create mdev" in capsys.readouterr().out
+    assert main(["--host", "sim:t4x2", "layout", "export"]) == 0
+    assert parse_layout(capsys.readouterr().out).config("exported").entries
+    assert main(["--host", "sim:t4x2", "layout", "plan", str(f)]) == 2
+    assert "several configs" in capsys.readouterr().err
+    assert main(["--host", "sim:t4x2", "layout", "plan", str(tmp_path / "nope.yaml"), "-c", "day"]) == 2
+
+
+MIG = parse_layout("""\
+version: v1
+configs:
+  train: [{devices: all, mode: mig, mig-devices: {"3g.40gb": 2}}]
+  seven: [{devices: all, mode: mig-vgpu, mig-devices: {"1g.10gb": 7}, vgpu-devices: {A100D-1-10C: 7}}]
+  ts: [{devices: all, mode: vgpu, vgpu-devices: {A100D-8C: 4}}]
+  bad: [{devices: all, mode: mig, mig-devices: {"5g.50gb": 1}}]
+""", "mig.yaml")
+
+
+def test_mig_reshapes_train_seven_time_sliced_and_back() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    for name in ("train", "seven", "ts", "train"):
+        r = verbs.apply_host(host, MIG.config(name))
+        assert r.changed and verbs.check(host, MIG.config(name)) == [], name
+        assert set(r.round_trips.values()) <= {0, 1, 2}, r.round_trips   # MIG turned on: a second round
+    b = SimHost.from_profile("a100-sriov")
+    verbs.apply_host(b, verbs.export(host).config())
+    assert dump_layout(verbs.export(b)) == dump_layout(verbs.export(host))
+
+
+def test_mig_bad_profile_and_pending_mode() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    before = dump_layout(verbs.export(host))
+    with pytest.raises(InvalidSpec, match=r"5g\.50gb"):
+        verbs.apply_host(host, MIG.config("bad"))
+    # a VF bound to vfio-pci makes a mode change wait for a reset: refused, and rolled back
+    vf = host.model.vfs(host.model.dev("0000:65:00.0"))[0]
+    vf.driver = "vfio-pci"
+    with pytest.raises(ProvisioningError, match="pending") as exc:
+        verbs.apply_host(host, parse_layout("version: v1\nconfigs:\n  a:\n    - devices: ['0000:65:00.0']\n"
+                                            "      mode: mig\n").config())
+    assert any("MIG mode" in line for line in exc.value.rollback)
+    vf.driver = "nvidia"
+    assert dump_layout(verbs.export(host)) == before
+
+
+def test_the_example_layout_reshapes_the_mixed_host() -> None:
+    lab = parse_layout((Path(__file__).parents[2] / "examples/layouts/lab.yaml").read_text(), "lab.yaml")
+    host = SimHost.from_profile("mixed")
+    for name in ("day", "night", "day"):
+        verbs.apply_host(host, lab.config(name))
+        assert verbs.check(host, lab.config(name)) == [], name
+    modes = {str(e.devices[0].value): e.layout.mode for e in verbs.export(host).config().entries}
+    assert modes["0000:41:00.0"] == "vgpu" and modes["0000:85:00.0"] == "vgpu"   # the AMD MxGPU: not selected
+
+
+def test_equal_size_mode_takes_one_size() -> None:
+    host = SimHost.from_profile("l40s-vgpu17")
+    mixed = "version: v1\nconfigs:\n  a:\n    - {devices: all, mode: vgpu, vgpu-devices: {L40S-8Q: 2, L40S-16Q: 1}}\n"
+    with pytest.raises(InvalidSpec, match="one vGPU size per GPU in equal-size mode"):
+        verbs.plan(host, parse_layout(mixed).config())
+    assert verbs.plan(host, parse_layout(mixed.replace("}}", "}, sizing: mixed}")).config()).steps

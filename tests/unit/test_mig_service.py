@@ -1,0 +1,112 @@
+"""services.mig / mig_ops on simulated hosts: one round trip to read every GPU's MIG state, validated argv,
+one batch to change, per-item status, and a rollback that leaves the host as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.host.base import Op
+from vgpuvirt.services.mig import read_mig_state
+from vgpuvirt.services.mig_ops import MigAction, apply_mig, check_against
+from vgpuvirt.sim import SimHost
+
+
+def _gis(host: SimHost) -> list[tuple[int, int, str, int]]:
+    return [(g.index, gi.id, gi.profile, gi.start) for g in read_mig_state(host).gpus for gi in g.gpu_instances]
+
+
+def test_one_round_trip_reads_every_gpu() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    assert host.run(["nvidia-smi", "mig", "-i", "0", "-gi", "9", "-cci", "0"]).exit_code == 0
+    before = host.round_trips
+    state = read_mig_state(host)
+    assert host.round_trips == before + 1
+    g0, g1 = state.gpus
+    assert (str(g0.address), g0.enabled, g0.pending) == ("0000:17:00.0", True, False)
+    assert g0.instance_counts() == {"2g.20gb": 3, "1g.10gb": 1}
+    assert [(c.gi, c.id, c.profile) for c in g0.compute_instances] == [(9, 0, "1g.10gb")]
+    assert g0.free_profiles()["1g.10gb"] == 0 and g0.profile(19) is not None
+    assert g0.profile("3g.40gb") is not None and g0.profile("3g.40gb").placements == (0, 4)  # type: ignore[union-attr]
+    assert (g1.capable, g1.enabled, g1.profiles, g1.gpu_instances) == (True, False, (), ())
+    assert state.gpu("0000:65:00.0") is g1 and state.gpu(0) is g0 and state.errors == ()
+
+
+def test_read_is_one_round_trip_whatever_the_number_of_gpus() -> None:
+    host = SimHost.from_profile("large")                                   # 8 GPUs, no MIG
+    state = read_mig_state(host)
+    assert host.round_trips == 1 and len(state.gpus) == 8 and not any(g.capable for g in state.gpus)
+    gvtg = SimHost.from_profile("gvtg")
+    assert not read_mig_state(gvtg).available                               # no NVIDIA driver
+
+
+def test_bad_values_are_refused_before_anything_reaches_the_host() -> None:
+    for bad in (lambda: MigAction.create_gi(0, ["1g.10gb; reboot"]), lambda: MigAction.create_gi(0, []),
+                lambda: MigAction.create_gi(0, ["1g.10gb"], placements=[9]), lambda: MigAction.mode(-1, True),
+                lambda: MigAction.destroy_gi(0, [1, 1]), lambda: MigAction.destroy_ci(0, 1, [64]),
+                lambda: MigAction.create_gi(True, ["19"])):  # type: ignore[arg-type]
+        with pytest.raises(InvalidSpec):
+            bad()
+    a = MigAction.create_gi(1, ["MIG 1g.10gb", 9, "14"], placements=[6, None, 0], default_ci=True)
+    assert a.argv() == ["nvidia-smi", "mig", "-i", "1", "-cgi", "1g.10gb:6,9,14:0", "-C"]
+    state = read_mig_state(SimHost.from_profile("a30-mig"))
+    with pytest.raises(InvalidSpec, match=r"1g\.10gb"):
+        check_against(MigAction.create_gi(0, ["1g.10gb"]), state.gpus[0])
+    check_against(MigAction.create_gi(0, ["1g.6gb", 5]), state.gpus[0])
+    with pytest.raises(InvalidSpec, match=r"one of its starts \{0,2\}"):
+        check_against(MigAction.create_gi(0, ["2g.12gb"], placements=[1]), state.gpus[0])
+
+
+def test_apply_in_one_batch_with_per_item_status() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    before = host.round_trips
+    res = apply_mig(host, [MigAction.mode(1, True), MigAction.create_gi(1, ["3g.40gb", "1g.10gb"], default_ci=True),
+                           MigAction.destroy_gi(0, [9])])
+    assert host.round_trips == before + 1 and res.ok and res.round_trips == 1
+    assert [i.status for i in res.items] == ["ok", "ok", "ok"]
+    assert res.items[1].created_gis == ((1, 1), (1, 13)) and res.items[1].created_cis == ((1, 1, 0), (1, 13, 0))
+    assert (1, 1, "3g.40gb", 0) in _gis(host) and (0, 9, "1g.10gb", 6) not in _gis(host)
+
+
+def test_a_failure_stops_the_batch_and_rolls_back_what_it_did() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    assert host.run(["nvidia-smi", "-i", "1", "-mig", "1"]).exit_code == 0
+    start = _gis(host)
+    res = apply_mig(host, [MigAction.create_gi(1, ["19", "19"], default_ci=True),
+                           MigAction.create_gi(1, ["3g.40gb", "4g.40gb"]),      # 4g at 0 overlaps: fails half-way
+                           MigAction.destroy_gi(0, [9])],
+                    previous_modes={1: True})
+    assert not res.ok and [i.status for i in res.items] == ["ok", "failed", "skipped"]
+    assert res.items[1].message == "Unable to create a GPU instance on GPU  1 using profile 5: Insufficient Resources"
+    assert res.round_trips == 2 and all(line.endswith(": ok") for line in res.rollback)
+    assert len(res.rollback) == 5                                           # 2 CIs, 2 GIs, then the 3g GI
+    assert _gis(host) == start                                              # exactly as before
+
+
+def test_mode_change_reports_pending_and_rolls_back() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    host.model.gpus["0000:65:00.0"].processes = 1
+    res = apply_mig(host, [MigAction.mode(1, True), MigAction.create_gi(1, ["19"])], previous_modes={1: False})
+    assert [i.status for i in res.items] == ["pending", "failed"]
+    assert res.rollback == ("GPU 1: MIG mode off: ok",)
+    g = read_mig_state(host).gpus[1]
+    assert (g.mode_current, g.mode_pending) == ("Disabled", "Disabled")
+
+
+def test_exec_ops_are_argv_never_a_shell() -> None:
+    a = MigAction.create_gi(0, ["1g.10gb"])
+    op = Op.exec(a.argv())
+    assert op.argv == ("nvidia-smi", "mig", "-i", "0", "-cgi", "1g.10gb") and "sh" not in op.argv
+
+
+def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip() -> None:
+    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+    from vgpuvirt.services.inventory import inventory
+    host = SimHost.from_profile("a30-mig")
+    b = gpu_budgets(inventory(host))[0]
+    assert host.round_trips == 1
+    assert b.gi_free == {"1g.6gb": 2, "1g.6gb+me": 1, "2g.12gb": 1, "2g.12gb+me": 1, "4g.24gb": 0}
+    assert b.to_dict()["budget"]["gpu_instance_profiles_free"] == b.gi_free
+    fit = b.fit("nvidia-689")                                               # GRID A30-1-6C on 1g.6gb
+    assert fit.fits_now == 2 and "the free slices take 2 more GPU instance(s) of it" in fit.reason
+    assert gpu_budgets(inventory(host, nvidia_smi=False))[0].gi_free is None   # not read: not known

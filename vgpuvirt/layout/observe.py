@@ -1,0 +1,156 @@
+"""A host's GPUs as the layout sees them, from one inventory: :class:`GpuNow` per physical GPU, and
+:func:`export_layout` (the host as it is, as a layout that applies back to the same state).
+
+Pure over an :class:`~vgpuvirt.services.inventory_model.Inventory` (which is one round trip to read).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Selector, VgpuCount
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services.gpu_capacity import GpuBudget
+from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
+from vgpuvirt.services.inventory_model import Gpu, Inventory
+from vgpuvirt.services.mig import MigGpu, MigState
+
+#: PCI id -> product name as nvidia-smi prints it, for GPUs it cannot see (bound to vfio-pci).
+KNOWN_PRODUCTS = {
+    "0x10de:0x1eb8": "Tesla T4", "0x10de:0x1db4": "Tesla V100-PCIE-16GB", "0x10de:0x1b38": "Tesla P40",
+    "0x10de:0x2236": "NVIDIA A10", "0x10de:0x2235": "NVIDIA A40", "0x10de:0x25b6": "NVIDIA A16",
+    "0x10de:0x20b7": "NVIDIA A30", "0x10de:0x20b5": "NVIDIA A100 80GB PCIe",
+    "0x10de:0x20f1": "NVIDIA A100-PCIE-40GB", "0x10de:0x20b0": "NVIDIA A100-SXM4-40GB",
+    "0x10de:0x2331": "NVIDIA H100 PCIe", "0x10de:0x2330": "NVIDIA H100 80GB HBM3",
+    "0x10de:0x26b9": "NVIDIA L40S", "0x10de:0x26b5": "NVIDIA L40", "0x10de:0x27b8": "NVIDIA L4",
+}
+
+
+@dataclass(frozen=True)
+class Vgpu:
+    """One vGPU on a GPU: an mdev (``uuid``) on the PF or a VF, or a vGPU 17+ VF type (``uuid`` None)."""
+
+    type_id: str                     # nvidia-593, i915-GVTg_V5_4; vGPU 17+: nvidia-1155
+    place: PciAddress                # its mdev parent or its VF
+    uuid: str | None = None
+    domain: str | None = None        # the domain whose XML uses it, when known
+
+
+@dataclass(frozen=True)
+class GpuNow:
+    """One physical GPU as it is."""
+
+    address: PciAddress
+    product: str | None
+    driver: str | None
+    functions: tuple[PciAddress, ...]           # its other functions (HDMI audio), bound along in passthrough
+    budget: GpuBudget
+    vfs_total: int
+    vfs: tuple[PciAddress, ...]
+    vgpus: tuple[Vgpu, ...] = ()
+    type_names: dict[str, str] = field(default_factory=dict)   # type id -> name as the host names it
+    backend: str = ""
+    holder: str | None = None                   # the domain the whole GPU is passed through to
+    mig: MigGpu | None = None                   # nvidia-smi's MIG view (index, GIs, CIs), when read
+    pci_id: str | None = None                   # "0x10de:0x2236"
+    function_drivers: tuple[str | None, ...] = ()   # the drivers of ``functions``, in order
+
+    @property
+    def mig_enabled(self) -> bool:
+        return bool(self.budget.mig_enabled)
+
+    def counts(self) -> Counter[str]:
+        return Counter(v.type_id for v in self.vgpus)
+
+    def short_name(self, type_id: str) -> str:
+        """The name a layout file uses for a type: the host's name less NVIDIA's "GRID "/"NVIDIA " prefix."""
+        name = self.type_names.get(type_id) or type_id
+        for prefix in ("GRID ", "NVIDIA "):
+            if name.startswith(prefix):
+                return name[len(prefix):]
+        return name
+
+    def type_id(self, wanted: str) -> str | None:
+        """The host's type id for a layout's type (an id, a full or a short name; case-insensitive)."""
+        w = wanted.strip().casefold()
+        for tid in self.type_names:
+            names = {tid.casefold(), (self.type_names[tid] or "").casefold(), self.short_name(tid).casefold()}
+            if tid.startswith("nvidia-"):
+                names.add(tid.removeprefix("nvidia-"))
+            if w in names:
+                return tid
+        return None
+
+    def mode(self) -> Mode:
+        if self.driver == VFIO:
+            return "passthrough"
+        if self.mig_enabled:
+            return "mig-vgpu" if self.vgpus else "mig"
+        if self.vgpus or self.budget.types or (self.vfs and self.backend == "sriov-vf"):
+            return "vgpu"
+        return "off"
+
+    def layout(self) -> GpuLayout:
+        """This GPU's state as a layout entry: applying it to this state changes nothing."""
+        mode = self.mode()
+        counts = self.counts()
+        vg = tuple(VgpuCount(self.short_name(t), counts[t]) for t in sorted(counts))
+        gis = self.budget.gpu_instances or {}
+        sizing = self.budget.sizing if self.budget.mixed_size_supported and mode == "vgpu" else None
+        return GpuLayout(mode=mode, sriov_vfs=len(self.vfs) if self.vfs_total and mode != "passthrough" else None,
+                         mig_devices=tuple(sorted(gis.items())) if mode in ("mig", "mig-vgpu") else (),
+                         mig_exact=mode in ("mig", "mig-vgpu"),
+                         vgpu_devices=vg, sizing=sizing)
+
+
+def gpus_now(inv: Inventory, mig: MigState | None = None) -> list[GpuNow]:
+    """Every physical GPU of the inventory, in address order (with its MIG view from ``mig``)."""
+    out = [_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None)
+           for g in sorted(physical_gpus(inv), key=lambda g: g.address)]
+    # nvidia-smi does not see a GPU bound to vfio-pci, so its product name (what a selector may name) comes
+    # from a GPU of the same PCI id on the host, else from the boards NVIDIA's vGPU documents list.
+    by_id = {g.pci_id: g.product for g in out if g.product and g.pci_id}
+    for i, g in enumerate(out):
+        if g.product is None and g.pci_id:
+            name = by_id.get(g.pci_id) or KNOWN_PRODUCTS.get(g.pci_id)
+            if name:
+                out[i] = replace(g, product=name)
+    # A full GPU lists no creatable types, so its vGPUs' types have no name there: another GPU (or NVML's
+    # supported list) may know it. Type ids are the driver's, the same on every GPU of the host.
+    known = {t: n for g in out for t, n in g.type_names.items() if n != t}
+    for g in out:
+        for t, n in list(g.type_names.items()):
+            if n == t and t in known:
+                g.type_names[t] = known[t]
+    return out
+
+
+def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
+    b = gpu_budget(inv, g)
+    members = {str(a) for a in (g.address, *g.vfs)}
+    names: dict[str, str] = {tid: t.name or tid for tid, t in b.types.items()}
+    for t in (g.nvidia.supported_vgpu_types or []) if g.nvidia is not None else []:
+        if isinstance(t, dict) and t.get("id") is not None and t.get("name"):
+            names.setdefault(f"nvidia-{t['id']}", str(t["name"]))
+    vgpus: list[Vgpu] = []
+    for m in inv.mdevs:
+        if m.parent in members and m.type is not None:
+            vgpus.append(Vgpu(m.type, PciAddress.parse(m.parent), str(m.uuid), m.domain))
+    for v in inv.vendor_vgpu:
+        if str(v.address) in members and not v.free:
+            tid = f"nvidia-{v.current_type}"
+            names.setdefault(tid, v.current_type_name or tid)
+            vgpus.append(Vgpu(tid, v.address, None, v.domain))
+    functions = tuple(a for a in g.functions if a != g.address)
+    return GpuNow(g.address, g.name, g.driver, functions, b, g.sriov_totalvfs or 0,
+                  tuple(sorted(g.vfs)), tuple(sorted(vgpus, key=lambda v: (v.place, v.type_id, v.uuid or ""))),
+                  names, g.backend, b.whole_holder, mig,
+                  f"{g.vendor}:{g.device}".lower() if g.vendor and g.device else None,
+                  tuple((d.driver if (d := inv.device(a)) else None) for a in functions))
+
+
+def export_layout(inv: Inventory, name: str = "exported") -> Layout:
+    """The host as it is: one config ``name``, one entry per GPU selected by its PCI address."""
+    entries = [GpuEntry((Selector("address", str(g.address)),), g.layout()) for g in gpus_now(inv)]
+    return Layout.single(name, entries, f"export of {inv.host}")

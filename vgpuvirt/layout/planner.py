@@ -1,0 +1,296 @@
+"""From a host's GPUs as they are (:mod:`.observe`) and a layout config to ordered steps and a diff.
+
+Pure. A step carries the service's batch item (``Planned``) that does it and the one that undoes it, so
+the runner puts a whole phase of a host in ONE locked ``host.apply`` and a rollback in one more.
+Phase 1 prepares the GPUs (vGPUs that go away, the sizing mode, SR-IOV, driver binding); phase 2
+creates the vGPUs on the places phase 1 made (the VFs exist only then, so the runner plans phase 2 on
+a fresh read). Within a phase, steps run in ``order``: driver binding -> SR-IOV -> (MIG) -> vGPU types ->
+mdevs, with removals before everything they would block.
+"""
+
+from __future__ import annotations
+
+import uuid as _uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpuvirt.errors import InvalidSpec, NoCapacity
+from vgpuvirt.host.base import OpResult
+from vgpuvirt.layout import mig_steps
+from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
+from vgpuvirt.layout.observe import GpuNow, Vgpu
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
+from vgpuvirt.services import mdev_ops, nvidia_modes, sriov, vendor_vgpu, vfio_binding
+from vgpuvirt.services.mutation import Planned
+
+NAMESPACE = _uuid.UUID("3d0c6a51-8f7e-4b6f-9a39-1c5e2b7d40aa")
+#: The vendor's own driver, when a GPU comes back from vfio-pci and the layout says ``vendor``.
+VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu", "0x8086": "i915"}
+WAIT = 30.0
+
+# step order within a phase
+# MIG: GPU instances go at 12, the mode at 42, new GPU instances at 55 (mig_steps)
+REMOVE, SRIOV_DOWN, DRIVER, SRIOV_UP, SIZING, VF_TYPE, MDEV = 10, 20, 30, 40, 45, 60, 70
+
+
+def layout_uuid(place: PciAddress, type_id: str, k: int) -> MdevUuid:
+    """The UUID a layout gives its k-th mdev of a type on a parent: the same after a reboot (the boot unit
+    re-creates exactly these, so domains that name them start again)."""
+    return MdevUuid(str(_uuid.uuid5(NAMESPACE, f"{place}/{type_id}/{k}")))
+
+
+@dataclass(frozen=True)
+class LayoutStep:
+    """One ordered thing to do on one GPU of one host."""
+
+    host: str
+    gpu: PciAddress
+    phase: int
+    order: int
+    text: str                                    # the plan line
+    item: Planned = field(compare=False)
+    undo: Planned | None = field(default=None, compare=False)
+    removes: tuple[Vgpu, ...] = ()               # vGPUs it takes away (the drain looks at their domains)
+    touches: tuple[str, ...] = ()                # devices it takes away (mdev UUIDs, PCI addresses)
+    # an undo known only from the host's answer (the id of a GPU instance nvidia-smi created)
+    undo_after: Callable[[tuple[OpResult, ...]], Planned | None] | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "gpu": str(self.gpu), "phase": self.phase, "step": self.item.action,
+                "target": self.item.target, "text": self.text}
+
+
+@dataclass(frozen=True)
+class GpuDiff:
+    gpu: PciAddress
+    product: str | None
+    changes: tuple[str, ...]                     # "mode off -> vgpu", "A10-4Q 0 -> 6"
+
+    def format(self) -> str:
+        name = f" ({self.product})" if self.product else ""
+        return f"{self.gpu}{name}: " + "; ".join(self.changes)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: str
+    steps: tuple[LayoutStep, ...]
+    diffs: tuple[GpuDiff, ...]
+    pending: tuple[str, ...] = ()                # what phase 2 will do once phase 1 made the places
+
+    def phase(self, n: int) -> list[LayoutStep]:
+        return sorted((s for s in self.steps if s.phase == n), key=lambda s: (s.order, s.gpu, s.item.target))
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps and not self.pending
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "steps": [s.to_dict() for s in self.phase(1) + self.phase(2)],
+                "pending": list(self.pending), "diff": [d.format() for d in self.diffs]}
+
+
+def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPlan:
+    """The steps that take ``gpus`` (one host, as read) to ``config``. Raises InvalidSpec for a layout that
+    cannot be (a type the GPU does not offer, more VFs than it has) and NoCapacity when counts do not fit."""
+    chosen = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
+    steps: list[LayoutStep] = []
+    diffs: list[GpuDiff] = []
+    pending: list[str] = []
+    for g in gpus:
+        entry = chosen.get(g.address)
+        if entry is None:
+            continue
+        s, d, p = _plan_gpu(host, g, entry.layout)
+        steps += s
+        pending += p
+        if d:
+            diffs.append(GpuDiff(g.address, g.product, tuple(d)))
+    return HostPlan(host, tuple(steps), tuple(diffs), tuple(pending))
+
+
+def _want_vfs(g: GpuNow, want: GpuLayout) -> int:
+    if want.sriov_vfs is not None:
+        if want.sriov_vfs > g.vfs_total:
+            raise InvalidSpec(f"sriov-vfs for {g.address}", want.sriov_vfs, f"0..{g.vfs_total} (its sriov_totalvfs)")
+        return want.sriov_vfs
+    if want.mode in ("passthrough", "off"):
+        return 0
+    if want.mode in ("vgpu", "mig-vgpu") and g.vfs_total and g.backend != "mdev":
+        return g.vfs_total if not g.vfs else len(g.vfs)
+    return len(g.vfs)
+
+
+def _want_driver(g: GpuNow, want: GpuLayout, vendor: str | None) -> str | None:
+    """The driver the GPU should have, or None to leave it (already a vendor driver)."""
+    if want.mode == "passthrough":
+        return VFIO
+    if want.driver not in (None, VENDOR):
+        return want.driver
+    if g.driver == VFIO or g.driver is None:
+        drv = VENDOR_DRIVERS.get(vendor or "")
+        if drv is None:
+            raise InvalidSpec(f"driver for {g.address}", want.driver, "a driver name (the vendor's is not known)")
+        return drv
+    return None
+
+
+def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], list[str], list[str]]:
+    steps: list[LayoutStep] = []
+    diff: list[str] = []
+    pending: list[str] = []
+    mode_now = g.mode()
+    if mode_now != want.mode:
+        diff.append(f"mode {mode_now} -> {want.mode}")
+    # -- vGPUs that go: other types, surplus of kept types, everything when the mode has none -------------
+    wanted: dict[str, int | None] = {}
+    unknown: list[str] = []
+    if want.mode in ("vgpu", "mig-vgpu"):
+        for vc in want.vgpu_devices:
+            tid = g.type_id(vc.type)
+            if tid is None:
+                unknown.append(vc.type)
+            else:
+                wanted[tid] = vc.count
+    vfs_want = _want_vfs(g, want)
+    vf_change = vfs_want != len(g.vfs)
+    if unknown and g.type_names and not vf_change:
+        offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
+        raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0], f"one it offers: {offered}")
+    sizing = want.sizing or g.budget.sizing
+    sizes = {g.budget.types[t].framebuffer_mib for t in wanted if t in g.budget.types} - {None}
+    if sizing == "equal" and len(sizes) > 1 and not any(g.budget.types[t].mig_profile for t in wanted):
+        raise InvalidSpec(f"vgpu-devices for {g.address} ({g.product or 'GPU'})",
+                          [g.short_name(t) for t in wanted],
+                          "one vGPU size per GPU in equal-size mode "
+                          "(sizing: mixed lets sizes mix, where the GPU has it)")
+    counts = g.counts()
+    remove: list[Vgpu] = []
+    for tid, have in sorted(counts.items()):
+        w = wanted.get(tid, 0)
+        keep = 0 if vf_change else have if w is None else w
+        if keep < have:
+            # keep the ones domains use; remove the idle ones first
+            ordered = sorted((v for v in g.vgpus if v.type_id == tid), key=lambda v: (v.domain is not None, v.place))
+            remove += ordered[:have - keep]
+        if keep != have or tid not in wanted:
+            diff.append(f"{g.short_name(tid)} {have} -> {keep if tid in wanted else 0}")
+    for v in remove:
+        steps.append(_remove_step(host, g, v))
+    # -- sizing, SR-IOV, driver --------------------------------------------------------------------------
+    vendor = g.budget.vendor and {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086"}.get(g.budget.vendor)
+    drv = _want_driver(g, want, vendor)
+    if vf_change:
+        diff.append(f"sriov-vfs {len(g.vfs)} -> {vfs_want}")
+        down = vfs_want == 0 or bool(g.vfs)
+        steps.append(LayoutStep(host, g.address, 1, SRIOV_DOWN if down and not vfs_want else SRIOV_UP,
+                                f"set {vfs_want} SR-IOV VFs on {g.address} (from {len(g.vfs)})",
+                                sriov.count_item(host, g.address, len(g.vfs), vfs_want, wait_timeout=WAIT),
+                                sriov.count_item(host, g.address, vfs_want, len(g.vfs), wait_timeout=WAIT),
+                                touches=tuple(str(v) for v in g.vfs)))
+    if drv is not None and drv != g.driver:
+        diff.append(f"driver {g.driver} -> {drv}")
+        drivers = dict(zip(g.functions, g.function_drivers, strict=False))
+        for a in (g.address, *(g.functions if drv == VFIO or g.driver == VFIO else ())):
+            cur = g.driver if a == g.address else drivers.get(a)
+            if a != g.address and drv != VFIO and cur == VFIO:
+                continue        # the audio function stays on vfio-pci: its own driver is not ours to name
+            if a != g.address and cur == drv:
+                continue
+            steps.append(LayoutStep(host, g.address, 1, DRIVER, f"bind {a} to {drv}",
+                                    vfio_binding.bind_item(host, a, cur, drv), None if cur is None else
+                                    vfio_binding.bind_item(host, a, drv, cur), touches=(str(a),)))
+    if want.sizing is not None and g.budget.sizing is not None and want.sizing != g.budget.sizing:
+        if g.budget.mixed_size_supported is None:
+            raise InvalidSpec(f"sizing for {g.address}", want.sizing, "none here: whether the GPU has a mixed-size "
+                                                                      "mode is unknown (nvidia-smi was not read)")
+        if not g.budget.mixed_size_supported:
+            raise InvalidSpec(f"sizing for {g.address}", want.sizing, "equal: the GPU has no mixed-size mode")
+        on = want.sizing == "mixed"
+        diff.append(f"sizing {g.budget.sizing} -> {want.sizing}")
+        steps.append(LayoutStep(host, g.address, 1, SIZING, f"switch {g.address} to {want.sizing}-size mode",
+                                nvidia_modes.mixed_size_item(host, g.address, on),
+                                nvidia_modes.mixed_size_item(host, g.address, not on)))
+    mig_planned, mig_diff = mig_steps.mig_plan(g, want)
+    diff += mig_diff
+    for order, text, item, undo, from_answer in mig_planned:
+        index = g.mig.index if g.mig is not None else 0
+        after = ((lambda res, gpu=str(g.address), i=index: mig_steps.undo_created(host, gpu, i, res))
+                 if from_answer else None)
+        steps.append(LayoutStep(host, g.address, 1, order, text, item, undo, undo_after=after))
+    # -- phase 2: the vGPUs to make, on places that exist now (or pending until phase 1 made them) ------
+    if vf_change or remove or mig_planned or (drv is not None and drv != g.driver):
+        if wanted or unknown:
+            pending.append(f"{g.address}: " + ", ".join(f"{vc.type} x {vc.count if vc.count is not None else 'fill'}"
+                                                         for vc in want.vgpu_devices))
+            if not diff:
+                diff.append("vGPUs re-made after the places change")
+        return steps, diff, pending
+    removed = Counter(v.type_id for v in remove)
+    taken: set[PciAddress] = set()              # VFs this plan already gives a vGPU
+    for tid, n in wanted.items():
+        have = counts.get(tid, 0) - removed.get(tid, 0)
+        target = have + g.budget.fit(tid).fits_now if n is None else n
+        if target > have:
+            steps += _create_steps(host, g, tid, target - have, remove, taken)
+            diff.append(f"{g.short_name(tid)} {have} -> {target}")
+    return steps, diff, pending
+
+
+def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
+    name = g.short_name(v.type_id)
+    if v.uuid is not None:
+        u = MdevUuid.parse(v.uuid)
+        return LayoutStep(host, g.address, 1, REMOVE, f"remove mdev {u} ({name}) from {v.place}",
+                          mdev_ops.remove_item(host, u, wait_timeout=WAIT),
+                          mdev_ops.create_item(host, mdev_ops.MdevSpec(v.place, MdevTypeId(v.type_id), u),
+                                               wait_timeout=WAIT), removes=(v,), touches=(str(u),))
+    t = VgpuTypeId.parse(v.type_id)
+    return LayoutStep(host, g.address, 1, REMOVE, f"clear vGPU type {name} from VF {v.place}",
+                      vendor_vgpu.release_item(host, v.place, wait_timeout=WAIT),
+                      vendor_vgpu.assign_item(host, v.place, t, wait_timeout=WAIT), removes=(v,),
+                      touches=(str(v.place),))
+
+
+def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
+                  taken: set[PciAddress]) -> list[LayoutStep]:
+    name = g.short_name(tid)
+    gone = {v.place for v in removed}
+    busy = ({v.place for v in g.vgpus} - gone) | taken
+    out: list[LayoutStep] = []
+    vendor_place = any(p.kind == "vendor-vf" for p in g.budget.places)
+    if vendor_place:
+        free = [PciAddress.parse(p.address) for p in g.budget.places
+                if p.kind == "vendor-vf" and PciAddress.parse(p.address) not in busy and tid in p.kernel]
+        if len(free) < n:
+            raise NoCapacity(host, str(g.address), f"{n} x {name} wanted, {len(free)} free VF(s) offer it")
+        t = VgpuTypeId.parse(tid)
+        for vf in free[:n]:
+            taken.add(vf)
+            out.append(LayoutStep(host, g.address, 2, VF_TYPE, f"set vGPU type {name} on VF {vf}",
+                                  vendor_vgpu.assign_item(host, vf, t, wait_timeout=WAIT),
+                                  vendor_vgpu.release_item(host, vf, wait_timeout=WAIT)))
+        return out
+    places = [p for p in g.budget.places if p.kind == "mdev" and tid in p.kernel]
+    if any(p.is_vf for p in places):
+        slots = [PciAddress.parse(p.address) for p in places
+                 if PciAddress.parse(p.address) not in busy and p.kernel.get(tid, 0) > 0]
+    else:
+        slots = [PciAddress.parse(p.address) for p in places for _ in range(p.kernel.get(tid, 0))]
+    if len(slots) < n:
+        raise NoCapacity(host, str(g.address), f"{n} x {name} wanted, room for {len(slots)} more")
+    used = {v.uuid for v in g.vgpus}
+    k = 0
+    for parent in slots[:n]:
+        if parent != g.address:
+            taken.add(parent)
+        while str(u := layout_uuid(parent, tid, k)) in used:
+            k += 1
+        used.add(str(u))
+        spec = mdev_ops.MdevSpec(parent, MdevTypeId(tid), u)
+        out.append(LayoutStep(host, g.address, 2, MDEV, f"create mdev {u} ({name}) on {parent}",
+                              mdev_ops.create_item(host, spec, wait_timeout=WAIT),
+                              mdev_ops.remove_item(host, u, wait_timeout=WAIT)))
+    return out

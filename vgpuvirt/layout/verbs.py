@@ -1,0 +1,172 @@
+"""The layout verbs over hosts: ``export``, ``plan``, ``apply``, ``assert`` (docs/layouts.md).
+
+Per host, in its own thread (all hosts in parallel), one round trip per phase whatever the number of
+GPUs: a read (the inventory), the phase-1 batch (vGPUs that go, sizing, SR-IOV, driver binding), a
+fresh read when phase 1 ran (the VFs it made), the phase-2 batch (vGPU types on VFs, mdevs). Every
+item that ran is journaled; on a failure the journal is undone in reverse, in one batch, and
+:class:`ProvisioningError` says what had run and what the rollback did. A rerun plans nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vgpuvirt.errors import DeviceError, ProvisioningError, VgpuvirtError
+from vgpuvirt.host.base import Host, Op
+from vgpuvirt.layout import mig_steps
+from vgpuvirt.layout.model import Layout, LayoutConfig
+from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now
+from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
+from vgpuvirt.services import mig
+from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory
+from vgpuvirt.services.inventory_build import build_inventory
+from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.mutation import apply_items
+
+Domains = Iterable[tuple[str, str]] | None
+#: Rounds of preparation at most: SR-IOV/driver/MIG mode, then GPU instances on a GPU whose MIG mode it turned on.
+MAX_ROUNDS = 3
+
+
+@dataclass
+class HostApply:
+    """What ``apply`` did on one host."""
+
+    host: str
+    plan: HostPlan
+    done: list[LayoutStep] = field(default_factory=list)
+    round_trips: dict[str, int] = field(default_factory=dict)   # phase -> round trips it took
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.done)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "changed": self.changed, "plan": self.plan.to_dict(),
+                "done": [s.text for s in self.done], "round_trips": dict(self.round_trips)}
+
+
+def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
+    """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
+    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request."""
+    if host.sysfs_root != "/":
+        inv = inventory(host, domains=domains, use_nvml=False, nvidia_smi=False)
+        return inv, gpus_now(inv)
+    batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS], lock=False,
+                       on_error="continue", reads_after=INVENTORY_GLOBS)
+    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1],
+                          mig_lgip=batch[3])
+    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)))
+
+
+def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
+    return export_layout(read_gpus(host, domains)[0], name)
+
+
+def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
+    _, gpus = read_gpus(host, domains)
+    return plan_host(host.name, gpus, config)
+
+
+def check(host: Host, config: LayoutConfig, domains: Domains = None) -> list[str]:
+    """The differences between the host and the config (empty: the host is in that state)."""
+    p = plan(host, config, domains)
+    return [d.format() for d in p.diffs] + [f"{s.text}" for s in p.steps if not p.diffs] + \
+        [f"pending: {x}" for x in p.pending if not p.diffs]
+
+
+def _counted(host: Host, rts: dict[str, int], phase: str, fn: Callable[[], Any]) -> Any:
+    before = host.round_trips
+    out = fn()
+    rts[phase] = rts.get(phase, 0) + host.round_trips - before
+    return out
+
+
+def _run(host: Host, steps: list[LayoutStep], journal: list[LayoutStep]) -> None:
+    if not steps:
+        return
+    outcomes = apply_items(host, [s.item for s in steps], on_error="stop")
+    for step, o in zip(steps, outcomes, strict=True):
+        if step.undo_after is not None and not o.skipped:
+            # a create that failed part-way made some instances: its answer names them, undo those
+            journal.append(replace(step, undo=step.undo_after(o.results)))
+        elif o.ok or o.wrote:
+            journal.append(step)
+        if not o.ok and not o.skipped:
+            raise o.error or VgpuvirtError(f"{host.name}: {step.text} failed")
+        if step.item.action == "mig.mode" and mig_steps.pending(o.results):
+            raise DeviceError(host.name, str(step.gpu), "the MIG mode change is pending until the GPU is reset "
+                                                        "(VFs bound to vfio-pci or processes use it): stop them, or "
+                                                        "reboot, and apply again")
+
+
+def rollback(host: Host, journal: Sequence[LayoutStep]) -> list[str]:
+    """Undo the journal in reverse, in one batch that goes on past a failed undo; one line per step."""
+    undo = [s for s in reversed(journal) if s.undo is not None]
+    if not undo:
+        return []
+    outcomes = apply_items(host, [s.undo for s in undo if s.undo is not None], on_error="continue")
+    return [f"undid: {s.text}" if o.ok else f"FAILED to undo: {s.text}: {o.error}" for s, o in zip(undo, outcomes,
+                                                                                                  strict=True)]
+
+
+def apply_host(host: Host, config: LayoutConfig, *, domains: Domains = None, dry_run: bool = False,
+               before: Callable[[HostPlan], None] | None = None) -> HostApply:
+    """Take one host to ``config``. ``before(plan)`` runs after the read and before any write (the drain
+    hooks in there; it may raise to refuse)."""
+    rts: dict[str, int] = {}
+    _, gpus = _counted(host, rts, "read", lambda: read_gpus(host, domains))
+    p = plan_host(host.name, gpus, config)
+    result = HostApply(host.name, p, round_trips=rts)
+    if dry_run or p.empty:
+        return result
+    if before is not None:
+        before(p)
+    journal: list[LayoutStep] = []
+    try:
+        first, second, rounds = p.phase(1), p.phase(2), 0
+        _counted(host, rts, "prepare", lambda: _run(host, first, journal))
+        while first or (p.pending and rounds == 0):
+            # what phase 1 made (VFs, MIG mode) is read again; the rest of the plan is made on it. A MIG mode
+            # turned on takes a second round for its GPU instances (their placements are listed only then).
+            _, gpus = _counted(host, rts, "re-read", lambda: read_gpus(host, domains))
+            again = plan_host(host.name, gpus, config)
+            rounds += 1
+            nxt = again.phase(1)
+            if nxt and (rounds >= MAX_ROUNDS or [s.text for s in nxt] == [s.text for s in first]):
+                raise VgpuvirtError(f"{host.name}: the host did not reach the prepared state: "
+                                    + "; ".join(s.text for s in nxt[:4]))
+            first, second = nxt, again.phase(2)
+            _counted(host, rts, "prepare", lambda steps=first: _run(host, steps, journal))  # type: ignore[misc]
+        _counted(host, rts, "devices", lambda: _run(host, second, journal))
+    except VgpuvirtError as exc:
+        undone = _counted(host, rts, "rollback", lambda: rollback(host, journal))
+        raise ProvisioningError(f"{host.name}: layout {config.name} failed: {exc}",
+                                completed=[s.text for s in journal], rollback=undone, cause=exc) from exc
+    result.done = journal
+    return result
+
+
+def apply(hosts: Sequence[Host], config: LayoutConfig, *, domains: Mapping[str, Domains] | None = None,
+          dry_run: bool = False, before: Callable[[Host, HostPlan], None] | None = None) -> list[HostApply]:
+    """``apply_host`` on every host at once (a thread each). A host that fails is rolled back alone; the
+    first failure is raised after every host finished."""
+    def one(h: Host) -> HostApply:
+        hook = (lambda p: before(h, p)) if before is not None else None
+        return apply_host(h, config, domains=(domains or {}).get(h.name), dry_run=dry_run, before=hook)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        futures = [pool.submit(one, h) for h in hosts]
+        results: list[HostApply] = []
+        first: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as exc:  # every host finishes before the first error is raised
+                first = first or exc
+    if first is not None:
+        raise first
+    return results
