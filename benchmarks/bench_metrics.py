@@ -8,7 +8,11 @@ simulator's nvidia-smi and dmesg answer for it (``nvidia-smi -q -x``, ``vgpu -q`
 log); two small shell stubs on the host print those answers, standing in for the driver's tools (the testbed
 has no GPU). Prints:
 * the batched collection (:class:`vgpuvirt.services.metrics.Collector`, ONE exec): first, best and median of
-  --repeat runs, round trips, the agent's own time on the host;
+  --repeat runs with one Collector (as the exporter scrapes: from the second collection on, the inventory's
+  sysfs part is reused while the files read the same), round trips, and where the time goes: the agent's own
+  time on the host (``agent_s``), ssh + RTT + transfer, parsing and building here;
+* the same with a fresh Collector per collection (nothing reused: what a first scrape or ``vgpuvirt metrics``
+  costs);
 * for scale, the sysfs inventory alone in the same run (the collection reads the same files: the capacity
   model needs them);
 * a per-query collector through the same proxy: the inventory read, then per GPU ``nvidia-smi -q -x -i BUS``
@@ -98,15 +102,36 @@ def main() -> int:
             t0 = time.perf_counter()
             host.run(["true"])
             rtt_exec = time.perf_counter() - t0
+            exchanges: list[float] = []
+            real_exchange = host._exchange
+
+            def timed_exchange(request: dict[str, object], *, idempotent: bool) -> dict[str, object]:
+                t0 = time.perf_counter()
+                try:
+                    return real_exchange(request, idempotent=idempotent)
+                finally:
+                    exchanges.append(time.perf_counter() - t0)
+            host._exchange = timed_exchange  # type: ignore[method-assign]
             collector = Collector(programs=stubs)
-            runs, agent, trips = [], [], []
+            runs, agent, trips, client = [], [], [], []
             for _ in range(a.repeat):
                 before = host.round_trips
+                exchanges.clear()
                 t0 = time.perf_counter()
                 m = collector.collect(host)
                 runs.append(time.perf_counter() - t0)
+                client.append(runs[-1] - sum(exchanges))
                 trips.append(host.round_trips - before)
                 agent.append(host.last_agent_s or 0.0)
+            # each collection with a fresh Collector: nothing reused from the previous one (a first scrape)
+            cold, cold_client = [], []
+            for _ in range(a.repeat):
+                exchanges.clear()
+                t0 = time.perf_counter()
+                Collector(programs=stubs).collect(host)
+                cold.append(time.perf_counter() - t0)
+                cold_client.append(cold[-1] - sum(exchanges))
+            host._exchange = real_exchange  # type: ignore[method-assign]
             assert m.up and len(m.gpus) == len(buses), m.error
             assert sum(len(g.vgpus) for g in m.gpus) == made and all(g.sm_util_pct is not None for g in m.gpus)
             inv_runs = []
@@ -134,6 +159,14 @@ def main() -> int:
           f"{med * 1000:.1f} ms, round trips {max(trips)} (target: 1 round trip, < 200 ms: "
           f"{'MET' if max(trips) == 1 and med < 0.200 else 'NOT MET'}); the agent's own time on the host: best "
           f"{min(agent) * 1000:.1f} ms")
+    wire = [r - c - g for r, c, g in zip(runs, client, agent, strict=True)]
+    print(f"  of which (best / median): the agent on the host {min(agent) * 1000:.1f} / "
+          f"{statistics.median(agent) * 1000:.1f} ms; ssh, RTT and transfer {min(wire) * 1000:.1f} / "
+          f"{statistics.median(wire) * 1000:.1f} ms; parse and build here {min(client) * 1000:.1f} / "
+          f"{statistics.median(client) * 1000:.1f} ms")
+    print(f"a fresh Collector each time (the sysfs part not reused: a first scrape): best {min(cold) * 1000:.1f} ms, "
+          f"median {statistics.median(cold) * 1000:.1f} ms; parse and build here best "
+          f"{min(cold_client) * 1000:.1f} ms, median {statistics.median(cold_client) * 1000:.1f} ms")
     print(f"for scale, the inventory alone (its sysfs part, same run): best {min(inv_runs) * 1000:.1f} ms, median "
           f"{statistics.median(inv_runs) * 1000:.1f} ms")
     print(f"per-query collector (same proxy): {naive_trips} round trips, best {min(naive) * 1000:.1f} ms")

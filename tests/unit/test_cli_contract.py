@@ -140,8 +140,19 @@ def test_invalid_values_are_named_by_their_flag(capsys: pytest.CaptureFixture[st
     assert rc == 2 and flag in err and "use_nvml" not in err, err
 
 
+def _is_python_source(s: str) -> bool:
+    """A program the library ships as a string (layout/boot.py's installer): code, not a message."""
+    if "\n" not in s:
+        return False
+    try:
+        ast.parse(s)
+    except SyntaxError:
+        return False
+    return True
+
+
 def _message_strings() -> list[tuple[str, int, str]]:
-    """String constants of the library outside the CLI and outside docstrings."""
+    """String constants of the library outside the CLI, docstrings and shipped programs."""
     out = []
     for path in PACKAGE.rglob("*.py"):
         if "cli" in path.relative_to(PACKAGE).parts[:1]:
@@ -151,7 +162,8 @@ def _message_strings() -> list[tuple[str, int, str]]:
                 if isinstance(n, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
                 and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
         out += [(str(path), n.lineno, n.value) for n in ast.walk(tree)
-                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                and not _is_python_source(n.value)]
     return out
 
 

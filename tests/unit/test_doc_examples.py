@@ -3,8 +3,11 @@
 The convention (docs/testbed.md, "Documentation examples"):
 - an example is a line that starts with ``vgpuvirt`` inside a fenced block tagged ``sh``; a line ending in ``\\``
   continues on the next; untagged fenced blocks are synopses (``[--json]``, ``PROFILE``) and are not run;
-- each block runs in a fresh temporary directory, its lines in order, through ``bash -c`` (quotes, ``&&`` and
+- each block runs in a fresh temporary directory that holds a link to the clone's ``examples/`` (a user runs
+  the README from the clone's root), its lines in order, through ``bash -c`` (quotes, ``&&`` and
   ``# comments`` as a user's shell reads them) with ``vgpuvirt`` being this tree's CLI;
+- ``NAME=VALUE vgpuvirt ...`` lines are run too, and an ``export NAME=VALUE`` line sets NAME for the block's later
+  lines (relative values are relative to the block's directory);
 - a line must exit 0, unless its comment says ``(exit N)``;
 - a line whose comment says ``(real host)`` needs hardware or a host this machine cannot reach (``ssh://gpu1``).
   It still runs, and must fail the way an unreachable host fails: exit 1 with one line on stderr. So it parses,
@@ -51,7 +54,7 @@ def examples(path: Path) -> list[list[tuple[int, str]]]:
             while cmd.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 cmd = cmd[:-1] + " " + lines[i].strip()
-            if re.match(r"vgpuvirt\b", cmd):
+            if re.match(r"(?:[A-Z_]+=\S+\s+)*vgpuvirt\b|export [A-Z_]+=\S+$", cmd):
                 cmds.append((start, cmd))
             i += 1
         if cmds:
@@ -109,9 +112,14 @@ def test_example_block_runs_as_written(path: Path, n: int, block: list[tuple[int
                                        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if any("(testbed)" in comment(cmd) for _, cmd in block):
         request.getfixturevalue("testbed")     # starts it, or skips (fails under CI) saying what is missing
+    (tmp_path / "examples").symlink_to(REPO / "examples")     # `examples/layouts/lab.yaml` as from the clone
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "80",
            "VGPUVIRT_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     for line, cmd in block:
+        if cmd.startswith("export "):          # sets the variable for the block's later lines, as in a shell
+            name, _, value = cmd[len("export "):].partition("=")
+            env[name] = value
+            continue
         where = f"{path.name}:{line}: {cmd}"
         res = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=120)

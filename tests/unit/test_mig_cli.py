@@ -45,7 +45,7 @@ def test_mode_change_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 1 and out == ("failed: GPU 0: MIG mode off: Unable to disable MIG Mode for GPU 00000000:17:00.0: "
                                "In use by another client\n")              # GPU instances exist
     for argv, word in ((["create", "0", "1g.10gb;reboot"], "MIG profile"), (["create", "1", "1g.10gb"], "MIG mode"),
-                       (["destroy", "0", "--gi", "5"], "--gi"), (["show", "7"], "GPU"),
+                       (["destroy", "0", "--gi", "9"], "--gi"), (["show", "7"], "GPU"),
                        (["create", "0", "1g.10gb:x"], "PROFILE[:START]")):
         rc, out, err = run(capsys, "--host", "sim:a100-sriov", "mig", *argv)
         assert rc == 2 and out == "" and len(err.splitlines()) == 1 and word in err, (argv, err)

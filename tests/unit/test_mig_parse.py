@@ -70,4 +70,4 @@ def test_the_simulators_tables_parse_back_and_the_gpu_index_selects() -> None:
         ("1g.10gb", 19, 0, 7), ("1g.10gb+me", 20, 0, 1), ("1g.20gb", 15, 0, 4), ("2g.20gb", 14, 0, 3)]
     lgi = P.parse_lgi(host.run(["nvidia-smi", "mig", "-lgi"]).stdout)
     assert sorted((g.id, g.profile, g.start) for g in lgi) == [
-        (1, "2g.20gb", 0), (2, "2g.20gb", 2), (3, "2g.20gb", 4), (9, "1g.10gb", 6)]
+        (3, "2g.20gb", 0), (4, "2g.20gb", 2), (5, "2g.20gb", 4), (13, "1g.10gb", 6)]

@@ -18,14 +18,14 @@ def _gis(host: SimHost) -> list[tuple[int, int, str, int]]:
 
 def test_one_round_trip_reads_every_gpu() -> None:
     host = SimHost.from_profile("a100-sriov")
-    assert host.run(["nvidia-smi", "mig", "-i", "0", "-gi", "9", "-cci", "0"]).exit_code == 0
+    assert host.run(["nvidia-smi", "mig", "-i", "0", "-gi", "13", "-cci", "0"]).exit_code == 0
     before = host.round_trips
     state = read_mig_state(host)
     assert host.round_trips == before + 1
     g0, g1 = state.gpus
     assert (str(g0.address), g0.enabled, g0.pending) == ("0000:17:00.0", True, False)
     assert g0.instance_counts() == {"2g.20gb": 3, "1g.10gb": 1}
-    assert [(c.gi, c.id, c.profile) for c in g0.compute_instances] == [(9, 0, "1g.10gb")]
+    assert [(c.gi, c.id, c.profile) for c in g0.compute_instances] == [(13, 0, "1g.10gb")]
     assert g0.free_profiles()["1g.10gb"] == 0 and g0.profile(19) is not None
     assert g0.profile("3g.40gb") is not None and g0.profile("3g.40gb").placements == (0, 4)  # type: ignore[union-attr]
     assert (g1.capable, g1.enabled, g1.profiles, g1.gpu_instances) == (True, False, (), ())
@@ -61,11 +61,11 @@ def test_apply_in_one_batch_with_per_item_status() -> None:
     host = SimHost.from_profile("a100-sriov")
     before = host.round_trips
     res = apply_mig(host, [MigAction.mode(1, True), MigAction.create_gi(1, ["3g.40gb", "1g.10gb"], default_ci=True),
-                           MigAction.destroy_gi(0, [9])])
+                           MigAction.destroy_gi(0, [13])])
     assert host.round_trips == before + 1 and res.ok and res.round_trips == 1
     assert [i.status for i in res.items] == ["ok", "ok", "ok"]
     assert res.items[1].created_gis == ((1, 1), (1, 13)) and res.items[1].created_cis == ((1, 1, 0), (1, 13, 0))
-    assert (1, 1, "3g.40gb", 0) in _gis(host) and (0, 9, "1g.10gb", 6) not in _gis(host)
+    assert (1, 1, "3g.40gb", 0) in _gis(host) and (0, 13, "1g.10gb", 6) not in _gis(host)
 
 
 def test_a_failure_stops_the_batch_and_rolls_back_what_it_did() -> None:
@@ -74,7 +74,7 @@ def test_a_failure_stops_the_batch_and_rolls_back_what_it_did() -> None:
     start = _gis(host)
     res = apply_mig(host, [MigAction.create_gi(1, ["19", "19"], default_ci=True),
                            MigAction.create_gi(1, ["3g.40gb", "4g.40gb"]),      # 4g at 0 overlaps: fails half-way
-                           MigAction.destroy_gi(0, [9])],
+                           MigAction.destroy_gi(0, [13])],
                     previous_modes={1: True})
     assert not res.ok and [i.status for i in res.items] == ["ok", "failed", "skipped"]
     assert res.items[1].message == "Unable to create a GPU instance on GPU  1 using profile 5: Insufficient Resources"
@@ -110,3 +110,33 @@ def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip()
     fit = b.fit("nvidia-689")                                               # GRID A30-1-6C on 1g.6gb
     assert fit.fits_now == 2 and "the free slices take 2 more GPU instance(s) of it" in fit.reason
     assert gpu_budgets(inventory(host, nvidia_smi=False))[0].gi_free is None   # not read: not known
+
+
+def test_listing_failures_without_any_gpu_in_mig_mode_are_not_errors() -> None:
+    from vgpuvirt.host.base import OpResult
+    from vgpuvirt.services.mig import READ_ARGVS, build_mig_state
+    host = SimHost.from_profile("t4x2")
+    xml = host.run(["nvidia-smi", "-q", "-x"]).stdout
+    ok = OpResult(Op.exec(READ_ARGVS[0]), ok=True, rc=0, stdout=xml)
+    not_supported = [OpResult(Op.exec(a), ok=False, rc=3, stderr="Not Supported\n") for a in READ_ARGVS[1:]]
+    state = build_mig_state("t4", [ok, *not_supported])
+    assert state.available and state.errors == () and [g.capable for g in state.gpus] == [False, False]
+    a100 = SimHost.from_profile("a100-sriov")
+    xml = a100.run(["nvidia-smi", "-q", "-x"]).stdout
+    state = build_mig_state("a100", [OpResult(Op.exec(READ_ARGVS[0]), ok=True, rc=0, stdout=xml), *not_supported])
+    assert len(state.errors) == 4 and "nvidia-smi mig -lgi failed (exit 3): Not Supported" in state.errors
+
+
+def test_rollback_creates_again_what_the_batch_destroyed() -> None:
+    host = SimHost.from_profile("a100-sriov")
+    assert host.run(["nvidia-smi", "mig", "-i", "0", "-gi", "13", "-cci"]).exit_code == 0
+    before = read_mig_state(host)
+    res = apply_mig(host, [MigAction.destroy_ci(0, 13, [0]), MigAction.destroy_gi(0, [13, 5]),
+                           MigAction.create_gi(0, ["7g.80gb"])], before=before)      # 7g: GIs 1 and 2 remain
+    assert [i.status for i in res.items] == ["ok", "ok", "failed"]
+    assert res.items[1].destroyed_gis == ((0, 13), (0, 5))
+    assert res.rollback == ("GPU 0: create GPU instance(s) 2g.20gb: ok", "GPU 0: create GPU instance(s) 1g.10gb: ok",
+                            "GPU 0 GI 13: create compute instance(s) 0: ok")
+    after = read_mig_state(host).gpus[0]
+    assert after.gpu_instances == before.gpus[0].gpu_instances
+    assert after.compute_instances == before.gpus[0].compute_instances

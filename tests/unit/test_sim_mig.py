@@ -170,14 +170,14 @@ def test_mig_backed_types_follow_the_gpu_instances() -> None:
 
 def test_mig_devices_in_the_xml_and_the_gpu_list() -> None:
     host = SimHost.from_profile("a100-sriov")
-    assert smi(host, "mig", "-i", "0", "-gi", "9,1", "-cci")[0] == 0      # no profile: each GI's whole-GI CI
+    assert smi(host, "mig", "-i", "0", "-gi", "13,3", "-cci")[0] == 0      # no profile: each GI's whole-GI CI
     out = smi(host, "-L")[1].splitlines()
     assert out[1].startswith("  MIG 2g.20gb     Device  0: (UUID: MIG-")
     assert out[2].startswith("  MIG 1g.10gb     Device  1:")
     doc = etree.fromstring(smi(host, "-q", "-x")[1].split("\n", 2)[2].encode())
     devs = doc.find("gpu").findall("mig_devices/mig_device")              # type: ignore[union-attr]
     ids = [(d.findtext("gpu_instance_id"), d.findtext("compute_instance_id")) for d in devs]
-    assert ids == [("1", "0"), ("9", "0")]
+    assert ids == [("3", "0"), ("13", "0")]
 
 
 def test_a_profile_whose_gpu_instances_overlap_is_refused(tmp_path: Path) -> None:
@@ -193,3 +193,19 @@ def test_a_profile_whose_gpu_instances_overlap_is_refused(tmp_path: Path) -> Non
     f.write_text(yaml.safe_dump(prof), encoding="utf-8")
     with pytest.raises(ProfileError, match=r"GPU instance 7 \(1g\.10gb\) has no free placement"):
         SimHost.from_profile(str(f))
+
+
+def test_mig_mode_on_every_gpu_goes_on_past_a_refusal() -> None:
+    host = SimHost.from_profile("mixed")                                     # T4 x2, A10, L40S: no MIG anywhere
+    rc, out, err = smi(host, "-mig", "1")
+    assert rc == 3 and out == "" and err.count("Not Supported\n") == 4
+    a100 = SimHost.from_profile("a100-sriov")
+    assert a100.apply([Op.write(f"{D}/0000:17:00.4/mdev_supported_types/nvidia-700/create",
+                                "73269d0f-b2c9-438d-8f28-f9e4bc6c6990")]).ok
+    rc, out, err = smi(a100, "-mig", "0")                                    # GPU 0 refuses, GPU 1 was off
+    assert rc == 19 and out == "Disabled MIG Mode for GPU 00000000:65:00.0\n" and "00000000:17:00.0" in err
+
+
+def test_type_tables_keep_their_names() -> None:
+    from vgpuvirt.sim.profiles import builtin_type_tables
+    assert {n: t.name for n, t in builtin_type_tables().items()} == {n: n for n in builtin_type_tables()}

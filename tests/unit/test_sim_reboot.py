@@ -62,3 +62,13 @@ def test_a_pending_disable_takes_effect_at_reboot_and_profiles_are_free_again() 
     g = read_mig_state(host).gpus[0]
     assert (g.mode_current, g.mode_pending, g.pending) == ("Disabled", "Disabled", False)
     assert host.model.gpus["0000:31:00.0"].processes == 0                   # processes end with the boot
+
+
+def test_etc_modprobe_stays_and_the_driver_loads_its_options() -> None:
+    host = SimHost.from_profile("t4x2")
+    host.model.sched.modprobe["vgpu-sched.conf"] = 'options nvidia NVreg_RegistryDwords="RmPVMRL=0x00010001"\n'
+    assert host.model.sched.loaded["NVreg_RegistryDwords"] == ""            # written, not loaded yet
+    host.reboot()
+    assert host.model.sched.modprobe == {"vgpu-sched.conf":
+                                         'options nvidia NVreg_RegistryDwords="RmPVMRL=0x00010001"\n'}
+    assert host.model.sched.loaded["NVreg_RegistryDwords"] == "RmPVMRL=0x00010001"

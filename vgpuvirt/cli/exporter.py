@@ -82,15 +82,14 @@ def watched_hosts(ctx: Context, specs: Sequence[str], connect: Sequence[str],
                   timeout: float) -> Iterator[ParallelScraper]:
     """The hosts named on the command line (default: the global --host), each with its libvirt for the VM
     join, behind one :class:`ParallelScraper`; all closed on the way out (exporter and top share it)."""
-    from vgpuvirt.hosts import open_host
+    from vgpuvirt.cli.targets import host_specs, open_one
     from vgpuvirt.observe.exporter import ParallelScraper
 
-    specs = list(specs) or [ctx.args.host]
+    specs = list(specs) or host_specs(ctx.args)
     if connect and len(connect) not in (1, len(specs)):
         raise InvalidSpec("--connect", list(connect), f"one URI, or one per host ({len(specs)})")
     a = ctx.args
-    hosts = [open_host(s, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
-                       allow_unknown_hosts=a.allow_unknown_hosts) for s in specs]
+    hosts = [open_one(s, a) for s in specs]
     domains = domain_sources([h.name for h in hosts], connect) if connect else {}
     scraper = ParallelScraper(hosts, timeout=timeout, domains=domains)
     try:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from vgpuvirt.cli import layout_interop
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.cli.targets import host_specs, open_one
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.host.local import LocalHost
-from vgpuvirt.hosts import open_host
 from vgpuvirt.layout import interop, verbs
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.schema import dump_layout
@@ -62,8 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _hosts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", dest="hosts", action="append", default=None, metavar="HOST",
-                   help="a host (repeat for several, worked in parallel); default: the global --host")
+    """Hosts come from the global ``--host`` (repeatable, before or after the verb; worked in parallel)."""
 
 
 def load(path: str, config: str | None, fmt: str | None = None) -> tuple[Layout, LayoutConfig]:
@@ -77,15 +76,10 @@ def load(path: str, config: str | None, fmt: str | None = None) -> tuple[Layout,
 
 @contextlib.contextmanager
 def open_hosts(args: argparse.Namespace) -> Iterator[list[BaseHost]]:
-    specs: list[str] = args.hosts or [args.host]
-    if len(set(specs)) != len(specs):
-        raise InvalidSpec("--host", specs, "each host once")
     hosts: list[BaseHost] = []
     try:
-        for spec in specs:
-            hosts.append(open_host(spec, sysfs_root=args.sysfs_root, identity=args.identity,
-                                   known_hosts=args.known_hosts, sudo=args.sudo,
-                                   allow_unknown_hosts=args.allow_unknown_hosts))
+        for spec in host_specs(args):          # duplicates refused by name there
+            hosts.append(open_one(spec, args))
         yield hosts
     finally:
         for h in hosts:
@@ -145,7 +139,6 @@ def _apply(ctx: Context, args: argparse.Namespace) -> int:
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
         try:
-            # The hosts' own libvirt (an SSH host's: its user, port, key and known_hosts), in --host order.
             uris = args.connect or [default_uri(h) for h in hosts]
             conns = None
             if uris == ["none"]:

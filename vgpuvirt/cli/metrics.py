@@ -8,9 +8,10 @@ one round trip per host, the hosts in parallel.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from vgpuvirt.cli.context import Context, plain
+from vgpuvirt.cli.context import Context, plain, printable
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot
@@ -59,7 +60,13 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit_json(snap.to_dict())
     else:
         render(ctx.console(), snap)
-    return 0 if all(h.up for h in snap.hosts) else 1
+    down = [h for h in snap.hosts if not h.up]
+    if down:
+        # the snapshot (with up: false and the reason) is printed; the exit status and one line say it is partial
+        print(printable(f"vgpuvirt: error: {len(down)} of {len(snap.hosts)} host(s) did not answer: "
+                        + "; ".join(f"{h.host}: {h.error}" for h in down)), file=sys.stderr)
+        return 1
+    return 0
 
 
 def _v(value: float | int | None, unit: str = "", fmt: str = "{:.0f}") -> str:

@@ -94,8 +94,7 @@ def _run(ctx: Context, args: argparse.Namespace, state: MigState, actions: list[
             for a in actions:
                 print(printable(f"would run: {' '.join(a.argv())}   # {a.describe()}"))
         return 0
-    previous = {g.index: g.enabled if not g.pending else g.mode_pending == "Enabled" for g in state.gpus if g.capable}
-    res = apply_mig(ctx.host(), actions, previous_modes=previous)
+    res = apply_mig(ctx.host(), actions, before=state)
     if ctx.json:
         ctx.emit_json(res.to_dict())
     else:

@@ -63,6 +63,7 @@ def summary(profile_name: str) -> dict[str, Any]:
                      "types": len(g.table.types), "vfs": d.numvfs,
                      "sriov_totalvfs": d.spec.sriov.totalvfs if d.spec.sriov else None,
                      "mig_enabled": g.mig_enabled, "gpu_instances": dict(sorted(g.gpu_instances.items())),
+                     "mig_pending": g.mig_pending, "gpu_instance_starts": dict(sorted(g.gi_start.items())),
                      "numa_node": d.numa_node})
     return {"name": host.profile.name, "description": host.profile.description, "iommu": m.iommu,
             "numa_nodes": len(host.profile.nodes), "pci_devices": len(m.devices), "iommu_groups": len(m.groups()),
@@ -81,7 +82,8 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
               f"{info['mdev_parents']}, mdevs {info['mdevs']}")
     for g in info["gpus"]:
         vfs = f", VFs {g['vfs']}/{g['sriov_totalvfs']}" if g["sriov_totalvfs"] else ""
-        mig = f", MIG on ({len(g['gpu_instances'])} GIs)" if g["mig_enabled"] else ""
+        gis = ", ".join(f"{p}@{g['gpu_instance_starts'].get(i, 0)}" for i, p in g["gpu_instances"].items())
+        mig = f", MIG on ({len(g['gpu_instances'])} GIs{': ' + gis if gis else ''})" if g["mig_enabled"] else ""
         con.print(plain(f"  {g['address']} {g['product']}: {g['mode']} ({g['types']} types of {g['type_table']})"
                         f"{vfs}{mig}"))
     return 0

@@ -793,40 +793,86 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
             answer = handler(op) if handler is not None else nvml_call(op)  # type: Dict[str, Any]
             return answer
         if kind == "exec":
-            argv = op["argv"]
-            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-                return _err(_errno.EINVAL, "argv must be a non-empty list of strings")
             # A simulated filesystem (vgpuvirt.sim) runs its own emulated tools instead of real programs.
             runner = getattr(fs, "run", None)
             if runner is not None:
-                emulated: Dict[str, Any] = runner(argv, op)
+                bad = _bad_argv(op)
+                if bad is not None:
+                    return bad
+                emulated: Dict[str, Any] = runner(op["argv"], op)
                 return emulated
-            import subprocess
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE)
-            except OSError as exc:
-                return dict(_err(exc.errno, "cannot run %s: %s" % (argv[0], os.strerror(exc.errno or 0))),
-                            rc=127, stdout="", stderr=str(exc))
-            try:
-                out, err = proc.communicate((op.get("stdin") or "").encode("utf-8"),
-                                            timeout=float(op.get("timeout", 60)))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                return dict(_err(_errno.ETIMEDOUT, "%s timed out" % argv[0]), rc=-9,
-                            stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
-            res = {"ok": proc.returncode in op.get("ok_codes", [0]), "rc": proc.returncode,
-                   "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
-            if not res["ok"]:
-                res["errno"] = None
-                res["error"] = "%s exited %d" % (argv[0], proc.returncode)
-            return res
+            started = _exec_start(op)
+            return started if isinstance(started, dict) else _exec_finish(op, started)
         return _err(_errno.EINVAL, "unknown op %r" % (kind,))
     except PathRefused as exc:
         return _err(_errno.EINVAL, str(exc))
     except OSError as exc:
         return _err(exc.errno, _why(exc))
+
+
+def _bad_argv(op: "Dict[str, Any]") -> "Optional[Dict[str, Any]]":
+    argv = op.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return _err(_errno.EINVAL, "argv must be a non-empty list of strings")
+    return None
+
+
+#: a started program's stdout pipe is widened to this (Linux F_SETPIPE_SZ, best effort) so that a program
+#: run next to others (see :func:`concurrent`) can print a large report (``nvidia-smi -q -x``) without waiting
+#: for us to read it
+_PIPE_SIZE = 1 << 20
+
+
+def _exec_start(op: "Dict[str, Any]") -> "Any":
+    """Start an exec op's program: (the Popen, its deadline), or the op's result dict when it cannot start."""
+    bad = _bad_argv(op)
+    if bad is not None:
+        return bad
+    argv = op["argv"]
+    import subprocess
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if op.get("stdin") else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        return dict(_err(exc.errno, "cannot run %s: %s" % (argv[0], os.strerror(exc.errno or 0))),
+                    rc=127, stdout="", stderr=str(exc))
+    try:
+        import fcntl
+        if proc.stdout is not None:
+            fcntl.fcntl(proc.stdout.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+    except (ImportError, OSError, ValueError):   # another OS, or above /proc/sys/fs/pipe-max-size: as is
+        pass
+    return proc, time.monotonic() + float(op.get("timeout", 60))
+
+
+def _exec_finish(op: "Dict[str, Any]", started: "Any") -> "Dict[str, Any]":
+    """Wait for a started program (until its op's timeout, counted from its start): its result dict."""
+    import subprocess
+    proc, deadline = started
+    argv = op["argv"]
+    stdin = (op.get("stdin") or "").encode("utf-8") or None
+    try:
+        out, err = proc.communicate(stdin, timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return dict(_err(_errno.ETIMEDOUT, "%s timed out" % argv[0]), rc=-9,
+                    stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
+    res = {"ok": proc.returncode in op.get("ok_codes", [0]), "rc": proc.returncode,
+           "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+    if not res["ok"]:
+        res["errno"] = None
+        res["error"] = "%s exited %d" % (argv[0], proc.returncode)
+    return res
+
+
+def concurrent(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> bool:
+    """Whether a batch's programs may all run at once, next to its reads: every op a read-only exec of a real
+    program (not the simulator's), none in a group, and on_error=continue. Such a batch gives the same
+    results in any order (nothing it runs changes what another op or a read sees, and no failure skips
+    anything), so a metrics collection's four tools and its sysfs reads take the time of the slowest."""
+    return (bool(ops) and on_error == "continue" and getattr(fs, "run", None) is None
+            and all(op.get("op") == "exec" and op.get("read_only") and op.get("group") is None for op in ops))
 
 
 def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
@@ -858,7 +904,9 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
            workers: int = 1, encoded: "Optional[Any]" = None, auditor: "Any" = None) -> "Dict[str, Any]":
     """Execute one request; return the response dict. Never raises for per-item failures.
 
-    ``workers`` > 1 lets the first read fork that many readers (see :func:`read_entries`).
+    ``workers`` > 1 lets the reads fork that many readers (see :func:`read_entries`): the first read, and
+    ``reads_after`` when no op mutates. ``encoded``: (dict, dumps); the readers' JSON fragments of each part
+    of the answer ("entries", "after") are appended to the dict's list of that name, for the caller to splice.
     ``auditor`` replaces the audit log file (SimHost keeps its log in memory): see :class:`Audit`.
     """
     if "audit_read" in request:
@@ -867,7 +915,7 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
         fs = OsFs(request.get("root", "/"))
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
     try:
-        read_entries(fs, request.get("reads", []), response["entries"], workers, encoded)
+        read_entries(fs, request.get("reads", []), response["entries"], workers, _part(encoded, "entries"))
     except PathRefused as exc:
         return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
     ops = request.get("ops", [])
@@ -895,22 +943,41 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
                 except OSError as exc:
                     return {"v": PROTOCOL, "fatal": "state", "error": "cannot write the audit log %s: %s" % (
                         request["audit"].get("path"), os.strerror(exc.errno or 0))}
-            response["ops"] = run_ops(fs, ops, request.get("on_error", "stop"), audit)
-            if audit is not None:
-                problem = audit.end(response["ops"])
-                if problem:
-                    response["audit_error"] = problem
-            forget = getattr(fs, "forget", None)
-            if forget is not None:
-                forget()   # the batch may have made or removed directories
+            on_error = request.get("on_error", "stop")
+            # A read-only batch (the metrics' tools) changes nothing that its reads would see: its programs
+            # run while the files are read, and the reads may use the forked readers as the first read does.
+            running = [_exec_start(op) for op in ops] if concurrent(fs, ops, on_error) else None
+            read_only = not any(mutates(op) for op in ops)
+            if running is None:
+                response["ops"] = run_ops(fs, ops, on_error, audit)
+                if audit is not None:
+                    problem = audit.end(response["ops"])
+                    if problem:
+                        response["audit_error"] = problem
+                forget = getattr(fs, "forget", None)
+                if forget is not None:
+                    forget()   # the batch may have made or removed directories
             try:
-                read_entries(fs, request.get("reads_after", []), response["after"])
+                read_entries(fs, request.get("reads_after", []), response["after"], workers if read_only else 1,
+                             _part(encoded, "after"))
             except PathRefused as exc:
+                for started in running or ():
+                    if not isinstance(started, dict):
+                        started[0].kill()
+                        started[0].communicate()
                 return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
+            if running is not None:
+                response["ops"] = [p if isinstance(p, dict) else _exec_finish(ops[i], p)
+                                   for i, p in enumerate(running)]
         finally:
             if lock and locker is not None:
                 locker.__exit__(None, None, None)
     return response
+
+
+def _part(encoded: "Optional[Any]", name: str) -> "Optional[Any]":
+    """The (list, dumps) pair of :func:`read_entries` for one part of the answer."""
+    return None if encoded is None else (encoded[0].setdefault(name, []), encoded[1])
 
 
 def mutates(op: "Dict[str, Any]") -> bool:
@@ -1106,7 +1173,7 @@ def _answer(raw: "Optional[bytes]", codec: "Any", started: float, error: "Option
     """One request's bytes (zlib'd or plain JSON) in, the response's bytes out (zlib'd if asked)."""
     loads, dumps = codec
     request = {}  # type: Dict[str, Any]
-    fragments = []  # type: List[str]
+    fragments = {}  # type: Dict[str, List[str]]
     try:
         if error is not None:
             raise error
@@ -1128,13 +1195,13 @@ def _answer(raw: "Optional[bytes]", codec: "Any", started: float, error: "Option
         # Forked readers encode their own entries: spliced below, next to this process's.
         out = handle(request, workers=workers, encoded=(fragments, dumps) if workers > 1 else None)
     out["agent_s"] = round(time.monotonic() - started, 4)   # the host's share of a slow call, for the log
-    if fragments and "entries" in out:
-        # (a path two processes both reached would appear twice: equal reads of one file, json keeps one)
-        entries = dumps(out.pop("entries"))[1:-1]
-        members = ",".join(part for part in (entries, *fragments) if part)
-        data = ('{"entries":{' + members + "}," + dumps(out)[1:]).encode("utf-8")  # type: bytes
-    else:
-        data = dumps(out).encode("utf-8")
+    spliced = []  # type: List[str]
+    for name, parts in sorted(fragments.items()):
+        if parts and name in out:
+            # (a path two processes both reached would appear twice: equal reads of one file, json keeps one)
+            members = ",".join(part for part in (dumps(out.pop(name))[1:-1], *parts) if part)
+            spliced.append('"%s":{%s},' % (name, members))
+    data = ("{" + "".join(spliced) + dumps(out)[1:]).encode("utf-8")  # type: bytes
     if request.get("compress"):
         import zlib
         data = zlib.compress(data, 1)   # level 1: 4x faster than 6 on a large inventory, 15% bigger

@@ -54,7 +54,9 @@ class Op:
     def exec(argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0,
              group: str | None = None, ok_codes: Sequence[int] = (0,), read_only: bool = False) -> Op:
         """A program run on the host. ``read_only=True`` (e.g. ``nvidia-smi -q -x``) declares that it changes
-        nothing: it is not audited as a mutation and a batch of such ops may be retried after a dropped link."""
+        nothing: it is not audited as a mutation, a batch of such ops may be retried after a dropped link, and
+        a batch of only such ops (no group, on_error="continue") runs them at once, next to its
+        ``reads_after`` (a program that must finish before the files are read is not read-only)."""
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise InvalidSpec("argv", argv, "a non-empty list of strings")
         return Op("exec", argv=tuple(argv), stdin=stdin, timeout=timeout, group=group,

@@ -73,6 +73,12 @@ class Snapshot(Mapping[str, Entry]):
     def values(self) -> ValuesView[Entry]:
         return self._entries.values()
 
+    def __eq__(self, other: object) -> bool:
+        # two snapshots: their dicts compare in C (Mapping's generic __eq__ copies both into new dicts first)
+        if isinstance(other, Snapshot):
+            return self._entries == other._entries
+        return super().__eq__(other)
+
     def __contains__(self, path: object) -> bool:
         return path in self._entries
 

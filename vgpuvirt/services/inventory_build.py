@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.host_resources import host_resources
-from vgpuvirt.services.inventory_health import with_health
+from vgpuvirt.services.inventory_health import HealthInputs, health_inputs, with_health
 from vgpuvirt.services.inventory_model import (
     VENDOR_NAMES,
     Backend,
@@ -29,7 +30,7 @@ from vgpuvirt.services.inventory_model import (
     PciDevice,
     VendorVf,
 )
-from vgpuvirt.services.inventory_nvidia import NvidiaFacts, nvidia_facts, raw_vendor_vfs, vendor_vfs
+from vgpuvirt.services.inventory_nvidia import NvidiaFacts, RawVf, nvidia_facts, raw_vendor_vfs, vendor_vfs
 from vgpuvirt.services.inventory_parse import (
     Index,
     TypeKey,
@@ -47,40 +48,95 @@ from vgpuvirt.services.inventory_parse import (
 from vgpuvirt.services.nvml import NvmlReport
 
 
-def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
-                    nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
-                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
-                    kernel_log: OpResult | None = None) -> Inventory:
-    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
-    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
-    give each GPU's health)."""
+@dataclass(frozen=True)
+class _SysfsPart:
+    """What the inventory builds from the snapshot and the domains alone (no tool output): its bulk."""
+
+    devices: dict[PciAddress, PciDevice]
+    groups: dict[int, list[PciAddress]]
+    iommu_enabled: bool
+    mdevs: list[Mdev]
+    parents: list[MdevParent]
+    raw_vfs: list[RawVf]
+    type_names: dict[int, str]
+    warnings: tuple[str, ...]
+    iommu_units: list[str]
+    nvidia_version: str | None
+
+
+class SysfsCache:
+    """The sysfs part of the last inventory built from one host's snapshot, reused while that snapshot is the
+    same (a collector scraping every 15 s mostly reads the same files: type tables, devices, groups).
+
+    The key is the content itself: every path and what it held (the driver's version file and the types'
+    names included) and the domains given, compared in full; any difference (a vGPU created, a driver
+    reloaded, a reboot) rebuilds. Nothing can go stale, so there is nothing to invalidate. One per host
+    (a :class:`~vgpuvirt.services.metrics.Collector` keeps one per host name); it holds one snapshot.
+    ``hits`` / ``misses`` count its use (tests, benchmarks)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Snapshot, tuple[tuple[str, str], ...] | None, _SysfsPart] | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def part(self, snap: Snapshot, domains: tuple[tuple[str, str], ...] | None, usage: Usage) -> _SysfsPart:
+        last = self._last     # one read: another thread may store a newer one meanwhile
+        if last is not None and last[1] == domains and last[0] == snap:
+            self.hits += 1
+            return last[2]
+        self.misses += 1
+        part = _sysfs_part(snap, usage)
+        self._last = (snap, domains, part)
+        return part
+
+
+def _sysfs_part(snap: Snapshot, usage: Usage) -> _SysfsPart:
     idx = Index(snap)
-    usage = Usage.from_domains(domains)
-    warnings: list[str] = list(usage.warnings)
-    sources: dict[str, str] = {"sysfs": "ok"}
+    warnings: list[str] = []
     devices = _devices(idx, usage)
     groups, iommu_enabled = _iommu(idx, warnings)
     mdevs = _mdevs(idx, usage)
     parents = _parents(idx, devices, mdevs)
     raw_vfs, type_names = raw_vendor_vfs(idx, devices, warnings)
-    facts = nvidia_facts(nvidia_smi, nvml, type_names, warnings, sources, mig_lgi, mig_lgip)
-    vfs = vendor_vfs(raw_vfs, facts.type_names, usage)
+    return _SysfsPart(devices, groups, iommu_enabled, mdevs, parents, raw_vfs, type_names, tuple(warnings),
+                      sorted(idx.iommu_units), idx.nvidia_version)
+
+
+def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
+                    nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
+                    mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
+                    kernel_log: OpResult | None = None, health: HealthInputs | None = None,
+                    cache: SysfsCache | None = None) -> Inventory:
+    """The whole inventory from one snapshot (pure: no host access). ``mig_lgi``/``mig_lgip``:
+    ``nvidia-smi mig -lgi`` / ``-lgip``; ``kernel_log``: ``dmesg`` (XIDs: with ``nvidia_smi``'s readings they
+    give each GPU's health).
+    ``health``: ``health_inputs(nvidia_smi, kernel_log)`` already parsed by the caller (a metrics collection
+    uses the same parse), instead of parsing them here. ``cache``: the host's :class:`SysfsCache`, to reuse the
+    sysfs part of the previous build when the snapshot and domains are the same (the result is equal)."""
+    doms = tuple(domains) if domains is not None else None
+    usage = Usage.from_domains(doms)
+    part = cache.part(snap, doms, usage) if cache is not None else _sysfs_part(snap, usage)
+    devices, groups, mdevs, parents = part.devices, part.groups, list(part.mdevs), list(part.parents)
+    warnings: list[str] = [*usage.warnings, *part.warnings]
+    sources: dict[str, str] = {"sysfs": "ok"}
+    facts = nvidia_facts(nvidia_smi, nvml, dict(part.type_names), warnings, sources, mig_lgi, mig_lgip)
+    vfs = vendor_vfs(part.raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
-    gpus = with_health(gpus, nvidia_smi, kernel_log, warnings, sources)
+    gpus = with_health(gpus, health or health_inputs(nvidia_smi, kernel_log), warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
     return Inventory(
         host=host,
-        iommu_enabled=iommu_enabled,
+        iommu_enabled=part.iommu_enabled,
         pci_devices=[devices[a] for a in sorted(devices)],
-        iommu_groups=dict(sorted(groups.items())),
+        iommu_groups={g: list(members) for g, members in sorted(groups.items())},
         mdev_parents=parents,
         mdevs=mdevs,
         vendor_vgpu=vfs,
         gpus=gpus,
         warnings=warnings,
-        iommu_units=sorted(idx.iommu_units),
-        nvidia_driver_version=idx.nvidia_version or facts.driver_version or (nvml.driver_version if nvml else None),
+        iommu_units=list(part.iommu_units),
+        nvidia_driver_version=part.nvidia_version or facts.driver_version or (nvml.driver_version if nvml else None),
         sources=sources,
         resources=host_resources(snap),
     )
@@ -184,15 +240,21 @@ def _gpus(devices: dict[PciAddress, PciDevice], groups: dict[int, list[PciAddres
           mdevs: list[Mdev], vfs: list[VendorVf], facts: NvidiaFacts, warnings: list[str]) -> list[Gpu]:
     parent_by_addr = {p.address: p for p in parents}
     vendor_by_addr = {v.address: v for v in vfs}
+    mdevs_by_parent: dict[str | None, int] = {}
+    for m in mdevs:
+        mdevs_by_parent[m.parent] = mdevs_by_parent.get(m.parent, 0) + 1
+    by_slot: dict[tuple[int, int, int], list[PciAddress]] = {}    # the functions of each slot that are not VFs
+    for a, d in devices.items():
+        if d.physfn is None:
+            by_slot.setdefault(a.device_slot, []).append(a)
     gpus: list[Gpu] = []
     for addr, dev in sorted(devices.items()):
         if not dev.is_gpu or dev.physfn is not None:
             continue
         backend = _backend(dev, parent_by_addr.get(str(addr)), parent_by_addr, vendor_by_addr)
-        in_use = sum(1 for m in mdevs if m.parent in {str(addr), *(str(v) for v in dev.virtfns)})
+        in_use = sum(mdevs_by_parent.get(p, 0) for p in {str(addr), *(str(v) for v in dev.virtfns)})
         in_use += sum(1 for v in dev.virtfns if v in vendor_by_addr and vendor_by_addr[v].current_type)
-        functions = [a for a, d in devices.items()
-                     if a != addr and a.device_slot == addr.device_slot and d.physfn is None]
+        functions = [a for a in by_slot.get(addr.device_slot, ()) if a != addr]
         peers = [a for a in groups.get(dev.iommu_group, []) if a != addr] if dev.iommu_group is not None else []
         gpus.append(Gpu(
             address=addr, vendor=dev.vendor, device=dev.device, driver=dev.driver, backend=backend,

@@ -1,40 +1,67 @@
 """GPU health in the inventory (pure): from the ``nvidia-smi -q -x`` and ``dmesg`` outputs that ride in the
 inventory's one round trip, a :class:`~vgpuvirt.services.metrics_model.Health` per NVIDIA GPU and a warning
-for each unhealthy one (placement skips those; :mod:`vgpuvirt.services.gpu_health` has the rules)."""
+for each unhealthy one (placement skips those; :mod:`vgpuvirt.services.gpu_health` has the rules).
+
+Both outputs are parsed once per round trip into :class:`HealthInputs`: a metrics collection hands the same
+parse to the inventory (health) and to the metrics build (readings, XIDs), instead of parsing them twice."""
 
 from __future__ import annotations
 
 import errno as _errno
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from vgpuvirt.host.base import OpResult
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_health import assess
 from vgpuvirt.services.inventory_model import Gpu
 from vgpuvirt.services.kernel_log import KernelLog, parse_kernel_log
-from vgpuvirt.services.nvsmi_readings import parse_readings
+from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
+
+
+@dataclass(frozen=True)
+class HealthInputs:
+    """``nvidia-smi -q -x``'s readings per GPU and the parsed kernel log of one round trip.
+
+    ``kernel_log_source``: what ``sources["kernel_log"]`` says (None: dmesg was not run). Treat the mappings
+    as read-only: the inventory and the metrics build share them."""
+
+    readings: dict[PciAddress, GpuReadings] = field(default_factory=dict)
+    klog: KernelLog | None = None
+    kernel_log_source: str | None = None
+
+
+def _kernel_log(result: OpResult | None) -> tuple[KernelLog | None, str | None]:
+    if result is None:
+        return None, None
+    if result.rc == 127 or result.errno == _errno.ENOENT:
+        return None, "dmesg not installed"
+    if not result.ok:
+        # dmesg_restrict=1 without root: "dmesg: read kernel buffer failed: Operation not permitted"
+        tail = (result.stderr or result.error or "").strip().splitlines()[-1:]
+        return None, f"unreadable (exit {result.rc}{': ' + tail[0] if tail else ''})"
+    return parse_kernel_log(result.stdout), "ok"
+
+
+def health_inputs(nvidia_smi: OpResult | None, kernel_log: OpResult | None) -> HealthInputs:
+    """Parse both outputs once. Whatever nvidia-smi printed counts, even with a non-zero exit (a lost GPU
+    fails it, the others are still listed)."""
+    klog, source = _kernel_log(kernel_log)
+    readings = parse_readings(nvidia_smi.stdout) if nvidia_smi is not None else {}
+    return HealthInputs(readings, klog, source)
 
 
 def kernel_log_of(result: OpResult | None, sources: dict[str, str]) -> KernelLog | None:
     """The parsed kernel log, or None (with ``sources["kernel_log"]`` saying why) when it was not readable."""
-    if result is None:
-        return None
-    if result.rc == 127 or result.errno == _errno.ENOENT:
-        sources["kernel_log"] = "dmesg not installed"
-        return None
-    if not result.ok:
-        # dmesg_restrict=1 without root: "dmesg: read kernel buffer failed: Operation not permitted"
-        tail = (result.stderr or result.error or "").strip().splitlines()[-1:]
-        sources["kernel_log"] = f"unreadable (exit {result.rc}{': ' + tail[0] if tail else ''})"
-        return None
-    sources["kernel_log"] = "ok"
-    return parse_kernel_log(result.stdout)
+    klog, source = _kernel_log(result)
+    if source is not None:
+        sources["kernel_log"] = source
+    return klog
 
 
-def with_health(gpus: list[Gpu], nvidia_smi: OpResult | None, kernel_log: OpResult | None,
-                warnings: list[str], sources: dict[str, str]) -> list[Gpu]:
-    klog = kernel_log_of(kernel_log, sources)
-    # whatever nvidia-smi printed, even with a non-zero exit (a lost GPU fails it, the others are still listed)
-    readings = parse_readings(nvidia_smi.stdout) if nvidia_smi is not None else {}
+def with_health(gpus: list[Gpu], health: HealthInputs, warnings: list[str], sources: dict[str, str]) -> list[Gpu]:
+    klog, readings = health.klog, health.readings
+    if health.kernel_log_source is not None:
+        sources["kernel_log"] = health.kernel_log_source
     if klog is None and not readings:
         return gpus
     out: list[Gpu] = []

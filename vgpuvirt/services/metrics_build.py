@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import errno as _errno
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vgpuvirt.errors import XmlError
@@ -157,21 +157,24 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
 def build_host_metrics(inv: Inventory, *, smi: OpResult | None, vgpu_query: OpResult | None,
                        klog: KernelLog | None, cursor: float | None, domains: Iterable[tuple[str, str]],
                        sources: dict[str, str], collected_at: float, duration_s: float | None,
-                       round_trips: int | None, nvml: NvmlMetrics | None = None) -> HostMetrics:
-    """``nvml``: readings of this machine through NVML; they win over nvidia-smi's, GPU by GPU."""
+                       round_trips: int | None, nvml: NvmlMetrics | None = None,
+                       readings: Mapping[PciAddress, GpuReadings] | None = None) -> HostMetrics:
+    """``nvml``: readings of this machine through NVML; they win over nvidia-smi's, GPU by GPU. ``readings``:
+    ``smi``'s, already parsed by the caller (the inventory's health used them too)."""
     # a lost GPU makes nvidia-smi exit non-zero while it still reports the others: read what it printed
-    readings = parse_readings(smi.stdout) if smi is not None else {}
+    # (a copy: NVML's are merged in below, the caller's mapping stays as it was)
+    by_gpu = dict(readings) if readings is not None else parse_readings(smi.stdout) if smi is not None else {}
     vq_ok = vgpu_query is not None and vgpu_query.ok
     sources = {**sources, "vgpu_query": _source(vgpu_query)}
     active = parse_vgpu_query(vgpu_query.stdout) if vq_ok and vgpu_query is not None else []
     schedulers: dict[PciAddress, Scheduler] = {}
     if nvml is not None and nvml.available:
-        readings.update(nvml.readings)
+        by_gpu.update(nvml.readings)
         active = [a for a in active if a.gpu not in nvml.readings] + nvml.vgpus
         schedulers = nvml.schedulers
     budgets = {b.address: b for b in inv.capacity()}
     owners = _owners(domains)
-    gpus = tuple(_gpu(inv, g, budgets.get(g.address), readings.get(g.address), active, owners, klog, cursor,
+    gpus = tuple(_gpu(inv, g, budgets.get(g.address), by_gpu.get(g.address), active, owners, klog, cursor,
                       schedulers.get(g.address)) for g in inv.gpus)
     return HostMetrics(host=inv.host, up=True, collected_at=collected_at, duration_s=duration_s,
                        round_trips=round_trips, driver_version=inv.nvidia_driver_version, sources=sources,

@@ -148,6 +148,10 @@ def build_mig_state(host: str, results: list[OpResult | None]) -> MigState:
     if report.error:
         return MigState(host, available=False, errors=(f"nvidia-smi -q -x: {report.error}",))
     errors: list[str] = []
+    if not any(f.mig_mode_current == "Enabled" for f in report.gpus):
+        # No GPU in MIG mode: the listings have nothing to say, and drivers differ in how they say it
+        # (exit 6 "No MIG-enabled devices found", or "Not Supported" on boards without MIG).
+        lgi = lci = lgip = lgipp = None
     t = _Tables(parse_lgip(_listing(lgip, "-lgip", errors)), parse_lgipp(_listing(lgipp, "-lgipp", errors)),
                 parse_lgi(_listing(lgi, "-lgi", errors)), parse_lci(_listing(lci, "-lci", errors)))
     gpus = []

@@ -18,10 +18,12 @@ from typing import Any, Literal
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
-from vgpuvirt.services.mig import MigGpu
+from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.mig_parse import (
     created_compute_instances,
     created_gpu_instances,
+    destroyed_compute_instances,
+    destroyed_gpu_instances,
     mode_change_pending,
 )
 
@@ -181,6 +183,8 @@ class MigItemResult:
     message: str                                   # the tool's last line (error or confirmation)
     created_gis: tuple[tuple[int, int], ...] = ()  # (GPU, GI id)
     created_cis: tuple[tuple[int, int, int], ...] = ()  # (GPU, GI id, CI id)
+    destroyed_gis: tuple[tuple[int, int], ...] = ()
+    destroyed_cis: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.action.to_dict(), "status": self.status, "rc": self.rc, "message": self.message,
@@ -222,14 +226,40 @@ def _item(action: MigAction, r: OpResult) -> MigItemResult:
     else:
         status = "ok"
     return MigItemResult(action, status, r.rc, _last_line(r) if not r.skipped else "not run (an earlier item failed)",
-                         tuple(created_gpu_instances(r.stdout)), tuple(created_compute_instances(r.stdout)))
+                         tuple(created_gpu_instances(r.stdout)), tuple(created_compute_instances(r.stdout)),
+                         tuple(destroyed_gpu_instances(r.stdout)), tuple(destroyed_compute_instances(r.stdout)))
 
 
-def undo_actions(items: Sequence[MigItemResult], previous_modes: dict[int, bool] | None = None) -> list[MigAction]:
+def _recreate(it: MigItemResult, before: MigState | None) -> list[MigAction]:
+    """Re-create what ``it`` destroyed, at the same placement (the driver gives a GI at a placement the same id),
+    GPU instances before their compute instances; only what ``before`` describes."""
+    if before is None:
+        return []
+    out: list[MigAction] = []
+    for gpu, gi in reversed(it.destroyed_gis):
+        g = before.gpu(gpu)
+        was = next((x for x in g.gpu_instances if x.id == gi), None) if g is not None else None
+        if was is not None:
+            out.append(MigAction.create_gi(gpu, [was.profile], placements=[was.start]))
+    for gpu, gi, ci in reversed(it.destroyed_cis):
+        g = before.gpu(gpu)
+        wci = next((c for c in g.compute_instances if c.gi == gi and c.id == ci), None) if g is not None else None
+        if wci is not None:
+            out.append(MigAction.create_ci(gpu, gi, [str(wci.profile_id)]))
+    return out
+
+
+def undo_actions(items: Sequence[MigItemResult], previous_modes: dict[int, bool] | None = None,
+                 before: MigState | None = None) -> list[MigAction]:
     """What undoes ``items``' effects, in reverse order: created CIs and GIs destroyed (also those a failed
-    item created before it failed), changed modes set back (when ``previous_modes`` says what they were)."""
+    item created before it failed), destroyed GIs and CIs created again (when ``before`` describes them),
+    changed modes set back (when ``previous_modes`` or ``before`` says what they were)."""
+    if previous_modes is None and before is not None:
+        previous_modes = {g.index: g.mode_pending == "Enabled" if g.pending else g.enabled
+                          for g in before.gpus if g.capable}
     undo: list[MigAction] = []
     for it in reversed(items):
+        undo.extend(_recreate(it, before))
         cis = list(it.created_cis)
         for gpu, gi, ci in reversed(cis):
             undo.append(MigAction.destroy_ci(gpu, gi, [ci]))
@@ -243,17 +273,18 @@ def undo_actions(items: Sequence[MigItemResult], previous_modes: dict[int, bool]
 
 
 def apply_mig(host: Host, actions: Sequence[MigAction], *, rollback: bool = True,
-              previous_modes: dict[int, bool] | None = None) -> MigApplyResult:
+              previous_modes: dict[int, bool] | None = None, before: MigState | None = None) -> MigApplyResult:
     """Run ``actions`` in ONE locked batch, stopping at the first failure; then (``rollback``) undo what the
-    batch did in a second round trip. ``previous_modes`` (GPU index -> MIG on), e.g. from
-    :func:`~vgpuvirt.services.mig.read_mig_state`, lets a mode change be set back too."""
+    batch did in a second round trip. ``before`` (the :func:`~vgpuvirt.services.mig.read_mig_state` the actions
+    were planned from) lets destroyed instances be created again and changed modes be set back;
+    ``previous_modes`` (GPU index -> MIG on) does the latter alone."""
     if not actions:
         return MigApplyResult(())
     batch = host.apply([Op.exec(a.argv(), timeout=300.0) for a in actions], lock=True, on_error="stop")
     items = tuple(_item(a, r) for a, r in zip(actions, batch.results, strict=True))
     if all(i.status in ("ok", "pending") for i in items) or not rollback:
         return MigApplyResult(items, round_trips=1)
-    undo = undo_actions(items, previous_modes)
+    undo = undo_actions(items, previous_modes, before)
     if not undo:
         return MigApplyResult(items, round_trips=1)
     res = host.apply([Op.exec(a.argv(), timeout=300.0) for a in undo], lock=True, on_error="continue")

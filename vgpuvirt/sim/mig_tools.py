@@ -274,21 +274,27 @@ def bus_text(d: Dev) -> str:
 def set_mode(model: SimModel, chosen: list[tuple[Dev, Gpu | None]], on: bool) -> Outcome:
     """``nvidia-smi [-i GPU] -mig 0|1`` on each chosen GPU."""
     out: list[str] = []
+    err: list[str] = []
+    rc = 0
     verb, word = ("enable", "Enabled") if on else ("disable", "Disabled")
-    for d, g in chosen:
+    for d, g in chosen:                       # each GPU on its own: one refusal does not stop the others
         bus = bus_text(d)
         if g is None or not g.table.mig_profiles:
-            return 3, "".join(out), f"Unable to {verb} MIG Mode for GPU {bus}: Not Supported\n"
+            rc = 3
+            err.append(f"Unable to {verb} MIG Mode for GPU {bus}: Not Supported\n")
+            continue
         try:
             pending = model.set_mig(g, on)
         except OSError:
-            return 19, "".join(out), f"Unable to {verb} MIG Mode for GPU {bus}: In use by another client\n"
+            rc = 19
+            err.append(f"Unable to {verb} MIG Mode for GPU {bus}: In use by another client\n")
+            continue
         if pending:
             out.append(f"Warning: MIG mode is in pending {verb} state for GPU {bus}:In use by another client\n"
                        + _PENDING_TAIL.format(bus=bus))
         else:
             out.append(f"{word} MIG Mode for GPU {bus}\n")
-    return 0, "".join(out) + "All done.\n", ""
+    return rc, "".join(out) + ("All done.\n" if rc == 0 else ""), "".join(err)
 
 
 def reset(model: SimModel, chosen: list[tuple[Dev, Gpu | None]]) -> Outcome:

@@ -115,17 +115,23 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         """The host restarts: VFs, vGPU 17+ VF types, MIG instances and every mdev vanish (mdevctl's
         definitions live in /etc, outside the simulator, and nothing here starts them); drivers, overrides,
         new_ids, hugepages and heterogeneous mode are back to the profile's boot state. MIG mode persists
-        (A100/H100/A30 keep it in the GPU), and a pending mode becomes current."""
+        (A100/H100/A30 keep it in the GPU), and a pending mode becomes current; /etc (modprobe.d) stays and the
+        driver loads with its options."""
         with self.lock:
             mig = {a: g.mig_enabled if g.mig_pending is None else g.mig_pending for a, g in self.gpus.items()}
             version = self.version
+            sched, telemetry = self.sched, self.telemetry
             self._build(boot=True)
             for a, on in mig.items():
                 self.gpus[a].mig_enabled = on
+            # /etc/modprobe.d stays and the driver loads with its options (NVML's scheduler changes are gone);
+            # injected faults stand for the hardware and stay too
+            self.sched, self.telemetry = sched, telemetry
+            sched.reload_driver()
             self.boot_id = str(_uuid.uuid4())
             self.boots += 1
             # version only grows: caches (the vGPU cache, the FUSE server's) key on it
-            self.version = version + 1
+            self.version = max(self.version, version) + 1
 
     # ------------------------------------------------------------------ helpers
 

@@ -72,16 +72,16 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
         rk = f"{key}.mig_profiles[{i}]"
         r = ctx.mapping(row, rk)
         ctx.keys(r, rk, {"id", "name", "max", "slices", "gib", "engines"}, {"id", "name", "max", "slices"})
-        name = ctx.text(r["name"], f"{rk}.name")
-        if not _MIG_NAME.match(name):
-            raise ctx.fail(f"{rk}.name", f"{name!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+        pname = ctx.text(r["name"], f"{rk}.name")
+        if not _MIG_NAME.match(pname):
+            raise ctx.fail(f"{rk}.name", f"{pname!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
         engines = r.get("engines", [])
         if not isinstance(engines, list) or len(engines) not in (0, 6):
             raise ctx.fail(f"{rk}.engines", "expected [SM, DEC, ENC, CE, JPEG, OFA]")
         gib = r.get("gib", 0)
         if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib < 0:
             raise ctx.fail(f"{rk}.gib", f"expected a non-negative number, got {gib!r}")
-        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), name,
+        migs.append(MigProfile(ctx.integer(r["id"], f"{rk}.id", 0), pname,
                                ctx.integer(r["max"], f"{rk}.max", 1), ctx.integer(r["slices"], f"{rk}.slices", 1, 8),
                                float(gib), tuple(ctx.integer(e, f"{rk}.engines[{j}]", 0)
                                                  for j, e in enumerate(engines))))
