@@ -102,8 +102,15 @@ def test_named_simulated_hosts_have_their_own_state(capsys: pytest.CaptureFixtur
     rc, out, err = run(capsys, "--host", "sim:t4x2@a", "--host", "sim:t4x2@b", "provision", "--count", "24",
                        "--gpu", "fb>=2G,series=Q", "--prefix", "w16contract", "--json")
     assert rc == 0, err
-    hosts = re.findall(r'"host": "(sim:t4x2@[ab])"', out)
-    assert hosts.count("sim:t4x2@a") and hosts.count("sim:t4x2@b"), out[:2000]
+    try:
+        hosts = re.findall(r'"host": "(sim:t4x2@[ab])"', out)
+        assert hosts.count("sim:t4x2@a") and hosts.count("sim:t4x2@b"), out[:2000]
+    finally:
+        # test:///default keeps one state per process: leave it as found for the tests that follow
+        from provision_fixtures import drop_test_domains
+
+        from vgpuvirt.libvirt_conn import LibvirtConnection
+        drop_test_domains(LibvirtConnection("test:///default"))
 
 
 @pytest.mark.parametrize(("argv", "words"), [

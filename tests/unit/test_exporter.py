@@ -214,7 +214,7 @@ def test_connect_per_host_or_one_for_all(capsys):
     one = domain_sources(["a", "b"], ["test:///default"])
     assert [d.uri for d in one.values()] == ["test:///default"] * 2
     try:
-        assert [n for n, _ in one["a"]()] == ["test"]          # the test driver's own domain
+        assert "test" in [n for n, _ in one["a"]()]            # the test driver's own domain
     finally:
         for d in one.values():
             d.close()
