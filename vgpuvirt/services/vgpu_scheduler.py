@@ -112,7 +112,7 @@ def read_ops(gpus: Sequence[str] | None) -> list[Op]:
 
 def _answers(addrs: Sequence[str], results: Sequence[OpResult]) -> list[tuple[Any, str | None, int | None]]:
     """(NVML state or None, error, rc) per GPU, from per-GPU calls or from one ``all`` call."""
-    if len(results) == len(addrs) and not (len(results) == 1 and results[0].op.argv[:1] == ("all",)):
+    if len(results) == len(addrs) and not (len(results) == 1 and (results[0].op.argv or ())[:1] == ("all",)):
         return [(json.loads(r.stdout or "{}"), None, None) if r.ok else (None, r.error, r.rc) for r in results]
     one = results[0]
     if not one.ok:                                   # no NVML, or no scheduler calls: the same for every GPU
