@@ -169,7 +169,9 @@ def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
                   tuple((d.driver if (d := inv.device(a)) else None) for a in functions))
 
 
-def export_layout(inv: Inventory, name: str = "exported") -> Layout:
-    """The host as it is: one config ``name``, one entry per GPU selected by its PCI address."""
-    entries = [GpuEntry((Selector("address", str(g.address)),), g.layout()) for g in gpus_now(inv)]
+def export_layout(inv: Inventory, name: str = "exported", gpus: list[GpuNow] | None = None) -> Layout:
+    """The host as it is: one config ``name``, one entry per GPU selected by its PCI address (``gpus``: the
+    GPUs as read with their MIG and scheduler views; default: from the inventory alone)."""
+    entries = [GpuEntry((Selector("address", str(g.address)),), g.layout())
+               for g in (gpus if gpus is not None else gpus_now(inv))]
     return Layout.single(name, entries, f"export of {inv.host}")

@@ -75,7 +75,8 @@ def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuN
 
 
 def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
-    return export_layout(read_gpus(host, domains)[0], name)
+    inv, gpus = read_gpus(host, domains)
+    return export_layout(inv, name, gpus)
 
 
 def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
