@@ -1,14 +1,16 @@
 """Layout apply on the `large` profile over real sshd (FUSE simulator) with 25 ms added RTT: round trips
 per phase for 1, 2, 4 and 8 GPUs (constant), against a per-GPU baseline measured in the same run.
 
-    .venv/bin/python benchmarks/bench_layout.py [--rtt-ms 25] [--gpus 1,2,4,8]
+    .venv/bin/python benchmarks/bench_layout.py [--rtt-ms 25] [--gpus 1,2,4,8] [--scheduler]
 
 Needs the testbed (scripts/testbed.sh start; started here if needed). For each GPU count N, on a fresh
 FUSE mount of `large` (8 x A10, 32 VFs each): ``layout apply`` of a reshape of the first N GPUs (16 VFs
 each, 6 x A10-4Q on them: every phase runs: read, prepare (SR-IOV), re-read, devices (mdevs)), then the
 same apply again (a rerun: one read). Baseline: the same reshape applied one GPU at a time (one
 ``apply_host`` per GPU, as a per-device tool would), on a second fresh mount. Prints the round trips per
-phase, the wall times and the ratio.
+phase, the wall times and the ratio. ``--scheduler`` adds a vGPU scheduler policy to each GPU's entry: its
+read rides in the read round trip and its write (NVML calls, or the registry key) in the devices batch, so
+the round trips per phase are the same as without it.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from vgpuvirt.layout.model import LayoutConfig  # noqa: E402
 from vgpuvirt.sim import fuse  # noqa: E402
 from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 
+SCHEDULER = ""
+
 
 def config(indexes: list[int]) -> LayoutConfig:
     devs = ", ".join(str(i) for i in indexes)
     return parse_layout(f"version: v1\nconfigs:\n  reshape:\n    - devices: [{devs}]\n      mode: vgpu\n"
-                        "      sriov-vfs: 16\n      vgpu-devices: {A10-4Q: 6}\n").config()
+                        "      sriov-vfs: 16\n      vgpu-devices: {A10-4Q: 6}\n" + SCHEDULER).config()
 
 
 def on_fresh_mount(env: dict[str, object], rtt_ms: float, work: object) -> object:
@@ -59,10 +63,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt-ms", type=float, default=25.0)
     ap.add_argument("--gpus", default="1,2,4,8")
+    ap.add_argument("--scheduler", action="store_true", help="each entry also sets a vGPU scheduler policy")
     a = ap.parse_args()
+    global SCHEDULER
+    SCHEDULER = "      scheduler: {policy: fixed-share, timeslice-ms: 2}\n" if a.scheduler else ""
     env = testbed_env()
     counts = [int(x) for x in a.gpus.split(",")]
-    print(f"layout apply on profile large over real sshd + FUSE sim, added RTT {a.rtt_ms:.0f} ms")
+    print(f"layout apply on profile large over real sshd + FUSE sim, added RTT {a.rtt_ms:.0f} ms"
+          + (", with a scheduler policy per GPU" if a.scheduler else ""))
     print(f"{'GPUs':>4} | {'batched: round trips per phase':<52} | {'wall':>6} | {'rerun':>9} | "
           f"{'per-GPU baseline':>24} | ratio")
     for n in counts:
@@ -72,7 +80,9 @@ def main() -> int:
             t0 = time.monotonic()
             r = verbs.apply_host(host, cfg)  # type: ignore[arg-type]
             wall = time.monotonic() - t0
-            assert len(r.done) == n * (1 + 6), [s.text for s in r.done][:5]
+            devices = [s for s in r.done if not s.item.action.startswith("scheduler.")]
+            assert len(devices) == n * (1 + 6), [s.text for s in r.done][:5]
+            assert not SCHEDULER or len(devices) < len(r.done), "the scheduler policy was not applied"
             t0 = time.monotonic()
             again = verbs.apply_host(host, cfg)  # type: ignore[arg-type]
             assert not again.changed

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpuvirt.errors import DeviceError, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import DeviceError, HostError, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
@@ -22,7 +22,7 @@ from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
 from vgpuvirt.services import mig, vgpu_scheduler
 from vgpuvirt.services.gpu_capacity_build import physical_gpus
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory
+from vgpuvirt.services.inventory import INVENTORY_GLOBS
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.mutation import apply_items
@@ -60,18 +60,20 @@ class HostApply:
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
     """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
     nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request."""
-    if host.sysfs_root != "/":
-        inv = inventory(host, domains=domains, use_nvml=False, nvidia_smi=False)
-        return inv, gpus_now(inv)
     # the vGPU scheduler of every GPU NVML sees (one call) and the modprobe.d / module-parameter reads ride along
-    ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS), *vgpu_scheduler.read_ops(None)]
+    real_root = host.sysfs_root == "/"      # elsewhere (a materialized tree) nvidia-smi would not describe it
+    ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS if real_root),
+           *vgpu_scheduler.read_ops(None)]
     batch = host.apply(ops, lock=False, on_error="continue",
                        reads_after=[*INVENTORY_GLOBS, *vgpu_scheduler.READ_GLOBS])
-    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1],
-                          mig_lgip=batch[3])
+    if not any(p.startswith("/sys/bus/pci/devices/") for p in batch.after):
+        raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}/sys/bus/pci")
+    n = len(mig.READ_ARGVS) if real_root else 0
+    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0] if n else None,
+                          mig_lgi=batch[1] if n else None, mig_lgip=batch[3] if n else None)
     nvidia = [str(g.address) for g in physical_gpus(inv) if (g.vendor or "").lower() == "0x10de"]
-    sched = vgpu_scheduler.parse_read(host.name, nvidia, batch.results[len(mig.READ_ARGVS):], batch.after)
-    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)), sched)
+    sched = vgpu_scheduler.parse_read(host.name, nvidia, batch.results[n:], batch.after)
+    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
 
 
 def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
