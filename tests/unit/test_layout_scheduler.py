@@ -150,3 +150,24 @@ def test_the_boot_program_leaves_the_scheduler_to_modprobe_d() -> None:
     verbs.apply_host(host, lay())
     program = boot_program(host, lay())
     assert "scheduler" not in repr(program) and "modprobe" not in repr(program)
+
+
+def test_cli_plan_apply_and_assert_notes(tmp_path: object, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from vgpuvirt.cli import main
+
+    f = Path(str(tmp_path)) / "s.yaml"
+    f.write_text("version: v1\nconfigs:\n  a:\n    - devices: all\n      mode: vgpu\n      vgpu-devices: {T4-2Q: 1}\n"
+                 "      scheduler: {policy: equal-share}\n")
+    assert main(["--host", "sim:t4x2", "layout", "plan", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "scheduler best-effort -> equal-share" in out and "through NVML" in out and "RmPVMRL" in out
+    assert main(["--host", "sim:t4x2", "layout", "apply", str(f)]) == 0
+    assert "set the vGPU scheduler of 0000:3b:00.0 to equal-share" in capsys.readouterr().out
+    # what the registry path leaves after apply: no difference, a note (exit 0)
+    monkeypatch.setattr(verbs, "check_notes", lambda h, c, d=None: ([], [f"{GPU0}: scheduler equal-share pending"]))
+    assert main(["--host", "sim:t4x2", "layout", "assert", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert ": ok" in out and f"note: {GPU0}: scheduler equal-share pending" in out
