@@ -171,3 +171,12 @@ def test_cli_plan_apply_and_assert_notes(tmp_path: object, capsys: pytest.Captur
     assert main(["--host", "sim:t4x2", "layout", "assert", str(f)]) == 0
     out = capsys.readouterr().out
     assert ": ok" in out and f"note: {GPU0}: scheduler equal-share pending" in out
+
+
+def test_registry_options_it_cannot_read_do_not_break_the_layout_read() -> None:
+    host = SimHost.from_profile("t4x2")
+    host.model.sched.modprobe["other.conf"] = 'options nvidia NVreg_RegistryDwords="RmPVMRL=0x21"\n'  # policy bits 2
+    assert verbs.export(host).config().entries and verbs.check(host, lay(scheduler="")) != []
+    with pytest.raises(InvalidSpec, match="scheduler show"):
+        verbs.apply_host(host, lay())
+    assert not host.model.sched.state and FILE not in host.model.sched.modprobe

@@ -71,7 +71,8 @@ def plan(host: str, gpus: Sequence[GpuNow], wanted: Mapping[PciAddress, GpuLayou
                               "none with mode " + want.mode + ": the scheduler shares a GPU between time-sliced vGPUs")
         if g.scheduler is None:
             raise InvalidSpec(f"scheduler for {g.address} ({g.product or 'GPU'})", want.scheduler.policy,
-                              "none: only NVIDIA vGPU GPUs have a vGPU scheduler")
+                              "none: only NVIDIA vGPU GPUs have a vGPU scheduler (and vgpuvirt could read the "
+                              "host's: see vgpuvirt scheduler show)")
         settings[str(g.address)] = setting(g.address, want.scheduler)
         sched = g.sched
     if not settings or sched is None:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpuvirt.errors import DeviceError, HostError, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import DeviceError, HostError, InvalidSpec, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
@@ -59,7 +59,8 @@ class HostApply:
 
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
     """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
-    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request."""
+    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and
+    every GPU's vGPU scheduler (NVML, modprobe.d, the module's registry parameters)."""
     # the vGPU scheduler of every GPU NVML sees (one call) and the modprobe.d / module-parameter reads ride along
     real_root = host.sysfs_root == "/"      # elsewhere (a materialized tree) nvidia-smi would not describe it
     ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS if real_root),
@@ -72,7 +73,11 @@ def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuN
     inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0] if n else None,
                           mig_lgi=batch[1] if n else None, mig_lgip=batch[3] if n else None)
     nvidia = [str(g.address) for g in physical_gpus(inv) if (g.vendor or "").lower() == "0x10de"]
-    sched = vgpu_scheduler.parse_read(host.name, nvidia, batch.results[n:], batch.after)
+    try:
+        sched: vgpu_scheduler.SchedulerRead | None = vgpu_scheduler.parse_read(host.name, nvidia,
+                                                                               batch.results[n:], batch.after)
+    except (InvalidSpec, ValueError):
+        sched = None        # unreadable registry options: no layout reads them then, and one that sets a policy says so
     return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
 
 
