@@ -234,7 +234,8 @@ def test_agent_nvml_structures_match_pynvml():
     import ctypes
 
     from vgpuvirt.host import agent
-    _, get_state, set_state, caps, log = agent._nvml_structs()
+    _, get_state, set_state, caps, log, pci_info = agent._nvml_structs()
+    assert ctypes.sizeof(pci_info) == ctypes.sizeof(pynvml.nvmlPciInfo_t)
     assert ctypes.sizeof(get_state) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerGetState_t)
     assert ctypes.sizeof(set_state) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerSetState_t)
     assert ctypes.sizeof(caps) == ctypes.sizeof(pynvml.c_nvmlVgpuSchedulerCapabilities_t)

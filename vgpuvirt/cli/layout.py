@@ -116,20 +116,25 @@ def _plan(ctx: Context, args: argparse.Namespace) -> int:
             print(printable(f"  + {s.text}"))
         for x in p.pending:
             print(printable(f"  + then, once the VFs exist: {x}"))
+        for n in p.notes:
+            print(printable(f"  note: {n}"))
     return 0
 
 
 def _assert(ctx: Context, args: argparse.Namespace) -> int:
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
-        found = {h.name: verbs.check(h, cfg) for h in hosts}
+        both = {h.name: verbs.check_notes(h, cfg) for h in hosts}
+    found = {k: v[0] for k, v in both.items()}
     if ctx.json:
-        ctx.emit_json([{"host": k, "ok": not v, "differences": v} for k, v in found.items()])
+        ctx.emit_json([{"host": k, "ok": not v, "differences": v, "notes": both[k][1]} for k, v in found.items()])
     else:
         for host, diffs in found.items():
             print(printable(f"{host}: layout {cfg.name}: " + ("ok" if not diffs else "DIFFERS")))
             for d in diffs:
                 print(printable(f"  {d}"))
+            for n in both[host][1]:
+                print(printable(f"  note: {n}"))
     return 1 if any(found.values()) else 0
 
 

@@ -1257,16 +1257,21 @@ def _nvml_structs() -> "Any":
         _fields_ = [("timestamp", C.c_ulonglong), ("run_total", C.c_ulonglong), ("run", C.c_ulonglong),
                     ("runlist", C.c_uint), ("target", C.c_ulonglong), ("preempt", C.c_ulonglong)]
 
+    class PciInfo(C.Structure):     # nvmlPciInfo_t
+        _fields_ = [("busIdLegacy", C.c_char * 16), ("domain", C.c_uint), ("bus", C.c_uint),
+                    ("device", C.c_uint), ("pciDeviceId", C.c_uint), ("pciSubSystemId", C.c_uint),
+                    ("busId", C.c_char * 32)]
+
     class Log(C.Structure):         # nvmlVgpuSchedulerLog_t
         _fields_ = [("engine", C.c_uint), ("policy", C.c_uint), ("arr", C.c_uint), ("p", C.c_uint * 2),
                     ("count", C.c_uint), ("entries", LogEntry * 200)]
-    return C, GetState, SetState, Caps, Log
+    return C, GetState, SetState, Caps, Log, PciInfo
 
 
 def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
     import json
     try:
-        C, GetState, SetState, Caps, Log = _nvml_structs()
+        C, GetState, SetState, Caps, Log, PciInfo = _nvml_structs()
         lib = C.CDLL("libnvidia-ml.so.1")
     except OSError as exc:
         return dict(_err(None, "NVML library not found: %s" % exc), rc=NVML_ERROR_LIBRARY_NOT_FOUND)
@@ -1291,6 +1296,20 @@ def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
     try:
         check(fn("nvmlInit_v2")(), "nvmlInit")
         try:
+            if call == "vgpu_scheduler_get" and args[:1] == ["all"]:
+                # every GPU NVML sees, each answered alone: a caller that does not know the GPUs yet (a layout's
+                # one read) gets them all in one call; a GPU's own failure is its entry's, not the call's
+                count, out_all = C.c_uint(), []
+                check(fn("nvmlDeviceGetCount_v2")(C.byref(count)), "nvmlDeviceGetCount")
+                for i in range(count.value):
+                    h, pci = C.c_void_p(), PciInfo()
+                    check(fn("nvmlDeviceGetHandleByIndex_v2")(i, C.byref(h)), "GetHandleByIndex")
+                    check(fn("nvmlDeviceGetPciInfo_v3")(h, C.byref(pci)), "GetPciInfo")
+                    one = nvml_call({"value": call, "argv": [pci.busId.decode()]})
+                    out_all.append({"gpu": pci.busId.decode(), "ok": one.get("ok"), "rc": one.get("rc"),
+                                    "state": json.loads(one["stdout"]) if one.get("ok") else None,
+                                    "error": one.get("error")})
+                return {"ok": True, "rc": 0, "stdout": json.dumps(out_all)}
             handle = C.c_void_p()
             check(fn("nvmlDeviceGetHandleByPciBusId_v2")(args[0].encode(), C.byref(handle)), args[0])
             if call == "vgpu_scheduler_get":

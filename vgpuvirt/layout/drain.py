@@ -51,7 +51,8 @@ class DrainReport:
         for r in self.results:
             out.append(f"{r.host}: layout {'applied' if r.changed else 'already in place'} "
                        f"({len(r.done)} step(s); round trips {r.round_trips})")
-            out += [f"  + {s.text}" for s in r.done]
+            out += [f"  + {s.text}" for s in r.done if not s.reload_pending]
+            out += [f"  ~ written, pending until the driver reloads: {s.text}" for s in r.pending_reload]
             for vm in self.drained.get(r.host, []):
                 out.append(f"  drained {vm}")
             for vm, how in self.moved.get(r.host, {}).items():

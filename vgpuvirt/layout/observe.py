@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Selector, VgpuCount
+from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Scheduler, Selector, VgpuCount
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_capacity import GpuBudget
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory_model import Gpu, Inventory
 from vgpuvirt.services.mig import MigGpu, MigState
+from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
 
 #: PCI id -> product name as nvidia-smi prints it, for GPUs it cannot see (bound to vfio-pci).
 KNOWN_PRODUCTS = {
@@ -55,6 +56,22 @@ class GpuNow:
     mig: MigGpu | None = None                   # nvidia-smi's MIG view (index, GIs, CIs), when read
     pci_id: str | None = None                   # "0x10de:0x2236"
     function_drivers: tuple[str | None, ...] = ()   # the drivers of ``functions``, in order
+    sched: SchedulerRead | None = field(default=None, compare=False)  # the host's scheduler read (all GPUs)
+
+    @property
+    def scheduler(self) -> GpuScheduler | None:
+        """This GPU's vGPU scheduler (current and pending), when the read had it (NVIDIA GPUs)."""
+        return next((s for s in self.sched.gpus if s.address == str(self.address)), None) if self.sched else None
+
+    def scheduler_layout(self) -> Scheduler | None:
+        """The policy the host will run after the next driver load, when it is not the driver's default
+        (best effort): what an export writes (best-effort: a setting the layout file cannot say is left out)."""
+        s = self.scheduler
+        p = s.pending if s is not None else None
+        if p is None or p.policy == "best-effort" or p.adaptive is not None:
+            return None
+        ms, rest = divmod(p.timeslice_us or 0, 1000)
+        return None if rest or ms > 30 else Scheduler(p.policy, ms or None)
 
     @property
     def mig_enabled(self) -> bool:
@@ -101,12 +118,14 @@ class GpuNow:
         return GpuLayout(mode=mode, sriov_vfs=len(self.vfs) if self.vfs_total and mode != "passthrough" else None,
                          mig_devices=tuple(sorted(gis.items())) if mode in ("mig", "mig-vgpu") else (),
                          mig_exact=mode in ("mig", "mig-vgpu"),
-                         vgpu_devices=vg, sizing=sizing)
+                         vgpu_devices=vg, sizing=sizing,
+                         scheduler=self.scheduler_layout() if mode in ("vgpu", "mig-vgpu") else None)
 
 
-def gpus_now(inv: Inventory, mig: MigState | None = None) -> list[GpuNow]:
-    """Every physical GPU of the inventory, in address order (with its MIG view from ``mig``)."""
-    out = [_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None)
+def gpus_now(inv: Inventory, mig: MigState | None = None, sched: SchedulerRead | None = None) -> list[GpuNow]:
+    """Every physical GPU of the inventory, in address order (with its MIG view from ``mig`` and the host's
+    scheduler read ``sched``)."""
+    out = [replace(_gpu_now(inv, g, mig.gpu(g.address) if mig is not None else None), sched=sched)
            for g in sorted(physical_gpus(inv), key=lambda g: g.address)]
     # nvidia-smi does not see a GPU bound to vfio-pci, so its product name (what a selector may name) comes
     # from a GPU of the same PCI id on the host, else from the boards NVIDIA's vGPU documents list.
@@ -150,7 +169,9 @@ def _gpu_now(inv: Inventory, g: Gpu, mig: MigGpu | None) -> GpuNow:
                   tuple((d.driver if (d := inv.device(a)) else None) for a in functions))
 
 
-def export_layout(inv: Inventory, name: str = "exported") -> Layout:
-    """The host as it is: one config ``name``, one entry per GPU selected by its PCI address."""
-    entries = [GpuEntry((Selector("address", str(g.address)),), g.layout()) for g in gpus_now(inv)]
+def export_layout(inv: Inventory, name: str = "exported", gpus: list[GpuNow] | None = None) -> Layout:
+    """The host as it is: one config ``name``, one entry per GPU selected by its PCI address (``gpus``: the
+    GPUs as read with their MIG and scheduler views; default: from the inventory alone)."""
+    entries = [GpuEntry((Selector("address", str(g.address)),), g.layout())
+               for g in (gpus if gpus is not None else gpus_now(inv))]
     return Layout.single(name, entries, f"export of {inv.host}")

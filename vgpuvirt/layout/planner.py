@@ -18,7 +18,7 @@ from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.host.base import OpResult
-from vgpuvirt.layout import mig_steps
+from vgpuvirt.layout import mig_steps, sched_steps
 from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, Vgpu
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
@@ -31,7 +31,8 @@ VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu", "0x8086": "i915"}
 WAIT = 30.0
 
 # step order within a phase
-# MIG: GPU instances go at 12, the mode at 42, new GPU instances at 55 (mig_steps)
+# MIG: GPU instances go at 12, the mode at 42, new GPU instances at 55 (mig_steps); the vGPU scheduler at
+# 80 (its modprobe.d file) and 81 (NVML), in phase 2 (sched_steps)
 REMOVE, SRIOV_DOWN, DRIVER, SRIOV_UP, SIZING, VF_TYPE, MDEV = 10, 20, 30, 40, 45, 60, 70
 
 
@@ -56,10 +57,11 @@ class LayoutStep:
     touches: tuple[str, ...] = ()                # devices it takes away (mdev UUIDs, PCI addresses)
     # an undo known only from the host's answer (the id of a GPU instance nvidia-smi created)
     undo_after: Callable[[tuple[OpResult, ...]], Planned | None] | None = field(default=None, compare=False)
+    reload_pending: bool = False                 # takes effect at the next load of the driver (scheduler key)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "gpu": str(self.gpu), "phase": self.phase, "step": self.item.action,
-                "target": self.item.target, "text": self.text}
+                "target": self.item.target, "text": self.text, "pending_driver_reload": self.reload_pending}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class HostPlan:
     steps: tuple[LayoutStep, ...]
     diffs: tuple[GpuDiff, ...]
     pending: tuple[str, ...] = ()                # what phase 2 will do once phase 1 made the places
+    notes: tuple[str, ...] = ()                  # in the state, not active yet (a scheduler awaiting a reload)
 
     def phase(self, n: int) -> list[LayoutStep]:
         return sorted((s for s in self.steps if s.phase == n), key=lambda s: (s.order, s.gpu, s.item.target))
@@ -89,7 +92,7 @@ class HostPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "steps": [s.to_dict() for s in self.phase(1) + self.phase(2)],
-                "pending": list(self.pending), "diff": [d.format() for d in self.diffs]}
+                "pending": list(self.pending), "diff": [d.format() for d in self.diffs], "notes": list(self.notes)}
 
 
 def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPlan:
@@ -99,6 +102,9 @@ def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPl
     steps: list[LayoutStep] = []
     diffs: list[GpuDiff] = []
     pending: list[str] = []
+    sched, sched_diff, notes = sched_steps.plan(host, gpus, {a: e.layout for a, e in chosen.items()})
+    for gpu, order, text, item, undo, reload_pending in sched:
+        steps.append(LayoutStep(host, gpu, 2, order, text, item, undo, reload_pending=reload_pending))
     for g in gpus:
         entry = chosen.get(g.address)
         if entry is None:
@@ -106,9 +112,10 @@ def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPl
         s, d, p = _plan_gpu(host, g, entry.layout)
         steps += s
         pending += p
+        d += sched_diff.get(g.address, [])
         if d:
             diffs.append(GpuDiff(g.address, g.product, tuple(d)))
-    return HostPlan(host, tuple(steps), tuple(diffs), tuple(pending))
+    return HostPlan(host, tuple(steps), tuple(diffs), tuple(pending), tuple(notes))
 
 
 def _want_vfs(g: GpuNow, want: GpuLayout) -> int:

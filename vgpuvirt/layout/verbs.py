@@ -14,14 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpuvirt.errors import DeviceError, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import DeviceError, HostError, InvalidSpec, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
-from vgpuvirt.services import mig
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory
+from vgpuvirt.services import mig, vgpu_scheduler
+from vgpuvirt.services.gpu_capacity_build import physical_gpus
+from vgpuvirt.services.inventory import INVENTORY_GLOBS
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.mutation import apply_items
@@ -44,26 +45,45 @@ class HostApply:
     def changed(self) -> bool:
         return bool(self.done)
 
+    @property
+    def pending_reload(self) -> list[LayoutStep]:
+        """What was written but takes effect only at the next load of the driver (a scheduler registry key)."""
+        return [s for s in self.done if s.reload_pending]
+
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "changed": self.changed, "plan": self.plan.to_dict(),
-                "done": [s.text for s in self.done], "round_trips": dict(self.round_trips)}
+                "done": [s.text for s in self.done if not s.reload_pending],
+                "pending_driver_reload": [s.text for s in self.pending_reload],
+                "round_trips": dict(self.round_trips)}
 
 
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
     """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
-    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request."""
-    if host.sysfs_root != "/":
-        inv = inventory(host, domains=domains, use_nvml=False, nvidia_smi=False)
-        return inv, gpus_now(inv)
-    batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS], lock=False,
-                       on_error="continue", reads_after=INVENTORY_GLOBS)
-    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0], mig_lgi=batch[1],
-                          mig_lgip=batch[3])
-    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)))
+    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and
+    every GPU's vGPU scheduler (NVML, modprobe.d, the module's registry parameters)."""
+    # the vGPU scheduler of every GPU NVML sees (one call) and the modprobe.d / module-parameter reads ride along
+    real_root = host.sysfs_root == "/"      # elsewhere (a materialized tree) nvidia-smi would not describe it
+    ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS if real_root),
+           *vgpu_scheduler.read_ops(None)]
+    batch = host.apply(ops, lock=False, on_error="continue",
+                       reads_after=[*INVENTORY_GLOBS, *vgpu_scheduler.READ_GLOBS])
+    if not any(p.startswith("/sys/bus/pci/devices/") for p in batch.after):
+        raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}/sys/bus/pci")
+    n = len(mig.READ_ARGVS) if real_root else 0
+    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0] if n else None,
+                          mig_lgi=batch[1] if n else None, mig_lgip=batch[3] if n else None)
+    nvidia = [str(g.address) for g in physical_gpus(inv) if (g.vendor or "").lower() == "0x10de"]
+    try:
+        sched: vgpu_scheduler.SchedulerRead | None = vgpu_scheduler.parse_read(host.name, nvidia,
+                                                                               batch.results[n:], batch.after)
+    except (InvalidSpec, ValueError):
+        sched = None        # unreadable registry options: no layout reads them then, and one that sets a policy says so
+    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
 
 
 def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
-    return export_layout(read_gpus(host, domains)[0], name)
+    inv, gpus = read_gpus(host, domains)
+    return export_layout(inv, name, gpus)
 
 
 def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
@@ -73,9 +93,15 @@ def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
 
 def check(host: Host, config: LayoutConfig, domains: Domains = None) -> list[str]:
     """The differences between the host and the config (empty: the host is in that state)."""
+    return check_notes(host, config, domains)[0]
+
+
+def check_notes(host: Host, config: LayoutConfig, domains: Domains = None) -> tuple[list[str], list[str]]:
+    """The differences, and the notes: what is in the state but not active yet (a scheduler policy written to
+    the registry key, waiting for the next driver load: nothing apply could do, so not a difference)."""
     p = plan(host, config, domains)
-    return [d.format() for d in p.diffs] + [f"{s.text}" for s in p.steps if not p.diffs] + \
-        [f"pending: {x}" for x in p.pending if not p.diffs]
+    return ([d.format() for d in p.diffs] + [f"{s.text}" for s in p.steps if not p.diffs]
+            + [f"pending: {x}" for x in p.pending if not p.diffs], list(p.notes))
 
 
 def _counted(host: Host, rts: dict[str, int], phase: str, fn: Callable[[], Any]) -> Any:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import DeviceError, DeviceNotFound, InvalidSpec
-from vgpuvirt.host.base import Host, Op, Snapshot
+from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.scheduler_model import (
     MODPROBE_FILE,
@@ -32,11 +32,11 @@ from vgpuvirt.services.scheduler_model import (
     render_modprobe,
 )
 
-__all__ = ["GpuScheduler", "SchedulerChange", "SchedulerPlan", "apply_schedulers", "nvidia_gpus",
-           "plan_schedulers", "read_schedulers"]
+__all__ = ["READ_GLOBS", "GpuScheduler", "SchedulerChange", "SchedulerPlan", "SchedulerRead", "apply_schedulers",
+           "nvidia_gpus", "parse_read", "plan_from_read", "plan_schedulers", "read_ops", "read_schedulers"]
 
 _PCI = "/sys/bus/pci/devices"
-NVML_NOT_SUPPORTED = 3
+NVML_NOT_SUPPORTED, NVML_NOT_FOUND = 3, 6
 
 
 class SchedulerError(DeviceError):
@@ -75,7 +75,7 @@ class GpuScheduler:
 
 
 @dataclass
-class _Read:
+class SchedulerRead:
     gpus: list[GpuScheduler]
     files: dict[str, str]
     ours: dict[str, int]                 # GPU -> RmPVMRL in vgpuvirt's own file
@@ -98,15 +98,42 @@ def _bus_id(addr: str) -> str:
     return PciAddress.parse(addr).nvml_bus_id
 
 
-def _read(host: Host, gpus: Sequence[str]) -> _Read:
-    addrs = [str(PciAddress.parse(g)) for g in gpus]
-    ops = [Op.nvml("vgpu_scheduler_get", [_bus_id(a)], read_only=True) for a in addrs]
-    batch = host.apply(ops, lock=False, on_error="continue",
-                       reads_after=["/etc/modprobe.d/*", *MODULE_PARAMS, *(f"{_PCI}/{a}/vendor" for a in addrs)])
-    snap: Snapshot = batch.after
+#: what a scheduler read takes from the host after its NVML calls (a layout's read adds these to its own)
+READ_GLOBS = ("/etc/modprobe.d/*", *MODULE_PARAMS)
+
+
+def read_ops(gpus: Sequence[str] | None) -> list[Op]:
+    """The read-only NVML calls of a scheduler read: one per GPU, or ``None``: one call for every GPU NVML sees
+    (for a caller that learns the GPUs from the same round trip)."""
+    if gpus is None:
+        return [Op.nvml("vgpu_scheduler_get", ["all"], read_only=True)]
+    return [Op.nvml("vgpu_scheduler_get", [_bus_id(str(PciAddress.parse(g)))], read_only=True) for g in gpus]
+
+
+def _answers(addrs: Sequence[str], results: Sequence[OpResult]) -> list[tuple[Any, str | None, int | None]]:
+    """(NVML state or None, error, rc) per GPU, from per-GPU calls or from one ``all`` call."""
+    if len(results) == len(addrs) and not (len(results) == 1 and (results[0].op.argv or ())[:1] == ("all",)):
+        return [(json.loads(r.stdout or "{}"), None, None) if r.ok else (None, r.error, r.rc) for r in results]
+    one = results[0]
+    if not one.ok:                                   # no NVML, or no scheduler calls: the same for every GPU
+        return [(None, one.error, one.rc) for _ in addrs]
+    seen = {str(PciAddress.from_nvml(e["gpu"])): e for e in json.loads(one.stdout or "[]")}
+    out: list[tuple[Any, str | None, int | None]] = []
     for a in addrs:
-        if snap.text(f"{_PCI}/{a}/vendor") != "0x10de":
-            raise DeviceNotFound(host.name, a, "no NVIDIA GPU at this address")
+        e = seen.get(a)
+        if e is None:
+            out.append((None, "NVML does not see this GPU (not bound to nvidia)", NVML_NOT_FOUND))
+        else:
+            out.append((e["state"], None, None) if e.get("ok") else (None, e.get("error"), e.get("rc")))
+    return out
+
+
+def parse_read(host: str, gpus: Sequence[str], results: Sequence[OpResult], snap: Snapshot) -> SchedulerRead:
+    """A scheduler read from the answers of :func:`read_ops` and a snapshot holding :data:`READ_GLOBS`."""
+    addrs = [str(PciAddress.parse(g)) for g in gpus]
+    for a in addrs:
+        if snap.has(f"{_PCI}/{a}/vendor") and snap.text(f"{_PCI}/{a}/vendor") != "0x10de":
+            raise DeviceNotFound(host, a, "no NVIDIA GPU at this address")
     files = {p: e.text for p, e in snap.items() if p.startswith("/etc/modprobe.d/") and e.text is not None
              and p.endswith(".conf")}
     options = modprobe_options(files)
@@ -122,18 +149,27 @@ def _read(host: Host, gpus: Sequence[str]) -> _Read:
     loaded = registry_values(snap.text(MODULE_PARAMS[0]), snap.text(MODULE_PARAMS[1]))
     params_known = snap.text(MODULE_PARAMS[0]) is not None
     out = []
-    for a, res in zip(addrs, batch.results, strict=True):
-        if res.ok:
-            state = json.loads(res.stdout or "{}")
+    for a, (state, err, rc) in zip(addrs, _answers(addrs, results), strict=True):
+        if state is not None:
             current: SchedulerSetting | None = SchedulerSetting.from_nvml(state)
-            source, caps, err, log = "nvml", state.get("capabilities"), None, state.get("log_entries")
+            source, caps, log = "nvml", state.get("capabilities"), state.get("log_entries")
         else:
             current = effective(loaded, a) if params_known else None
-            source, caps, err, log = "module parameters", None, res.error, None
+            source, caps, log = "module parameters", None, None
         out.append(GpuScheduler(address=a, current=current, current_source=source,
-                                pending=effective(pending_values, a), nvml=res.ok, nvml_error=err,
-                                capabilities=caps, log_entries=log, nvml_code=None if res.ok else res.rc))
-    return _Read(out, files, ours, foreign)
+                                pending=effective(pending_values, a), nvml=state is not None, nvml_error=err,
+                                capabilities=caps, log_entries=log, nvml_code=rc))
+    return SchedulerRead(out, files, ours, foreign)
+
+
+def _read(host: Host, gpus: Sequence[str]) -> SchedulerRead:
+    addrs = [str(PciAddress.parse(g)) for g in gpus]
+    batch = host.apply(read_ops(addrs), lock=False, on_error="continue",
+                       reads_after=[*READ_GLOBS, *(f"{_PCI}/{a}/vendor" for a in addrs)])
+    for a in addrs:
+        if batch.after.text(f"{_PCI}/{a}/vendor") != "0x10de":
+            raise DeviceNotFound(host.name, a, "no NVIDIA GPU at this address")
+    return parse_read(host.name, addrs, list(batch.results), batch.after)
 
 
 def read_schedulers(host: Host, gpus: Sequence[str] | None = None) -> list[GpuScheduler]:
@@ -180,13 +216,22 @@ def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, per
     if not settings:
         raise InvalidSpec("GPU list", [], "at least one GPU")
     wanted = {str(PciAddress.parse(g)): s for g, s in settings.items()}
-    r = _read(host, list(wanted))
+    return plan_from_read(host.name, _read(host, list(wanted)), wanted, persist=persist)
+
+
+def plan_from_read(host: str, r: SchedulerRead, wanted: Mapping[str, SchedulerSetting], *,
+                   persist: bool = False) -> SchedulerPlan:
+    """:func:`plan_schedulers` on a read already made (a layout's one read round trip carries it)."""
+    missing = sorted(set(wanted) - {g.address for g in r.gpus})
+    if missing:
+        raise DeviceNotFound(host, missing[0], "not in the scheduler read")
+    r = SchedulerRead([g for g in r.gpus if g.address in wanted], r.files, r.ours, r.foreign)
     values = dict(r.ours)
     changes, nvml_ops = [], []
     for g in r.gpus:
         want = wanted[g.address]
         if not g.vgpu_capable:
-            raise SchedulerError(host.name, g.address, "NVML reports the vGPU scheduler not supported on this GPU "
+            raise SchedulerError(host, g.address, "NVML reports the vGPU scheduler not supported on this GPU "
                                  "(no vGPU host driver for it): there is no time-sliced vGPU to schedule")
         if g.nvml:
             caps = g.capabilities or {}
@@ -194,9 +239,9 @@ def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, per
             lo, hi = caps.get("min_timeslice_ns"), caps.get("max_timeslice_ns")
             if ts and lo is not None and hi is not None and not lo <= ts <= hi:
                 raise InvalidSpec("timeslice (us)", want.timeslice_us,
-                                  f"{lo // 1000}..{hi // 1000} us on {host.name} {g.address} (its NVML capabilities)")
+                                  f"{lo // 1000}..{hi // 1000} us on {host} {g.address} (its NVML capabilities)")
             if want.adaptive and caps.get("adaptive") is False:
-                raise SchedulerError(host.name, g.address, "this GPU has no adaptive round robin scheduler")
+                raise SchedulerError(host, g.address, "this GPU has no adaptive round robin scheduler")
             via = "none" if g.current == want and (not persist or g.pending == want) else "nvml"
             if via == "nvml" and g.current != want:
                 n = want.to_nvml()
@@ -212,11 +257,11 @@ def plan_schedulers(host: Host, settings: Mapping[str, SchedulerSetting], *, per
     ops: list[Op] = []
     if values != r.ours:
         if r.foreign:
-            raise SchedulerError(host.name, ", ".join(wanted), f"{', '.join(r.foreign)} also sets the nvidia "
+            raise SchedulerError(host, ", ".join(wanted), f"{', '.join(r.foreign)} also sets the nvidia "
                                  "module's NVreg_RegistryDwordsPerDevice: only one file can; merge it into "
                                  f"{MODPROBE_FILE} or remove it first")
         ops.append(Op.replace_file(MODPROBE_FILE, render_modprobe(values)))
-    return SchedulerPlan(host.name, tuple(changes), tuple(ops + nvml_ops), r.files.get(MODPROBE_FILE))
+    return SchedulerPlan(host, tuple(changes), tuple(ops + nvml_ops), r.files.get(MODPROBE_FILE))
 
 
 def apply_schedulers(host: Host, plan: SchedulerPlan) -> SchedulerPlan:

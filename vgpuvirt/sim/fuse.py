@@ -18,6 +18,7 @@ from typing import Any
 
 from vgpuvirt.errors import HostError, InvalidSpec, MissingDependency
 from vgpuvirt.sim.fs import SimFs
+from vgpuvirt.sim.fs_etc import MODPROBE_DIR
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
 
@@ -41,6 +42,7 @@ class SimFuse(_Operations):  # type: ignore[misc]
     def __init__(self, fs: SimFs) -> None:
         self.fs = fs
         self.reboot_requested = False
+        self.staged: dict[str, str] = {}         # files being written under a temporary name (replace_file)
 
     def request_reboot(self, *_: object) -> None:
         """SIGHUP (``vgpuvirt sim reboot``): only a flag, because a signal handler may run in the middle of
@@ -54,7 +56,7 @@ class SimFuse(_Operations):  # type: ignore[misc]
 
     def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
         self._tick()
-        kind, mode = self.fs.stat(path, follow=False)
+        kind, mode = ("f", 0o600) if path in self.staged else self.fs.stat(path, follow=False)
         if kind == "l":
             st_mode, size, nlink = stat.S_IFLNK | 0o777, len(self.fs.readlink(path)), 1
         elif kind == "d":
@@ -83,6 +85,8 @@ class SimFuse(_Operations):  # type: ignore[misc]
 
     def open(self, path: str, flags: int) -> int:
         self._tick()
+        if path in self.staged:
+            return 0
         acc = flags & os.O_ACCMODE
         self.fs.check_open(path, read=acc in (os.O_RDONLY, os.O_RDWR), write=acc in (os.O_WRONLY, os.O_RDWR))
         return 0
@@ -93,16 +97,42 @@ class SimFuse(_Operations):  # type: ignore[misc]
 
     def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
         self._tick()
+        if path in self.staged:
+            text = self.staged[path]
+            self.staged[path] = text[:offset] + data.decode("utf-8", "surrogateescape") + text[offset + len(data):]
+            return len(data)
         self.fs.write(path, data.decode("utf-8", "surrogateescape"))
         return len(data)
 
     def truncate(self, path: str, length: int, fh: Any = None) -> int:
         # The shell's '>' truncates first; sysfs ignores that. Only attributes that take writes allow it.
+        if path in self.staged:
+            self.staged[path] = self.staged[path][:length]
+            return 0
         self.fs.check_open(path, read=False, write=True)
         return 0
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
-        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        # Only the agent's replace_file in /etc/modprobe.d creates a file: a temporary name beside the target,
+        # written, then renamed over it (the rename is what the simulated driver's files see).
+        self._tick()
+        if path.rpartition("/")[0] != MODPROBE_DIR or path in self.staged:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        self.staged[path] = ""
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._tick()
+        if old not in self.staged:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        self.fs.replace_file(new, self.staged.pop(old), 0o644)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._tick()
+        if self.staged.pop(path, None) is None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return 0
 
     def statfs(self, path: str) -> dict[str, int]:
         return {"f_bsize": 4096, "f_namemax": 255}

@@ -91,6 +91,17 @@ class SimScheduler:
         if not self.nvml_supported:
             return {"ok": False, "errno": None, "rc": FUNCTION_NOT_FOUND,
                     "error": "NVML has no nvmlDeviceGetVgpuSchedulerState (driver too old)"}
+        if call == "vgpu_scheduler_get" and args[:1] == ["all"]:
+            # every GPU the nvidia driver has (NVML's device list), each answered as a call of its own
+            seen = sorted(a for a, d in self.model.devices.items()
+                          if d.driver == "nvidia" and d.physfn is None and d.gpu is not None)
+            out_all = []
+            for a in seen:
+                bus = PciAddress.parse(a).nvml_bus_id
+                one = self.nvml({"value": call, "argv": [bus]})
+                out_all.append({"gpu": bus, "ok": one["ok"], "rc": one["rc"], "error": one.get("error"),
+                                "state": json.loads(one["stdout"]) if one["ok"] else None})
+            return {"ok": True, "rc": 0, "stdout": json.dumps(out_all)}
         addr = _address(args[0]) if args else None
         dev = self.model.devices.get(addr or "")
         if dev is None or dev.driver != "nvidia" or dev.physfn is not None:
