@@ -141,8 +141,16 @@ class Snapshot(Mapping[str, Entry]):
     def glob(self, pattern: str) -> list[str]:
         """Paths in the snapshot matching a glob, component by component (``*`` never crosses ``/``)."""
         parts = pattern.split("/")
+        # Only paths under the pattern's literal leading directories can match: test those alone (a snapshot
+        # of a large host holds ~11,000 paths; fnmatch on each of them cost ~15 ms a glob).
+        literal = []
+        for part in parts[:-1]:
+            if any(c in part for c in "*?["):
+                break
+            literal.append(part)
+        prefix = "/".join(literal) + "/" if literal else ""
         return sorted(p for p in self._entries
-                      if len(p.split("/")) == len(parts)
+                      if p.startswith(prefix) and len(p.split("/")) == len(parts)
                       and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p.split("/"), parts, strict=True)))
 
     def to_wire(self) -> dict[str, list[Any]]:
