@@ -21,7 +21,6 @@ def register(sub: Any) -> None:
     p = sub.add_parser("metrics", help="one metrics snapshot: GPU and per-vGPU/VM use, health (one round trip/host)")
     p.add_argument("hosts", nargs="*", metavar="HOST",
                    help="hosts to collect (local, ssh://..., sim:PROFILE); default: the global --host")
-    p.add_argument("--json", action="store_true", dest="sub_json", help="print the snapshot's JSON only")
     p.add_argument("--connect", metavar="URI", default=None,
                    help="libvirt URI of the (single) host: name the VMs owning each vGPU from their domain XML")
     p.set_defaults(func=run)
@@ -54,7 +53,6 @@ def snapshot(ctx: Context, args: argparse.Namespace) -> MetricsSnapshot:
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
-    ctx.json = ctx.json or bool(args.sub_json)
     snap = snapshot(ctx, args)
     if ctx.json:
         ctx.emit_json(snap.to_dict())
