@@ -185,3 +185,34 @@ def test_a_vgpu_board_and_a_nic_both_with_sriov_off_are_enabled_in_turn(tmp_path
     assert r.plan.assignments[0].kind == "mdev"
     assert teardown(h, conn, [vm.name]).ok
     conn.close()
+
+
+def _pinned_domain(name: str, cpus: tuple[int, ...]) -> str:
+    pins = "".join(f"<vcpupin vcpu='{i}' cpuset='{c}'/>" for i, c in enumerate(cpus))
+    return (f"<domain type='kvm'><name>{name}</name><memory>1048576</memory><vcpu>{len(cpus)}</vcpu>"
+            f"<cputune>{pins}</cputune><os><type arch='x86_64'>hvm</type></os></domain>")
+
+
+def test_gaming_vms_do_not_share_pinned_cpus():
+    from vgpuvirt.provision.cpu_pinning import PinLedger
+
+    host = SimHost.from_profile("desktop")
+
+    def pinning(domains: list[tuple[str, str]]) -> tuple[int, ...] | None:
+        p = plan([inventory(host)], [_gaming()], domains={host.name: domains})
+        xml = next(s for s in p.steps if s.kind == "define").xml  # type: ignore[attr-defined]
+        pins = Domain.from_xml(xml).cpu_pinning()
+        return pins.vcpu_cpus if pins is not None else None
+
+    # Another VM holds CPUs 0 and 1 of the GPU's node: this one takes the next four, not 0-3 again.
+    assert pinning([("other", _pinned_domain("other", (0, 1)))]) == (2, 3, 4, 5)
+    # A rerun: the VM's own domain does not count against it, so it keeps its CPUs.
+    rerun = PinLedger({"h": {"gvm": _pinned_domain("gvm", (0, 1, 2, 3)), "x": _pinned_domain("x", (4,))}})
+    assert rerun.choose("h", _gaming(), "0-7")[0] == "0,1,2,3"
+    # Within one plan: the second VM near the same GPU node gets the CPUs the first did not take.
+    ledger = PinLedger({"h": {}})
+    a = ledger.choose("h", _gaming("a"), "0-7")
+    b = ledger.choose("h", _gaming("b"), "0-7")
+    c = ledger.choose("h", _gaming("c"), "0-7")
+    assert (a[0], b[0], c[0]) == ("0,1,2,3", "4,5,6,7", None)
+    assert "4 of them pinned by other VMs" not in c[1] and "8 of them pinned by other VMs" in c[1]

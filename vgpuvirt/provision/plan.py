@@ -17,7 +17,7 @@ from typing import Any
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
-from vgpuvirt.provision.cpu_pinning import gpu_cpu_pinning
+from vgpuvirt.provision.cpu_pinning import PinLedger
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
@@ -253,7 +253,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         by_vm.setdefault(a.vm, []).append(a)
     adopted_vms = {a.vm for a in ready}
     problems: list[str] = []
-    ledger = Ledger()
+    ledger, pins = Ledger(), PinLedger({h: s.domains for h, s in hs.items()})
     nics = _nic_vfs(todo, by_vm, hs)
     if isinstance(nics, Plan):
         nics.kept, nics.vms, nics.explain = kept, list(requests), explain
@@ -271,7 +271,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if nic is not None:
             explain.append(Candidate(vm.name, host, str(nic.vf), "chosen", nic.reason))
         gpu = next((g for g in hs[host].gpus if picks and g.address == picks[0].gpu), None)
-        pin, why = gpu_cpu_pinning(vm, gpu.local_cpus if gpu is not None else None)
+        pin, why = pins.choose(host, vm, gpu.local_cpus if gpu is not None else None)
         if why:
             explain.append(Candidate(vm.name, host, str(picks[0].gpu) if picks else "-", "chosen", why))
         dom = _build_domain(vm, host, picks, nic.vf if nic else None, pin, pool_dir(vm, hs[host]))
