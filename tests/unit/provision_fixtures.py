@@ -1,6 +1,6 @@
 """Hand-built Inventory objects (the inventory service's dataclasses) for pure provisioning tests.
 
-Type tables follow ../shared/hostdata (T4 from nvidia_t4_sysfs.txt, L40S ids from
+Type tables follow the hostdata transcripts in tests/fixtures/hostdata (T4 from nvidia_t4_sysfs.txt, L40S ids from
 nvidia_vfio_vendor_specific.txt); availability follows the equal-size rule.
 """
 

@@ -1,4 +1,4 @@
-"""NVML enrichment against a fake ``pynvml`` built from shared/hostdata facts (no GPU here).
+"""NVML enrichment against a fake ``pynvml`` built from the hostdata facts (tests/fixtures/hostdata) (no GPU here).
 
 The fake mirrors pynvml's real surface: the same function names, ``NVMLError(value)`` returning the
 per-code subclass (``NVMLError_NotSupported``), byte strings where the C API hands back char buffers,

@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from vgpuvirt.cli.context import Context, plain, printable
+from vgpuvirt.cli.targets import open_one
 from vgpuvirt.errors import InvalidSpec
-from vgpuvirt.host.base import BaseHost
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot
 
 
@@ -26,19 +26,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _open(ctx: Context, spec: str) -> BaseHost:
-    from vgpuvirt.hosts import open_host
-    a = ctx.args
-    return open_host(spec, sysfs_root=a.sysfs_root, identity=a.identity, known_hosts=a.known_hosts, sudo=a.sudo,
-                     allow_unknown_hosts=a.allow_unknown_hosts)
-
-
 def snapshot(ctx: Context, args: argparse.Namespace) -> MetricsSnapshot:
     from vgpuvirt.services.metrics import Collector
 
     if args.connect and len(args.hosts) > 1:
         raise InvalidSpec("--connect", args.connect, "one host only (each host has its own libvirt)")
-    hosts = [_open(ctx, s) for s in args.hosts] if args.hosts else [ctx.host()]
+    hosts = [open_one(s, ctx.args) for s in args.hosts] if args.hosts else [ctx.host()]
     try:
         domains = None
         if args.connect:

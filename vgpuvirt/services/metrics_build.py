@@ -17,12 +17,9 @@ from vgpuvirt.services.gpu_health import assess
 from vgpuvirt.services.inventory_model import Gpu, Inventory
 from vgpuvirt.services.kernel_log import KernelLog, since
 from vgpuvirt.services.metrics_model import (
-    Ecc,
     GpuMetrics,
     Health,
     HostMetrics,
-    MemoryRepair,
-    PcieLink,
     Scheduler,
     TypeUse,
     VgpuMetrics,
@@ -127,6 +124,13 @@ def _types(budget: GpuBudget | None) -> tuple[TypeUse, ...]:
                          f.fits_now, held.get(f.type_id, 0)) for f in budget.fits())
 
 
+# The readings nvidia-smi gives a GPU, carried into its metrics as read (absent readings keep the defaults:
+# None, or the empty Ecc / MemoryRepair / PcieLink).
+_AS_READ = ("fb_used_mib", "sm_util_pct", "memory_util_pct", "encoder_util_pct", "decoder_util_pct", "temperature_c",
+            "power_w", "power_limit_w", "sm_clock_mhz", "memory_clock_mhz", "graphics_clock_mhz",
+            "performance_state", "ecc", "memory_repair", "pcie")
+
+
 def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None, active: list[ActiveVgpu],
          owners: _Owners, klog: KernelLog | None, cursor: float | None, nvml_sched: Scheduler | None) -> GpuMetrics:
     all_xids = klog.xids.get(g.address, ()) if klog is not None else None
@@ -139,15 +143,8 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
         address=str(g.address), name=(r.name if r else None) or g.name, uuid=r.uuid if r else None,
         mode=budget.mode if budget else None, sizing=budget.sizing if budget else None,
         fb_total_mib=(r.fb_total_mib if r else None) or (budget.framebuffer_mib if budget else None),
-        fb_used_mib=r.fb_used_mib if r else None, vgpu_fb_used_mib=vgpu_fb, types=_types(budget),
-        sm_util_pct=r.sm_util_pct if r else None, memory_util_pct=r.memory_util_pct if r else None,
-        encoder_util_pct=r.encoder_util_pct if r else None, decoder_util_pct=r.decoder_util_pct if r else None,
-        temperature_c=r.temperature_c if r else None, power_w=r.power_w if r else None,
-        power_limit_w=r.power_limit_w if r else None, sm_clock_mhz=r.sm_clock_mhz if r else None,
-        memory_clock_mhz=r.memory_clock_mhz if r else None, graphics_clock_mhz=r.graphics_clock_mhz if r else None,
-        performance_state=r.performance_state if r else None,
-        ecc=r.ecc if r else Ecc(), memory_repair=r.memory_repair if r else MemoryRepair(),
-        pcie=r.pcie if r else PcieLink(),
+        vgpu_fb_used_mib=vgpu_fb, types=_types(budget),
+        **({f: getattr(r, f) for f in _AS_READ} if r is not None else {}),
         xids=since(all_xids, cursor) if all_xids is not None else None, xids_since_boot=codes,
         scheduler=sched, health=health,
         vgpus=_vgpus(inv, g, budget, [a for a in active if a.gpu == g.address], owners),
