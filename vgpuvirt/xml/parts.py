@@ -134,13 +134,23 @@ class EvdevInput:
                    grab_all=src is not None and src.get("grab") == "all")
 
 
+_ALIAS_RE = re.compile(r"ua-[A-Za-z0-9_-]{1,60}")
+
+
 @dataclass(frozen=True)
 class VirtioNic:
-    """An ordinary virtio NIC on a libvirt network (``kind='network'``), a bridge, or user-mode networking."""
+    """An ordinary virtio NIC on a libvirt network (``kind='network'``), a bridge, or user-mode networking.
+
+    ``teaming=True`` makes it the persistent member of a failover pair (``<teaming type='persistent'/>``):
+    the guest's failover driver uses the SR-IOV VF whose ``teaming`` names this NIC's ``alias`` and falls
+    back to this NIC while the VF is unplugged for a live migration (libvirt needs the alias for that).
+    """
 
     kind: str = "network"
     source: str | None = "default"
     mac: MacAddress | None = None
+    alias: str | None = None
+    teaming: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("network", "bridge", "user"):
@@ -151,6 +161,13 @@ class VirtioNic:
             raise InvalidSpec(f"{self.kind} name", self.source, "a libvirt network or bridge name")
         if self.mac is not None:
             object.__setattr__(self, "mac", MacAddress.parse(self.mac))
+        if self.alias is not None and (not isinstance(self.alias, str) or not _ALIAS_RE.fullmatch(self.alias)):
+            raise InvalidSpec("NIC alias", self.alias, "a user alias such as ua-backup0 (ua- then letters, digits, "
+                                                       "_ or -)")
+        if not isinstance(self.teaming, bool):
+            raise InvalidSpec("NIC teaming", self.teaming, "true or false")
+        if self.teaming and self.alias is None:
+            raise InvalidSpec("NIC teaming", self.teaming, "an alias for the VF's teaming to name")
 
     def to_element(self) -> Element:
         el = make("interface", {"type": self.kind})
@@ -159,6 +176,10 @@ class VirtioNic:
         if self.source is not None:
             sub(el, "source", {self.kind: self.source})
         sub(el, "model", {"type": "virtio"})
+        if self.teaming:
+            sub(el, "teaming", {"type": "persistent"})
+        if self.alias is not None:
+            sub(el, "alias", {"name": self.alias})
         return el
 
     @classmethod
@@ -167,8 +188,13 @@ class VirtioNic:
         kind = el.get("type", "")
         src = el.find("source")
         mac = el.find("mac")
+        alias = el.find("alias")
+        teaming = el.find("teaming")
+        if teaming is not None and teaming.get("type") != "persistent":
+            raise InvalidSpec("NIC teaming", teaming.get("type"), "persistent (transient is the VF's side)")
         return cls(kind=kind, source=None if src is None else src.get(kind),
-                   mac=None if mac is None else MacAddress.parse(mac.get("address", "")))
+                   mac=None if mac is None else MacAddress.parse(mac.get("address", "")),
+                   alias=None if alias is None else alias.get("name"), teaming=teaming is not None)
 
 
 @dataclass(frozen=True)
