@@ -59,6 +59,46 @@ class Disk:
                    target="vda" if tgt is None else tgt.get("dev", "vda"))
 
 
+_CD_TARGET_RE = re.compile(r"^(sd|hd)[a-z]{1,3}$")
+CDROM_BUSES = ("sata", "ide", "scsi")
+
+
+@dataclass(frozen=True)
+class CdRom:
+    """A read-only CD-ROM backed by an ISO file: ``<disk type='file' device='cdrom'>`` with ``<readonly/>``
+    (a cloud-init seed, a config drive). ``bus`` is ``sata`` on q35, ``ide`` on i440fx."""
+
+    path: str
+    target: str = "sdb"
+    bus: str = "sata"
+
+    def __post_init__(self) -> None:
+        _host_path("CD-ROM image", self.path)
+        if self.bus not in CDROM_BUSES:
+            raise InvalidSpec("CD-ROM bus", self.bus, " | ".join(CDROM_BUSES))
+        if not isinstance(self.target, str) or not _CD_TARGET_RE.match(self.target):
+            raise InvalidSpec("CD-ROM target", self.target, "a guest device name such as sdb or hdc")
+
+    def to_element(self) -> Element:
+        el = make("disk", {"type": "file", "device": "cdrom"})
+        sub(el, "driver", {"name": "qemu", "type": "raw"})
+        sub(el, "source", {"file": self.path})
+        sub(el, "target", {"dev": self.target, "bus": self.bus})
+        sub(el, "readonly")
+        return el
+
+    @classmethod
+    def from_element(cls, el: Element) -> CdRom:
+        expect_tag(el, "disk")
+        if el.get("device") != "cdrom":
+            raise InvalidSpec("disk device", el.get("device"), "cdrom")
+        src = el.find("source")
+        tgt = el.find("target")
+        return cls(path="" if src is None else src.get("file", ""),
+                   target="sdb" if tgt is None else tgt.get("dev", "sdb"),
+                   bus="sata" if tgt is None else tgt.get("bus", "sata"))
+
+
 @dataclass(frozen=True)
 class Graphics:
     """An emulated display (SPICE or VNC) listening on an address; needed for mdev ``display='on'``."""
