@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MacAddress, format_cpulist, parse_cpulist
 from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, sub
+from vgpuvirt.xml.hostdev import check_alias
 
 _TARGET_RE = re.compile(r"^(vd|sd|hd)[a-z]{1,3}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
@@ -174,9 +175,6 @@ class EvdevInput:
                    grab_all=src is not None and src.get("grab") == "all")
 
 
-_ALIAS_RE = re.compile(r"ua-[A-Za-z0-9_-]{1,60}")
-
-
 @dataclass(frozen=True)
 class VirtioNic:
     """An ordinary virtio NIC on a libvirt network (``kind='network'``), a bridge, or user-mode networking.
@@ -201,9 +199,7 @@ class VirtioNic:
             raise InvalidSpec(f"{self.kind} name", self.source, "a libvirt network or bridge name")
         if self.mac is not None:
             object.__setattr__(self, "mac", MacAddress.parse(self.mac))
-        if self.alias is not None and (not isinstance(self.alias, str) or not _ALIAS_RE.fullmatch(self.alias)):
-            raise InvalidSpec("NIC alias", self.alias, "a user alias such as ua-backup0 (ua- then letters, digits, "
-                                                       "_ or -)")
+        check_alias("NIC alias", self.alias)
         if not isinstance(self.teaming, bool):
             raise InvalidSpec("NIC teaming", self.teaming, "true or false")
         if self.teaming and self.alias is None:
