@@ -303,6 +303,18 @@ def test_any_mdev_type_id_and_octal_domains_are_read_as_libvirt_reads_them() -> 
     assert [str(a) for a in pf.vfs] == ["0000:0a:01.1", "0001:0a:02.3"]
 
 
+def test_css_parents_have_the_address_their_mdevs_name() -> None:
+    nd = peers() / "libvirt" / "nodedev"
+    (css,) = parse_nodedevs((nd / "css_0_0_fffe_mdev_types.xml").read_text())
+    assert css.ccw_address == "0.0.fffe"
+    devs = {d.name: d for d in parse_nodedevs((peers() / "virt-manager" / "testdriver.xml").read_text())}
+    children = [d for d in devs.values() if d.parent == "css_0_0_0023"]
+    assert devs["css_0_0_0023"].ccw_address == "0.0.0023" and len(children) == 2
+    assert all(f"/css0/0.0.0023/{c.mdev_uuid}" in (c.path or "") for c in children)   # where sysfs puts them
+    (ccw_mdev,) = parse_nodedevs((nd / "mdev_c60cc60c_c60c_c60c_c60c_c60cc60cc60c.xml").read_text())
+    assert ccw_mdev.mdev_parent_addr == "0.0.0052" and ccw_mdev.parent == "css_0_0_0052"
+
+
 def test_a_failover_pair_is_built_as_libvirt_wrote_it() -> None:
     path = peers() / "libvirt" / "qemuxml" / "net-virtio-teaming-hostdev.xml"
     devices = etree.parse(str(path)).getroot().find("devices")

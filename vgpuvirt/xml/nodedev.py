@@ -55,6 +55,8 @@ class NodeDevice:
     mdev_uuid: MdevUuid | None = None
     mdev_parent: PciAddress | None = None
     mdev_parent_addr: str | None = None      # as libvirt gives it: 0000:3b:00.0, or 0.0.0052 for a css parent
+    ccw_address: str | None = None           # a css/ccw device's own cssid.ssid.devno (0.0.0052): what its
+                                             # mdevs' parent_addr names
     capabilities: tuple[str, ...] = field(default=())
 
     @property
@@ -107,6 +109,9 @@ def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
                     kw["vfs"] = tuple(pci_from_address(a, "VF address") for a in sub.iterchildren("address"))
                 elif stype == "phys_function":
                     kw["phys_function"] = pci_from_address(sub.find("address"), "PF address")
+        elif ctype in ("css", "ccw"):
+            ids = [parse_int(cap.findtext(t), f"{ctype} {t}") for t in ("cssid", "ssid", "devno")]
+            kw["ccw_address"] = f"{ids[0]:x}.{ids[1]:x}.{ids[2]:04x}"
         elif ctype == "mdev":
             tid = cap.find("type")
             kw["mdev_type"] = None if tid is None else _type_id(tid.get("id"))
