@@ -36,6 +36,7 @@ APT_PKGS=(
   openssh-server                                                # the loopback sshd (and ssh-keygen)
   fuse3 mdevctl iproute2 util-linux                             # FUSE sysfs, real mdevctl, ss, unshare, flock
   prometheus tmux                                               # the exporter's scraper; `vgpuvirt top`'s terminal
+  zsh                                                           # `vgpuvirt completion zsh` is sourced in a test
   systemd                                                       # systemd-analyze verify (the layout boot unit)
 )
 

@@ -20,6 +20,10 @@ _PCI_RE = re.compile(
 )
 
 
+_PCI_FIELDS = ("domain", "bus", "slot", "function")
+_PCI_LIMITS = (0xFFFF, 0xFF, 0x1F, 7)
+
+
 @dataclass(frozen=True, order=True)
 class PciAddress:
     """A PCI function address, stored as integers.
@@ -34,8 +38,8 @@ class PciAddress:
     function: int
 
     def __post_init__(self) -> None:
-        for name, value, top in (("domain", self.domain, 0xFFFF), ("bus", self.bus, 0xFF),
-                                 ("slot", self.slot, 0x1F), ("function", self.function, 7)):
+        for name, value, top in zip(_PCI_FIELDS, (self.domain, self.bus, self.slot, self.function), _PCI_LIMITS,
+                                    strict=True):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
                 raise InvalidSpec(f"PCI {name}", value, f"an integer 0..{top:#x}")
 
@@ -56,12 +60,20 @@ class PciAddress:
 
     @classmethod
     def from_libvirt(cls, domain: str, bus: str, slot: str, function: str) -> PciAddress:
-        """From libvirt ``<address>`` attributes (``0x3b`` or decimal)."""
+        """From libvirt ``<address>`` attributes, read as libvirt reads them (C ``strtoul`` base 0):
+        ``0x3b`` hex, ``59`` decimal, ``0001`` octal (node devices print ``domain='0000'``)."""
+        values = (domain, bus, slot, function)
         try:
-            return cls(*(int(v, 0) for v in (domain, bus, slot, function)))
+            numbers = [_c_uint(v) for v in values]
         except (ValueError, TypeError):  # TypeError: a non-string (None from a missing attribute)
-            raise InvalidSpec("libvirt PCI address", (domain, bus, slot, function),
-                              "0x-prefixed hex or decimal integers") from None
+            raise InvalidSpec("libvirt PCI address", values,
+                              "0x-prefixed hex, decimal or 0-prefixed octal integers") from None
+        # a well-formed number out of range: the error names the field, the value as written and its limit
+        # (slot 0x22 is no number-format problem, a PCI bus simply has 32 slots)
+        for name, text, value, top in zip(_PCI_FIELDS, values, numbers, _PCI_LIMITS, strict=True):
+            if value > top:
+                raise InvalidSpec(f"PCI {name}", text, f"at most {top:#x} ({top})")
+        return cls(*numbers)
 
     def __str__(self) -> str:
         return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
@@ -93,6 +105,20 @@ class PciAddress:
     def device_slot(self) -> tuple[int, int, int]:
         """(domain, bus, slot): functions of one multi-function device share it."""
         return (self.domain, self.bus, self.slot)
+
+
+def _c_uint(text: str) -> int:
+    """An unsigned integer as C's ``strtoul(text, NULL, 0)`` reads the whole string (libvirt's parser)."""
+    if not isinstance(text, str):
+        raise TypeError(text)
+    t = text.strip()
+    if re.fullmatch(r"0[xX][0-9a-fA-F]+", t):
+        return int(t, 16)
+    if re.fullmatch(r"0[0-7]*", t):
+        return int(t, 8)
+    if re.fullmatch(r"[1-9][0-9]*", t):
+        return int(t)
+    raise ValueError(text)
 
 
 _UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")

@@ -22,7 +22,16 @@ from conftest import require_part  # type: ignore[import-not-found]
 from lxml import etree
 
 from vgpuvirt.errors import InvalidSpec, XmlError
-from vgpuvirt.xml import Domain, MdevHostdev, build_domain, device_from_element, lint, parse_nodedevs
+from vgpuvirt.xml import (
+    Domain,
+    MdevHostdev,
+    PciHostdev,
+    VirtioNic,
+    build_domain,
+    device_from_element,
+    lint,
+    parse_nodedevs,
+)
 
 PEERS = Path(__file__).resolve().parents[2].parent / "shared" / "peers"
 
@@ -40,15 +49,21 @@ REFUSED = {
 # instead of being skipped): XPath on the peer's element -> why it is out of scope.
 NOT_MODELLED = {
     "driver[@model]": "a variant vfio driver (vfio-pci-igb)",
-    "driver[@iommufd]": "iommufd backend",
     "address/zpci": "s390 zPCI guest address",
-    "acpi": "ACPI node set of a hostdev",
-    "teaming": "failover teaming",
     "filterref": "nwfilter on a hostdev NIC (libvirt refuses it)",
     "backend": "tap backend on a hostdev NIC (libvirt refuses it)",
-    "address[@type!='pci']": "a non-PCI guest address",
+    "address[@type!='pci' and @type!='unassigned']": "a non-PCI guest address",
     "address[@type='pci' and not(@bus)]": "an address with no slot given (libvirt assigns it)",
-    "self::hostdev[@type='pci' and (@display or @ramfb)]": "display/ramfb on a PCI hostdev (libvirt 10.x)",
+}
+
+# What GPU VMs need from newer libvirt (issue 26): each is compared with the peer's XML above, and each
+# case must occur in the peers' data (a file renamed away would otherwise drop the comparison silently).
+GPU_FEATURES = {
+    "self::hostdev[@type='pci' and @display='on' and @ramfb='on']": "vGPU 17+ VF desktop display",
+    "driver[@iommufd]": "iommufd VFIO backend",
+    "acpi[@nodeset]": "GPU memory NUMA nodes",
+    "teaming[@type='transient' and @persistent]": "failover VF with a virtio partner",
+    "address[@type='unassigned']": "assigned, invisible to the guest",
 }
 
 # Devices in the peers' data that no host can have, which vgpuvirt refuses (and must keep refusing).
@@ -125,6 +140,7 @@ def test_every_expressible_device_is_built_as_the_peer_wrote_it() -> None:
              *sorted(peers().glob("nova/interface_hostdev_*.xml"))]
     compared: list[str] = []
     skipped: dict[str, list[str]] = {}
+    features: set[str] = set()
     for path in files:
         if path.name in REFUSED:
             continue
@@ -141,6 +157,7 @@ def test_every_expressible_device_is_built_as_the_peer_wrote_it() -> None:
             dev = device_from_element(el)
             assert dev is not None, where
             ours = dev.to_element()
+            features |= {xp for xp in GPU_FEATURES if el.xpath(xp)}
             assert canon(ours) == canon(el), (
                 f"{where}: vgpuvirt builds\n{etree.tostring(ours, pretty_print=True).decode()}"
                 f"the peer wrote\n{etree.tostring(el, pretty_print=True).decode()}")
@@ -148,6 +165,7 @@ def test_every_expressible_device_is_built_as_the_peer_wrote_it() -> None:
     # the comparison is the point: most devices are compared, and every skip has a named reason
     assert len(compared) >= 40, compared
     assert len(compared) > 3 * len(skipped), skipped
+    assert features == set(GPU_FEATURES), set(GPU_FEATURES) - features
     kinds = {(e.tag, e.get("type")) for p in files if p.name not in REFUSED for e in gpu_elements(p)}
     assert {("hostdev", "pci"), ("hostdev", "mdev"), ("interface", "hostdev")} <= kinds
 
@@ -207,8 +225,6 @@ def test_libvirt_dumpxml_output_serves_as_a_template(tmp_path: Path) -> None:
 # document is read): synthetic values no kernel reports.
 NODEDEV_REFUSED = {
     "pci_0000_00_02_0_header_type.xml": ["pci_0000_00_02_0"],               # bus 4294967295
-    "pci_0000_02_10_7_mdev_types.xml": ["pci_0000_02_10_7"],                # type ids foo1/foo2 (no driver-)
-    "nodedev_pci_cap_wrapped.xml": ["wrapped_test_config_device_pci_cap"],  # domain '0001' (octal to libvirt)
     "testdriver.xml": ["pci_1180_476", "pci_8086_2a00"],                    # PCI functions 50 and 15
 }
 
@@ -259,3 +275,98 @@ def test_a_whole_document_is_refused_only_when_it_is_not_xml() -> None:
     with pytest.raises((InvalidSpec, XmlError)):
         from vgpuvirt.xml import parse_nodedev
         parse_nodedev("<device><name>x</name><capability type='pci'><bus>999</bus></capability></device>")
+
+
+# ------------------------------------------------------------------------------------------ issue 26
+
+
+def test_an_out_of_range_slot_names_the_field_and_its_limit() -> None:
+    # Nova's hostdev_pci.xml: slot='0x22' is a well-formed number; the error must not blame its format
+    (el,) = gpu_elements(peers() / "nova" / "hostdev_pci.xml")
+    with pytest.raises(InvalidSpec) as ei:
+        device_from_element(el)
+    msg = str(ei.value)
+    assert "PCI slot" in msg and "0x22" in msg and "0x1f" in msg and "hex" not in msg, msg
+    with pytest.raises(InvalidSpec, match=r"PCI function '0x8'.*0x7"):
+        PciHostdev.from_element(etree.fromstring(
+            "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='0' slot='0' function='0x8'/>"
+            "</source></hostdev>"))
+
+
+def test_any_mdev_type_id_and_octal_domains_are_read_as_libvirt_reads_them() -> None:
+    nd = peers() / "libvirt" / "nodedev"
+    (gpu,) = parse_nodedevs((nd / "pci_0000_02_10_7_mdev_types.xml").read_text())
+    assert [(t.id, t.name, t.available_instances, t.type_id) for t in gpu.mdev_types] == \
+        [("foo1", "bar1", 1, None), ("foo2", "bar2", 2, None)]
+    # virt_functions addresses printed without 0x: domain='0001' is C strtoul base 0, octal 1
+    (pf,) = parse_nodedevs(next(peers().rglob("nodedev_pci_cap_wrapped.xml")).read_text())
+    assert [str(a) for a in pf.vfs] == ["0000:0a:01.1", "0001:0a:02.3"]
+
+
+def test_css_parents_have_the_address_their_mdevs_name() -> None:
+    nd = peers() / "libvirt" / "nodedev"
+    (css,) = parse_nodedevs((nd / "css_0_0_fffe_mdev_types.xml").read_text())
+    assert css.ccw_address == "0.0.fffe"
+    devs = {d.name: d for d in parse_nodedevs((peers() / "virt-manager" / "testdriver.xml").read_text())}
+    children = [d for d in devs.values() if d.parent == "css_0_0_0023"]
+    assert devs["css_0_0_0023"].ccw_address == "0.0.0023" and len(children) == 2
+    assert all(f"/css0/0.0.0023/{c.mdev_uuid}" in (c.path or "") for c in children)   # where sysfs puts them
+    (ccw_mdev,) = parse_nodedevs((nd / "mdev_c60cc60c_c60c_c60c_c60c_c60cc60cc60c.xml").read_text())
+    assert ccw_mdev.mdev_parent_addr == "0.0.0052" and ccw_mdev.parent == "css_0_0_0052"
+
+
+def test_a_failover_pair_is_built_as_libvirt_wrote_it() -> None:
+    path = peers() / "libvirt" / "qemuxml" / "net-virtio-teaming-hostdev.xml"
+    devices = etree.parse(str(path)).getroot().find("devices")
+    partners = {el.find("alias").get("name"): el for el in devices.iterfind("interface[teaming]")}
+    transient = [el for el in devices.iterfind("hostdev[teaming]")]
+    assert len(partners) == len(transient) == 2
+    for el in transient:
+        vf = device_from_element(el)
+        assert isinstance(vf, PciHostdev) and vf.teaming in partners
+        peer = partners[vf.teaming]
+        nic = VirtioNic.from_element(peer)
+        assert nic.teaming and nic.alias == vf.teaming
+        ours = nic.to_element()
+        # the parts of the partner vgpuvirt models, compared with the peer's (its guest address is libvirt's)
+        for xp in ("teaming", "alias", "model", "mac"):
+            assert canon(ours.find(xp)) == canon(peer.find(xp)), xp
+    with pytest.raises(InvalidSpec, match="alias"):
+        VirtioNic("user", teaming=True)
+    with pytest.raises(InvalidSpec, match="ua-"):
+        PciHostdev("0000:03:07.1", teaming="backup0")
+
+
+def test_pci_display_follows_the_mdev_rules() -> None:
+    path = peers() / "libvirt" / "qemuxml" / "hostdev-pci-display-ramfb.xml"
+    (el,) = gpu_elements(path)
+    dev = device_from_element(el)
+    assert isinstance(dev, PciHostdev) and dev.display and dev.ramfb
+    assert PciHostdev.vgpu_vf(dev.address, display=True, ramfb=True).to_element().get("ramfb") == "on"
+    with pytest.raises(InvalidSpec, match="ramfb"):
+        PciHostdev(dev.address, ramfb=True)
+    dom = Domain.from_xml(path.read_text())
+    graphics = dom.root.find("devices/graphics")
+    graphics.getparent().remove(graphics)
+    assert "display-without-graphics" in {p.code for p in lint(dom)}
+
+
+def test_every_gpu_feature_round_trips() -> None:
+    dev = PciHostdev("0000:41:00.0", display=True, ramfb=True, iommufd=True, acpi_nodeset=frozenset({2, 3, 4, 9}),
+                     teaming="ua-nic0")
+    el = dev.to_element()
+    assert el.find("acpi").get("nodeset") == "2-4,9" and el.find("driver").get("iommufd") == "yes"
+    assert PciHostdev.from_element(el) == dev
+    hidden = PciHostdev("0000:41:00.1", unassigned=True)
+    assert hidden.to_element().find("address").attrib == {"type": "unassigned"}
+    assert PciHostdev.from_element(hidden.to_element()) == hidden
+
+
+def test_multifunction_placement_keeps_the_new_features() -> None:
+    # a GPU and its audio function share one guest slot; placing them must not drop iommufd/acpi/display
+    gpu = PciHostdev("0000:41:00.0", iommufd=True, acpi_nodeset=frozenset({2}), display=True)
+    dom = build_domain("vdi", name="placed", memory_mib=1024, vcpus=1, pci=[gpu, PciHostdev("0000:41:00.1")])
+    (placed,) = [d for d in map(device_from_element, dom.root.iterfind("devices/hostdev"))
+                 if isinstance(d, PciHostdev) and d.address == gpu.address]
+    assert placed.guest_address is not None and placed.guest_address.multifunction
+    assert (placed.iommufd, placed.acpi_nodeset, placed.display) == (True, frozenset({2}), True)

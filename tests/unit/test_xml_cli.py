@@ -26,6 +26,18 @@ def test_build_prints_valid_xml(capsys: pytest.CaptureFixture[str]) -> None:
     assert 'ramfb="on"' in out and 'multifunction="on"' in out
 
 
+def test_build_pci_display_and_iommufd(capsys: pytest.CaptureFixture[str]) -> None:
+    # a vGPU 17+ VF desktop: newer than the libvirt here, so its schema refuses it unless --no-validate
+    argv = ["xml", "build", "--template", "vdi", "--name", "cli-vf", "--pci", "41:00.4:unmanaged:ramfb:iommufd"]
+    rc, out, err = _run(capsys, *argv, "--no-validate")
+    assert rc == 0, err
+    from vgpuvirt.xml import Domain, PciHostdev
+    (dev,) = Domain.from_xml(out).hostdevs()
+    assert dev == PciHostdev("0000:41:00.4", managed=False, display=True, ramfb=True, iommufd=True)
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 1 and out == "" and "domain.rng rejects" in err
+
+
 def test_build_json(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _run(capsys, "xml", "build", "--template", "compute", "--name", "cli2", "--pci",
                       "41:00.4:unmanaged", "--json")

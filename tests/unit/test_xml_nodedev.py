@@ -44,7 +44,7 @@ def test_p100_with_mdev_types() -> None:
     assert (d.vendor_id, d.product_id, d.pci_class) == (0x10DE, 0x15F8, 0x030200)
     assert d.driver == "nvidia" and d.numa_node == 0 and d.iommu_group == 35
     assert d.iommu_group_members == (PciAddress.parse("3b:00.0"), PciAddress.parse("3a:00.0"))
-    assert [t.id for t in d.mdev_types] == [MdevTypeId("nvidia-88"), MdevTypeId("nvidia-294")]
+    assert [t.type_id for t in d.mdev_types] == [MdevTypeId("nvidia-88"), MdevTypeId("nvidia-294")]
     assert d.mdev_types[1].name == "GRID P100-8C" and d.mdev_types[1].available_instances == 0
     assert d.address.nodedev_name == d.name
 
@@ -70,7 +70,7 @@ def test_modern_mdev_node() -> None:
         <parent>pci_0000_3b_00_0</parent><driver><name>nvidia-vgpu-vfio</name></driver>
         <capability type='mdev'><type id='nvidia-294'/><uuid>e55bf865-6983-4d53-967f-51e8a3bb0f57</uuid>
         <parent_addr>0000:3b:00.0</parent_addr><iommuGroup number='151'/></capability></device>""")
-    assert d.is_mdev and d.mdev_type == MdevTypeId("nvidia-294")
+    assert d.is_mdev and d.mdev_type == "nvidia-294"
     assert d.mdev_uuid == MdevUuid("e55bf865-6983-4d53-967f-51e8a3bb0f57")
     assert d.mdev_parent == PciAddress.parse("3b:00.0") and d.iommu_group == 151
 
@@ -105,17 +105,22 @@ def test_one_bad_device_is_reported_and_the_others_are_read() -> None:
 
 
 def test_test_driver_node_files_and_odd_type_ids() -> None:
-    # a test-driver node file holds node devices beside domains (whose own <device> children are no nodes)
+    # a test-driver node file holds node devices beside domains (whose own <device> children are no nodes);
+    # libvirt accepts any type id (its own tests use foo1): read as written, typed only when driver-name
     text = ("<node><domain type='test'><name>d</name><devices><device>1</device></devices></domain>"
             "<device><name>pci_0000_02_10_7</name><capability type='pci'><domain>0</domain><bus>2</bus>"
             "<slot>16</slot><function>7</function><capability type='mdev_types'>"
             "<type id='foo1'><deviceAPI>vfio-pci</deviceAPI><availableInstances>1</availableInstances></type>"
             "<type id='i915-GVTg_V5_4'><deviceAPI>vfio-pci</deviceAPI><availableInstances>2</availableInstances>"
-            "</type></capability></capability></device></node>")
+            "</type><type id='bad id'><deviceAPI>vfio-pci</deviceAPI></type></capability></capability></device>"
+            "</node>")
     (dev,) = parse_nodedevs(text)
-    assert [str(t.id) for t in dev.mdev_types] == ["i915-GVTg_V5_4"]
-    assert any("foo1" in e and "left out" in e for e in parse_nodedevs(text).errors)
-    with pytest.raises(XmlError, match="foo1"):
+    assert [t.id for t in dev.mdev_types] == ["foo1", "i915-GVTg_V5_4"]
+    assert [t.type_id for t in dev.mdev_types] == [None, MdevTypeId("i915-GVTg_V5_4")]
+    assert [t.available_instances for t in dev.mdev_types] == [1, 2]
+    # an id no libvirt writes (a space in it) is still left out, and named
+    assert any("'bad id'" in e and "left out" in e for e in parse_nodedevs(text).errors)
+    with pytest.raises(XmlError, match="bad id"):
         parse_nodedev(text[text.index("<device><name>pci"):text.index("</node>")])
 
 

@@ -103,6 +103,16 @@ def cases() -> dict[str, tuple[str, dict[str, Any]]]:
                                                                        ("typeidversion", "2"))))],
         "options": DomainOptions(machine="pc", secure_boot=False, hugepages=False, host_passthrough=True,
                                  graphics="none", virtio_nics=())})
+    # a failover pair (issue 26): NIC VFs whose teaming names a persistent virtio partner, and a function
+    # assigned but unseen by the guest
+    out["compute-failover"] = ("compute", {
+        "name": "xml-compute-failover", "uuid": VM_UUID, "memory_mib": 4096, "vcpus": 2,
+        "pci": [PciHostdev(NIC_VF, teaming="ua-backup0"), PciHostdev(AUDIO, unassigned=True)],
+        "nics": [HostdevInterface(PciAddress.parse("0000:5e:02.2"), mac=MacAddress.parse("52:54:00:aa:bb:05"),
+                                  teaming="ua-backup1")],
+        "options": DomainOptions(virtio_nics=(
+            VirtioNic("user", mac=MacAddress.parse("52:54:00:aa:bb:04"), alias="ua-backup0", teaming=True),
+            VirtioNic("user", mac=MacAddress.parse("52:54:00:aa:bb:05"), alias="ua-backup1", teaming=True)))})
     return out
 
 

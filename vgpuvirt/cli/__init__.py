@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from vgpuvirt import __version__
 from vgpuvirt.cli.api_words import cli_words
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.options import CliParser, merge_globals
@@ -20,12 +21,14 @@ from vgpuvirt.errors import VgpuvirtError
 
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
 SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
-               "layout", "sim", "mig", "vm", "attach", "detach", "metrics", "exporter", "top", "scheduler")
+               "layout", "sim", "mig", "vm", "attach", "detach", "metrics", "exporter", "top", "scheduler",
+               "completion")
 
 
 def build_parser() -> argparse.ArgumentParser:
     # Global options: vgpuvirt/cli/options.py (every parser and sub-parser carries them).
     p = CliParser(prog="vgpuvirt", description="GPU-backed VMs on KVM/libvirt hosts")
+    p.add_argument("--version", action="version", version=f"vgpuvirt {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:

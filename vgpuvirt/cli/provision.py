@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from vgpuvirt.cli.context import plain, printable
+from vgpuvirt.cli.license_args import add_license_args, license_from_args
 from vgpuvirt.cli.targets import add_connect, open_targets
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.model import PciAddress
@@ -57,6 +58,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heterogeneous", action="store_true", help="GPUs run in mixed-size (heterogeneous) mode")
     p.add_argument("--no-start", action="store_true", help="define the domains but do not start them")
     p.add_argument("--explain", action="store_true", help="say for each candidate GPU why it was chosen or skipped")
+    add_license_args(p)
 
 
 def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
@@ -67,7 +69,7 @@ def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
     kw: dict[str, Any] = dict(template=args.template, memory_mib=args.memory_mib, vcpus=args.vcpus,
                               numa_node=args.numa_node, numa_strict=args.numa_strict, nic=nic,
                               pin_cpus=False if args.no_pin else None,
-                              start=not args.no_start, disk=_disk(args))
+                              start=not args.no_start, disk=_disk(args), license=license_from_args(args))
     if args.name:
         if args.count not in (None, len(args.name)):
             raise InvalidSpec("--count", args.count, f"the number of --name values ({len(args.name)}) or nothing")

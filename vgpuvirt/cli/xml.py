@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--memory-mib", type=int, default=4096)
     b.add_argument("--vcpus", type=int, default=2)
     b.add_argument("--mdev", action="append", default=[], metavar="UUID[:display][:ramfb]")
-    b.add_argument("--pci", action="append", default=[], metavar="ADDR[:unmanaged]")
+    b.add_argument("--pci", action="append", default=[], metavar="ADDR[:unmanaged][:display][:ramfb][:iommufd]")
     b.add_argument("--nic", action="append", default=[], metavar="ADDR,MAC[,VLAN]", help="SR-IOV NIC VF")
     b.add_argument("--disk", default=None, metavar="PATH")
     b.add_argument("--graphics", choices=("spice", "vnc", "none"), default=None)
@@ -80,8 +80,11 @@ def _build(ctx: Any, args: argparse.Namespace) -> int:
                                  ramfb="ramfb" in flags))
     pci = []
     for spec in args.pci:
-        addr, flags = _split_flags(spec, {"unmanaged"}, "--pci")
-        pci.append(PciHostdev(PciAddress.parse(addr), managed="unmanaged" not in flags))
+        addr, flags = _split_flags(spec, {"unmanaged", "display", "ramfb", "iommufd"}, "--pci")
+        # display/ramfb: a vGPU 17+ VF desktop; these three are newer than libvirt 9.0 (its schema refuses them)
+        pci.append(PciHostdev(PciAddress.parse(addr), managed="unmanaged" not in flags,
+                              display="display" in flags or "ramfb" in flags, ramfb="ramfb" in flags,
+                              iommufd=True if "iommufd" in flags else None))
     nics = []
     for spec in args.nic:
         fields = spec.split(",")

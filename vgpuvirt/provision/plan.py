@@ -39,6 +39,7 @@ from vgpuvirt.provision.steps import (
     Step,
     step_from_meta,
 )
+from vgpuvirt.provision.steps_license import add_seed, seed_problems
 from vgpuvirt.provision.steps_storage import CreateVolume
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.provenance import Provenance
@@ -278,6 +279,10 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         problems += check_vm(hs[host], vm.name, dom, vm.disk, ledger)
         if isinstance(vm.disk, ClonedDisk):
             want(CreateVolume(host, vm.name, vm.disk.pool, vm.disk.volume(vm.name)), "(adopted)")
+        if vm.license is not None:
+            seed = add_seed(vm.license, host, vm.name, str(domain_uuid_for(vm.name)), hs[host], dom, vm.disk)
+            problems += seed_problems(hs[host], vm.name, seed)
+            want(seed, "(adopted)")
         steps.append(DefineDomain(host, vm.name, dom.to_xml()))
         if vm.start:
             steps.append(StartDomain(host, vm.name))

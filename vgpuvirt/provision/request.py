@@ -17,6 +17,7 @@ from typing import Literal
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName, PciAddress, parse_cpulist
 from vgpuvirt.provision.disks import ClonedDisk, check_disk
+from vgpuvirt.provision.license import License
 from vgpuvirt.services.inventory_model import VENDOR_KEYS
 
 Mode = Literal["vgpu", "passthrough", "vf"]
@@ -248,6 +249,7 @@ class VmRequest:
     nic: NicRequest | None = None
     start: bool = True
     host: str | None = None                  # pin the VM to one host (by name)
+    license: License | None = None           # deliver an NVIDIA client configuration token (a seed CD-ROM)
     options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -273,6 +275,8 @@ class VmRequest:
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise InvalidSpec("NUMA node", self.numa_node, "a non-negative integer")
         check_disk(self.disk)
+        if self.license is not None and not isinstance(self.license, License):
+            raise InvalidSpec("license", type(self.license).__name__, "a License (License.from_file(TOKEN_FILE))")
         # Checked here, before any plan: an unknown key or a wrong type is the caller's input (Ansible's
         # domain_options), not a TypeError deep in the build.
         from vgpuvirt.xml import DomainOptions

@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import VgpuvirtError
+from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision.apply import _conn_for, _hosts_by_name
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.steps import HostStep, step_from_meta
+from vgpuvirt.provision.steps_license import seed_volumes
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.provenance import Provenance
 
@@ -70,6 +71,7 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         r = TeardownResult()
         c = _conn_for(conn, hname)
         mine: dict[str, list[HostStep]] = {}
+        seeds: dict[str, list[tuple[str, str]]] = {}
         for d in c.domains():
             if not _selected(d.name, wanted, patterns):
                 continue
@@ -89,11 +91,16 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
                     r.failed.append(f"{hname}: {d.name}: {exc}")
                     continue          # still running: its vGPUs are in use, nothing else to do
             mine[d.name] = [s for s in (step_from_meta(hname, d.name, g) for g in prov.gpus) if s is not None]
+            try:
+                seeds[d.name] = seed_volumes(prov.gpus)
+            except InvalidSpec as exc:      # a hand-edited record: keep going, say so
+                r.failed.append(f"{hname}: {d.name}: license seed record unreadable: {exc}")
         if mine:
             due = _remove_vgpus(by_name[hname], c, mine, r, dry_run, wait_timeout)
             for name in mine:
                 if dry_run:
                     r.removed.append(f"{hname}: would destroy and undefine {name}")
+                    r.removed += [f"{hname}: would delete license seed {p}/{v}" for p, v in seeds.get(name, ())]
                 elif name in due:
                     r.skipped.append(f"{hname}: kept domain {name} defined (destroyed): a vGPU of it is still "
                                      "due; rerun teardown to finish")
@@ -101,6 +108,11 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
                     try:
                         r.disks_removed += c.undefine(name, remove_storage=remove_storage)
                         r.removed.append(f"{hname}: undefined {name}")
+                        # the seed holds the license token: removed with the domain, whatever remove_storage
+                        for pool, vol in seeds.get(name, ()):
+                            gone = c.delete_volume(pool, vol)
+                            r.removed.append(f"{hname}: deleted license seed {pool}/{vol}" if gone
+                                             else f"{hname}: license seed {pool}/{vol} was already gone")
                     except VgpuvirtError as exc:
                         r.failed.append(f"{hname}: {name}: {exc}")
                 if progress is not None:

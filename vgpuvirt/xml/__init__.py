@@ -15,7 +15,7 @@ from vgpuvirt.xml.hostdev import (
 )
 from vgpuvirt.xml.lint import LintProblem, check, lint
 from vgpuvirt.xml.nodedev import NodeDevice, NodedevMdevType, parse_nodedev, parse_nodedevs
-from vgpuvirt.xml.parts import CpuPinning, Disk, EvdevInput, Graphics, Tpm, VirtioNic
+from vgpuvirt.xml.parts import CdRom, CpuPinning, Disk, EvdevInput, Graphics, Tpm, VirtioNic
 from vgpuvirt.xml.schema import SchemaMissing, validate
 from vgpuvirt.xml.templates import TEMPLATES, DomainOptions, build_domain, load_template
 
@@ -25,7 +25,7 @@ PciSpec = PciHostdev
 NicVfSpec = HostdevInterface
 
 __all__ = [
-    "TEMPLATES", "CpuPinning", "Disk", "Domain", "DomainOptions", "EvdevInput", "GpuDevice", "GpuDevices",
+    "TEMPLATES", "CdRom", "CpuPinning", "Disk", "Domain", "DomainOptions", "EvdevInput", "GpuDevice", "GpuDevices",
     "Graphics", "GuestAddress", "HostdevInterface", "LintProblem", "MdevHostdev", "MdevSpec", "NicVfSpec",
     "NodeDevice", "NodedevMdevType", "PciHostdev", "PciSpec", "SchemaMissing", "Tpm", "VirtioNic", "Virtualport",
     "build_domain", "check", "device_from_element", "device_xml", "lint", "load_template", "parse_nodedev",

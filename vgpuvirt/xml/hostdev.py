@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from vgpuvirt.errors import InvalidSpec
-from vgpuvirt.model import MacAddress, MdevUuid, PciAddress
+from vgpuvirt.model import MacAddress, MdevUuid, PciAddress, format_cpulist, parse_cpulist
 from vgpuvirt.xml.element import (
     Element,
     GuestAddress,
@@ -94,12 +94,45 @@ def _check_rom_file(path: str | None) -> None:
         raise InvalidSpec("ROM file", path, "an absolute path on the host")
 
 
+_ALIAS_RE = re.compile(r"ua-[A-Za-z0-9_-]{1,60}")
+
+
+def check_alias(what: str, value: str | None) -> None:
+    """A user alias as libvirt's QEMU driver takes it in a definition: ``ua-`` and a plain name."""
+    if value is not None and (not isinstance(value, str) or not _ALIAS_RE.fullmatch(value)):
+        raise InvalidSpec(what, value, "a user alias such as ua-backup0 (ua- then letters, digits, _ or -)")
+
+
+def _teaming_of(el: Element) -> str | None:
+    t = el.find("teaming")
+    if t is None:
+        return None
+    if t.get("type") != "transient" or t.get("persistent") is None:
+        raise InvalidSpec("hostdev teaming", t.get("type"), "type='transient' persistent='<partner alias>'")
+    return t.get("persistent")
+
+
+def _check_nodeset(value: frozenset[int]) -> frozenset[int]:
+    if not isinstance(value, set | frozenset | list | tuple) or any(
+            not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 1024 for n in value):
+        raise InvalidSpec("hostdev ACPI nodeset", value, "a set of guest NUMA node numbers")
+    return frozenset(value)
+
+
 @dataclass(frozen=True)
 class PciHostdev:
     """``<hostdev mode='subsystem' type='pci'>``: a whole GPU, one of its functions, or a VF.
 
     ``managed=True`` lets libvirt bind vfio-pci at start and give the device back at stop; an NVIDIA
     vGPU 17+ VF must stay on ``nvidia`` (vendor-specific VFIO), hence :meth:`vgpu_vf` (``managed=False``).
+
+    What newer libvirt adds for GPU VMs (none of it chosen here, the caller decides):
+    ``display``/``ramfb`` give a vGPU 17+ VF desktop a console and a boot display as on an mdev (libvirt
+    10.x); ``iommufd`` picks the iommufd VFIO backend (``<driver iommufd='yes'/>``); ``acpi_nodeset`` the
+    guest NUMA nodes that expose the device's memory (Grace Hopper's GPU memory nodes); ``teaming`` makes
+    the device the transient member of a failover pair whose persistent partner is the virtio NIC with
+    that alias (an SR-IOV NIC VF that survives a live migration); ``unassigned`` keeps the device
+    assigned to the VM's process but invisible to the guest (``<address type='unassigned'/>``).
     """
 
     address: PciAddress
@@ -108,16 +141,37 @@ class PciHostdev:
     rom_file: str | None = None
     guest_address: GuestAddress | None = None
     boot_order: int | None = None
+    display: bool = False
+    ramfb: bool = False
+    iommufd: bool | None = None
+    acpi_nodeset: frozenset[int] = frozenset()
+    teaming: str | None = None
+    unassigned: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", PciAddress.parse(self.address))
         _check_rom_file(self.rom_file)
         check_boot_order(self.boot_order)
+        for what, flag in (("hostdev display", self.display), ("hostdev ramfb", self.ramfb),
+                           ("hostdev unassigned", self.unassigned)):
+            if not isinstance(flag, bool):
+                raise InvalidSpec(what, flag, "true or false")
+        if self.iommufd is not None and not isinstance(self.iommufd, bool):
+            raise InvalidSpec("hostdev iommufd", self.iommufd, "true, false or unset")
+        if self.ramfb and not self.display:
+            # libvirt: "ramfb device requires display='on'" (the same rule as for an mdev)
+            raise InvalidSpec("hostdev ramfb", self.ramfb, "ramfb only with display on")
+        object.__setattr__(self, "acpi_nodeset", _check_nodeset(self.acpi_nodeset))
+        check_alias("hostdev teaming partner", self.teaming)
+        if self.unassigned and self.guest_address is not None:
+            raise InvalidSpec("hostdev address", self.guest_address.pci, "a guest address or unassigned, not both")
 
     @classmethod
-    def vgpu_vf(cls, address: PciAddress | str, *, guest_address: GuestAddress | None = None) -> PciHostdev:
+    def vgpu_vf(cls, address: PciAddress | str, *, guest_address: GuestAddress | None = None,
+                display: bool = False, ramfb: bool = False) -> PciHostdev:
         """An NVIDIA vGPU 17+ VF whose ``nvidia/current_vgpu_type`` is already set."""
-        return cls(PciAddress.parse(address), managed=False, guest_address=guest_address)
+        return cls(PciAddress.parse(address), managed=False, guest_address=guest_address, display=display,
+                   ramfb=ramfb)
 
     def label(self) -> str:
         return f"PCI hostdev {self.address}"
@@ -128,9 +182,17 @@ class PciHostdev:
 
     def to_element(self) -> Element:
         el = make("hostdev", {"mode": "subsystem", "type": "pci", "managed": yesno(self.managed)})
-        sub(el, "driver", {"name": "vfio"})
+        if self.display:
+            el.set("display", "on")
+        if self.ramfb:
+            el.set("ramfb", "on")
+        drv = sub(el, "driver", {"name": "vfio"})
+        if self.iommufd is not None:
+            drv.set("iommufd", yesno(self.iommufd))
         src = sub(el, "source")
         sub(src, "address", self.address.libvirt_attrs())
+        if self.teaming is not None:
+            sub(el, "teaming", {"type": "transient", "persistent": self.teaming})
         if self.boot_order is not None:
             sub(el, "boot", {"order": str(self.boot_order)})
         if self.rom_bar is not None or self.rom_file is not None:
@@ -139,7 +201,11 @@ class PciHostdev:
                 rom.set("bar", onoff(self.rom_bar))
             if self.rom_file is not None:
                 rom.set("file", self.rom_file)
-        if self.guest_address is not None:
+        if self.acpi_nodeset:
+            sub(el, "acpi", {"nodeset": format_cpulist(self.acpi_nodeset)})
+        if self.unassigned:
+            sub(el, "address", {"type": "unassigned"})
+        elif self.guest_address is not None:
             el.append(self.guest_address.to_element())
         return el
 
@@ -147,12 +213,21 @@ class PciHostdev:
     def from_element(cls, el: Element) -> PciHostdev:
         expect_tag(el, "hostdev", "pci")
         rom = el.find("rom")
+        drv = el.find("driver")
+        acpi = el.find("acpi")
         return cls(pci_from_address(el.find("source/address"), "hostdev source address"),
                    managed=parse_flag(el.get("managed"), "hostdev managed"),
                    rom_bar=None if rom is None or rom.get("bar") is None
                    else parse_flag(rom.get("bar"), "rom bar"),
                    rom_file=None if rom is None else rom.get("file"),
-                   guest_address=guest_address_of(el), boot_order=boot_order_of(el))
+                   guest_address=guest_address_of(el), boot_order=boot_order_of(el),
+                   display=parse_flag(el.get("display"), "hostdev display"),
+                   ramfb=parse_flag(el.get("ramfb"), "hostdev ramfb"),
+                   iommufd=None if drv is None or drv.get("iommufd") is None
+                   else parse_flag(drv.get("iommufd"), "hostdev iommufd"),
+                   acpi_nodeset=frozenset() if acpi is None else parse_cpulist(acpi.get("nodeset", "")),
+                   teaming=_teaming_of(el),
+                   unassigned=el.find("address[@type='unassigned']") is not None)
 
 
 _NIC_MODEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}")
@@ -194,6 +269,7 @@ class Virtualport:
 @dataclass(frozen=True)
 class HostdevInterface:
     """``<interface type='hostdev'>``: an SR-IOV NIC VF; libvirt sets its MAC and VLAN on the PF first.
+    ``teaming`` names the persistent virtio partner (its alias) of a failover pair, as on a PCI hostdev.
 
     ``model`` is the NIC model the guest is told about (``virtio``, ``e1000e``: libvirt records it, the VF
     stays what it is); ``driver``/``queues`` are ``<driver name= queues=>``; ``virtualport`` the switch
@@ -209,6 +285,7 @@ class HostdevInterface:
     driver: str | None = None
     queues: int | None = None
     virtualport: Virtualport | None = None
+    teaming: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", PciAddress.parse(self.address))
@@ -229,6 +306,7 @@ class HostdevInterface:
             raise InvalidSpec("hostdev interface driver", (self.driver, self.queues), "driver='vfio' or queues, "
                                                                                        "not both")
         check_boot_order(self.boot_order)
+        check_alias("interface teaming partner", self.teaming)
 
     def label(self) -> str:
         return f"NIC VF {self.address}"
@@ -256,6 +334,8 @@ class HostdevInterface:
             el.append(self.virtualport.to_element())
         if self.model is not None:
             sub(el, "model", {"type": self.model})
+        if self.teaming is not None:
+            sub(el, "teaming", {"type": "transient", "persistent": self.teaming})
         if self.boot_order is not None:
             sub(el, "boot", {"order": str(self.boot_order)})
         if self.guest_address is not None:
@@ -280,7 +360,8 @@ class HostdevInterface:
                    driver=None if drv is None else drv.get("name"),
                    queues=None if drv is None or drv.get("queues") is None
                    else parse_int(drv.get("queues"), "queues"),
-                   virtualport=None if vport is None else Virtualport.from_element(vport))
+                   virtualport=None if vport is None else Virtualport.from_element(vport),
+                   teaming=_teaming_of(el))
 
 
 GpuDevice = MdevHostdev | PciHostdev | HostdevInterface

@@ -59,6 +59,20 @@ def _guest_addr(el: Element) -> tuple[int, int, int, int, bool] | None:
     return None
 
 
+def _lint_display(el: Element, has_graphics: bool, ramfb: list[str]) -> list[LintProblem]:
+    """display/ramfb of a vGPU hostdev; ``ramfb`` collects the labels of those with a boot display."""
+    out: list[LintProblem] = []
+    display = el.get("display") == "on"
+    if display and not has_graphics:
+        out.append(LintProblem("display-without-graphics", _label(el),
+                               "display='on' needs a <graphics> device (spice or vnc) in the domain"))
+    if el.get("ramfb") == "on":
+        ramfb.append(_label(el))
+        if not display:
+            out.append(LintProblem("ramfb-without-display", _label(el), "ramfb='on' requires display='on'"))
+    return out
+
+
 def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintProblem]:
     """All problems found; ``host_cpus`` is the host's online CPU set (the caller read it)."""
     out: list[LintProblem] = []
@@ -72,18 +86,14 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
     for el in children:
         if el.tag not in ("hostdev", "interface", "disk", "controller", "video", "sound", "memballoon"):
             continue
+        if el.tag == "hostdev" and el.get("type") == "pci":
+            # a vGPU 17+ VF desktop: the same display/ramfb rules as an mdev's (libvirt 10.x)
+            out.extend(_lint_display(el, has_graphics, ramfb))
         if el.tag == "hostdev" and el.get("type") == "mdev":
             out.extend(_lint_mdev_addresses(el))
-            display = el.get("display") == "on"
             if el.get("model", "") != "vfio-pci" and el.get("display") is not None:
                 out.append(LintProblem("display-model", _label(el), "display is only supported with model='vfio-pci'"))
-            if display and not has_graphics:
-                out.append(LintProblem("display-without-graphics", _label(el),
-                                       "display='on' needs a <graphics> device (spice or vnc) in the domain"))
-            if el.get("ramfb") == "on":
-                ramfb.append(_label(el))
-                if not display:
-                    out.append(LintProblem("ramfb-without-display", _label(el), "ramfb='on' requires display='on'"))
+            out.extend(_lint_display(el, has_graphics, ramfb))
             if el.find("boot") is not None:
                 out.append(LintProblem("boot-order-mdev", _label(el),
                                        "booting from a mediated device (vfio-pci) is not supported; drop <boot>"))

@@ -21,10 +21,17 @@ _MDEV_NAME_RE = re.compile(rf"mdev_({_H}{{8}}_{_H}{{4}}_{_H}{{4}}_{_H}{{4}}_{_H}
 
 @dataclass(frozen=True)
 class NodedevMdevType:
-    id: MdevTypeId
+    """One ``<type id=...>``. ``id`` is kept as libvirt wrote it: libvirt accepts any id (its own tests use
+    ``foo1``), while a kernel's are ``<driver>-<name>``; :attr:`type_id` is the typed form when it is one."""
+
+    id: str
     name: str | None
     device_api: str | None
     available_instances: int | None
+
+    @property
+    def type_id(self) -> MdevTypeId | None:
+        return _typed(self.id)
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,12 @@ class NodeDevice:
     max_vfs: int | None = None
     vfs: tuple[PciAddress, ...] = ()
     phys_function: PciAddress | None = None
-    mdev_type: MdevTypeId | None = None
+    mdev_type: str | None = None             # as libvirt wrote it (any id, see NodedevMdevType)
     mdev_uuid: MdevUuid | None = None
     mdev_parent: PciAddress | None = None
     mdev_parent_addr: str | None = None      # as libvirt gives it: 0000:3b:00.0, or 0.0.0052 for a css parent
+    ccw_address: str | None = None           # a css/ccw device's own cssid.ssid.devno (0.0.0052): what its
+                                             # mdevs' parent_addr names
     capabilities: tuple[str, ...] = field(default=())
 
     @property
@@ -74,8 +83,8 @@ def parse_nodedev(doc: str | bytes | Element) -> NodeDevice:
 
 
 def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
-    """``problems`` collects what was left out (an mdev type whose id is no ``driver-name``); without
-    it such a type is an error."""
+    """``problems`` collects what was left out (an mdev type that cannot be read); without it such a type
+    is an error."""
     caps: list[str] = []
     strict = problems is None
     problems = [] if problems is None else problems
@@ -100,9 +109,12 @@ def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
                     kw["vfs"] = tuple(pci_from_address(a, "VF address") for a in sub.iterchildren("address"))
                 elif stype == "phys_function":
                     kw["phys_function"] = pci_from_address(sub.find("address"), "PF address")
+        elif ctype in ("css", "ccw"):
+            ids = [parse_int(cap.findtext(t), f"{ctype} {t}") for t in ("cssid", "ssid", "devno")]
+            kw["ccw_address"] = f"{ids[0]:x}.{ids[1]:x}.{ids[2]:04x}"
         elif ctype == "mdev":
             tid = cap.find("type")
-            kw["mdev_type"] = None if tid is None else MdevTypeId.parse(tid.get("id", ""))
+            kw["mdev_type"] = None if tid is None else _type_id(tid.get("id"))
             u = cap.findtext("uuid")
             if u is None:
                 # the name carries the UUID: mdev_<uuid with _>[_<parent>] (or another suffix)
@@ -135,7 +147,7 @@ def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
                 except (InvalidSpec, ValueError) as exc:
                     problems.append(f"mdev type {t.get('id')!r}: {exc}")
     if strict and problems:
-        raise InvalidSpec("mdev types", problems, "driver-name type ids")
+        raise InvalidSpec("mdev types", problems, "readable <type id=...> entries")
     kw["mdev_types"] = tuple(types)
     kw["capabilities"] = tuple(caps)
     return NodeDevice(**kw)  # type: ignore[arg-type]
@@ -143,8 +155,25 @@ def _parse(el: Element, problems: list[str] | None = None) -> NodeDevice:
 
 def _mdev_type(t: Element) -> NodedevMdevType:
     avail = t.findtext("availableInstances")
-    return NodedevMdevType(MdevTypeId.parse(t.get("id", "")), t.findtext("name"), t.findtext("deviceAPI"),
+    return NodedevMdevType(_type_id(t.get("id")), t.findtext("name"), t.findtext("deviceAPI"),
                            None if avail is None else int(avail))
+
+
+_ANY_TYPE_ID = re.compile(r"[^\x00-\x20\x7f]{1,128}")
+
+
+def _type_id(text: str | None) -> str:
+    """An mdev type id as libvirt accepts it: any non-empty printable token."""
+    if text is None or not _ANY_TYPE_ID.fullmatch(text.strip()):
+        raise InvalidSpec("mdev type id", text, "a non-empty id without spaces or control characters")
+    return text.strip()
+
+
+def _typed(text: str) -> MdevTypeId | None:
+    try:
+        return MdevTypeId.parse(text)
+    except InvalidSpec:
+        return None
 
 
 def _pci_or_none(text: str | None) -> PciAddress | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MacAddress, format_cpulist, parse_cpulist
 from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, sub
+from vgpuvirt.xml.hostdev import check_alias
 
 _TARGET_RE = re.compile(r"^(vd|sd|hd)[a-z]{1,3}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
@@ -57,6 +58,46 @@ class Disk:
         return cls(path="" if src is None else src.get("file", ""),
                    format="qcow2" if drv is None else drv.get("type", "qcow2"),
                    target="vda" if tgt is None else tgt.get("dev", "vda"))
+
+
+_CD_TARGET_RE = re.compile(r"^(sd|hd)[a-z]{1,3}$")
+CDROM_BUSES = ("sata", "ide", "scsi")
+
+
+@dataclass(frozen=True)
+class CdRom:
+    """A read-only CD-ROM backed by an ISO file: ``<disk type='file' device='cdrom'>`` with ``<readonly/>``
+    (a cloud-init seed, a config drive). ``bus`` is ``sata`` on q35, ``ide`` on i440fx."""
+
+    path: str
+    target: str = "sdb"
+    bus: str = "sata"
+
+    def __post_init__(self) -> None:
+        _host_path("CD-ROM image", self.path)
+        if self.bus not in CDROM_BUSES:
+            raise InvalidSpec("CD-ROM bus", self.bus, " | ".join(CDROM_BUSES))
+        if not isinstance(self.target, str) or not _CD_TARGET_RE.match(self.target):
+            raise InvalidSpec("CD-ROM target", self.target, "a guest device name such as sdb or hdc")
+
+    def to_element(self) -> Element:
+        el = make("disk", {"type": "file", "device": "cdrom"})
+        sub(el, "driver", {"name": "qemu", "type": "raw"})
+        sub(el, "source", {"file": self.path})
+        sub(el, "target", {"dev": self.target, "bus": self.bus})
+        sub(el, "readonly")
+        return el
+
+    @classmethod
+    def from_element(cls, el: Element) -> CdRom:
+        expect_tag(el, "disk")
+        if el.get("device") != "cdrom":
+            raise InvalidSpec("disk device", el.get("device"), "cdrom")
+        src = el.find("source")
+        tgt = el.find("target")
+        return cls(path="" if src is None else src.get("file", ""),
+                   target="sdb" if tgt is None else tgt.get("dev", "sdb"),
+                   bus="sata" if tgt is None else tgt.get("bus", "sata"))
 
 
 @dataclass(frozen=True)
@@ -136,11 +177,18 @@ class EvdevInput:
 
 @dataclass(frozen=True)
 class VirtioNic:
-    """An ordinary virtio NIC on a libvirt network (``kind='network'``), a bridge, or user-mode networking."""
+    """An ordinary virtio NIC on a libvirt network (``kind='network'``), a bridge, or user-mode networking.
+
+    ``teaming=True`` makes it the persistent member of a failover pair (``<teaming type='persistent'/>``):
+    the guest's failover driver uses the SR-IOV VF whose ``teaming`` names this NIC's ``alias`` and falls
+    back to this NIC while the VF is unplugged for a live migration (libvirt needs the alias for that).
+    """
 
     kind: str = "network"
     source: str | None = "default"
     mac: MacAddress | None = None
+    alias: str | None = None
+    teaming: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("network", "bridge", "user"):
@@ -151,6 +199,11 @@ class VirtioNic:
             raise InvalidSpec(f"{self.kind} name", self.source, "a libvirt network or bridge name")
         if self.mac is not None:
             object.__setattr__(self, "mac", MacAddress.parse(self.mac))
+        check_alias("NIC alias", self.alias)
+        if not isinstance(self.teaming, bool):
+            raise InvalidSpec("NIC teaming", self.teaming, "true or false")
+        if self.teaming and self.alias is None:
+            raise InvalidSpec("NIC teaming", self.teaming, "an alias for the VF's teaming to name")
 
     def to_element(self) -> Element:
         el = make("interface", {"type": self.kind})
@@ -159,6 +212,10 @@ class VirtioNic:
         if self.source is not None:
             sub(el, "source", {self.kind: self.source})
         sub(el, "model", {"type": "virtio"})
+        if self.teaming:
+            sub(el, "teaming", {"type": "persistent"})
+        if self.alias is not None:
+            sub(el, "alias", {"name": self.alias})
         return el
 
     @classmethod
@@ -167,8 +224,13 @@ class VirtioNic:
         kind = el.get("type", "")
         src = el.find("source")
         mac = el.find("mac")
+        alias = el.find("alias")
+        teaming = el.find("teaming")
+        if teaming is not None and teaming.get("type") != "persistent":
+            raise InvalidSpec("NIC teaming", teaming.get("type"), "persistent (transient is the VF's side)")
         return cls(kind=kind, source=None if src is None else src.get(kind),
-                   mac=None if mac is None else MacAddress.parse(mac.get("address", "")))
+                   mac=None if mac is None else MacAddress.parse(mac.get("address", "")),
+                   alias=None if alias is None else alias.get("name"), teaming=teaming is not None)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import re
 import uuid as _uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from vgpuvirt.errors import InvalidSpec, XmlError
@@ -284,7 +284,7 @@ def place_multifunction(dom: Domain, pci: Sequence[PciHostdev]) -> list[PciHostd
     """
     groups: dict[tuple[int, int, int], list[PciHostdev]] = defaultdict(list)
     for p in pci:
-        if p.guest_address is None:
+        if p.guest_address is None and not p.unassigned:
             groups[p.address.device_slot].append(p)
     placed: dict[PciAddress, PciHostdev] = {}
     next_slot = 0x10
@@ -305,7 +305,6 @@ def place_multifunction(dom: Domain, pci: Sequence[PciHostdev]) -> list[PciHostd
         for p in members:
             fn = p.address.function
             ga = GuestAddress(PciAddress(0, bus, slot, fn), multifunction=fn == 0)
-            placed[p.address] = PciHostdev(p.address, managed=p.managed, rom_bar=p.rom_bar, rom_file=p.rom_file,
-                                           guest_address=ga, boot_order=p.boot_order)
-    return [placed.get(p.address, p) if p.guest_address is None else p for p in pci]
+            placed[p.address] = replace(p, guest_address=ga)
+    return [placed.get(p.address, p) if p.guest_address is None and not p.unassigned else p for p in pci]
 
