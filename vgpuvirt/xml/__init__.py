@@ -6,6 +6,8 @@ See docs/xml.md. ``build_domain(...)`` is the one call most callers need.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,6 +60,25 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY, *_ALIASES])
+
+
+class _Package(types.ModuleType):
+    """``vgpuvirt.xml.lint`` is both a submodule and the function the package exports under that name. The
+    import system sets the package's attribute to the submodule when it is first imported (which, with lazy
+    names, may come after ``lint`` was looked up or never); the function keeps the name, as when every name
+    was imported here eagerly."""
+
+    @property
+    def lint(self) -> Any:
+        from vgpuvirt.xml.lint import lint
+        return lint
+
+    @lint.setter
+    def lint(self, value: Any) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [
