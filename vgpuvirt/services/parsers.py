@@ -246,3 +246,7 @@ def pci_or_none(name: str | None) -> PciAddress | None:
     except InvalidSpec:
         return None
 
+
+# Domain XML is read in vgpuvirt.xml (one door); re-exported for the callers that import it from here.
+from vgpuvirt.xml.refs import DomainRefs as DomainRefs  # noqa: E402
+from vgpuvirt.xml.refs import domain_device_refs as domain_device_refs  # noqa: E402
