@@ -41,7 +41,7 @@ VDI_COUNT = 6          # across the three hosts (spread: 2 each); the grown pool
 
 # xdist_group: the extra test hosts are shared, and the fleet test stops and restarts them; under
 # `pytest -n ... --dist loadgroup` every module of the group runs on one worker, one after the other.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("extra-hosts")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("extra-hosts")]
 
 
 def ansible_bin(name: str) -> str | None:

@@ -27,7 +27,7 @@ from vgpuvirt.layout import parse_layout, verbs
 
 # xdist_group: the extra test hosts are shared, and the fleet test stops and restarts them; under
 # `pytest -n ... --dist loadgroup` every module of the group runs on one worker, one after the other.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("extra-hosts")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("extra-hosts")]
 LAB = parse_layout((EXAMPLES.parent / "layouts" / "lab.yaml").read_text(), "lab.yaml")
 
 
