@@ -50,15 +50,20 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _register(sub: Any, name: str, module: str) -> bool:
+def _register(sub: Any, module: str) -> None:
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name == module:
-            return False
+            return
         raise
     mod.register(sub)
-    return True
+
+
+def _stub(sub: Any, name: str, helptext: str) -> None:
+    """A verb's line in `--help`, taking whatever follows it: a stand-in for a verb that is not run."""
+    sub.add_parser(name, help=helptext, add_help=False).add_argument(
+        "_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -70,10 +75,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub.required = True
     for name, module, helptext in SUBCOMMANDS:
         if only is None or name == only:
-            _register(sub, name, module)
+            _register(sub, module)
         else:
-            stub = sub.add_parser(name, help=helptext, add_help=False)
-            stub.add_argument("_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            _stub(sub, name, helptext)
     return p
 
 
@@ -94,8 +98,7 @@ def chosen_verb(argv: Sequence[str]) -> str | None:
                                parser_class=type("_Probe1", (_Probe,), {"level": 1}))
     sub.required = True
     for name, _module, helptext in SUBCOMMANDS:
-        sub.add_parser(name, help=helptext, add_help=False).add_argument(
-            "_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        _stub(sub, name, helptext)
     try:
         ns, _extra = probe.parse_known_args(list(argv))
     except _ProbeFailed:
