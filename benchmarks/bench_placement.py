@@ -1,6 +1,7 @@
 """Placement on the capacity model, on the simulator's `large` profile (8 GPUs, 32 VFs each): no host I/O,
 only the pure parts (host state, plan, the search a refusal runs). Baselines in the same run: the greedy
 pass alone (``search_limit=0``) for the same refusal, and a deep copy of the host state for its clone.
+Times are CPU time of this process (``time.process_time``).
 
     .venv/bin/python benchmarks/bench_placement.py [--repeat N]
 """
@@ -22,11 +23,13 @@ from vgpuvirt.sim import SimHost
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    # CPU time of this process: placement is single-threaded, and on a shared machine the wall clock moved
+    # several-fold with other processes' load while this stays within a few percent
     runs = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        runs.append(time.perf_counter() - t0)
+        runs.append(time.process_time() - t0)
     return min(runs), statistics.median(runs)
 
 
