@@ -219,18 +219,80 @@ def opened_hosts() -> Iterator[list[Any]]:
         yield opened
 
 
+_FUZZ_CASES = pytest.StashKey[Counter]()
+_LANES = pytest.StashKey[dict]()
+_STARTED = pytest.StashKey[float]()
+
+
+def _fuzz_cases() -> Counter:
+    fuzzkit = sys.modules.get("fuzzkit")          # tests/fuzz/fuzzkit.py, when the fuzz suite ran here
+    return Counter(getattr(fuzzkit, "CASES", {}) if fuzzkit is not None else {})
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # An xdist worker hands its counts to the controller, which prints the summary (pytest_testnodedown).
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["vgpuvirt_referee"] = dict(session.config.stash.get(_REFEREE_TALLY, Counter()))
+        out["vgpuvirt_fuzz"] = dict(_fuzz_cases())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist: add a finished worker's generated-case counts to this (the controller's) session."""
+    out = getattr(node, "workeroutput", None) or {}
+    config = node.config
+    config.stash.setdefault(_REFEREE_TALLY, Counter()).update(out.get("vgpuvirt_referee", {}))
+    config.stash.setdefault(_FUZZ_CASES, Counter()).update(out.get("vgpuvirt_fuzz", {}))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Per lane (tests/unit, integration, property, fuzz): tests run and the time they took, all phases.
+    Under xdist the controller sees every worker's reports here."""
+    config = _CONFIG[0] if _CONFIG else None
+    if config is None or getattr(config, "workerinput", None) is not None:
+        return
+    lanes = config.stash.setdefault(_LANES, {})
+    parts = report.nodeid.split("/")
+    lane = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    n, secs = lanes.get(lane, (0, 0.0))
+    lanes[lane] = (n + (1 if report.when == "call" or (report.when == "setup" and report.skipped) else 0),
+                   secs + report.duration)
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG[:] = [config]
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """How many generated cases the property and fuzz suites ran (shown under ``-q`` too)."""
+    """How many generated cases the property and fuzz suites ran, and the time per lane (shown under ``-q``)."""
+    import time
     tally = config.stash.get(_REFEREE_TALLY, None)
     if tally:
         total = tally["soundness cases"] + tally["completeness cases"]
         terminalreporter.write_sep("-", "capacity referee")
         counts = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
         terminalreporter.write_line(f"{total} generated cases run: {counts}")
-    fuzzkit = sys.modules.get("fuzzkit")          # tests/fuzz/fuzzkit.py, when the fuzz suite ran
-    cases: dict[str, int] = getattr(fuzzkit, "CASES", {}) if fuzzkit is not None else {}
+    cases = config.stash.get(_FUZZ_CASES, None) or _fuzz_cases()
     if cases:
         terminalreporter.write_sep("-", f"fuzz: {sum(cases.values())} generated cases in {len(cases)} tests")
         if config.getoption("verbose") > 0:
             for name, n in sorted(cases.items()):
                 terminalreporter.write_line(f"  {n:6d}  {name}")
+    lanes = config.stash.get(_LANES, None)
+    if lanes:
+        started = config.stash.get(_STARTED, None)
+        wall = time.monotonic() - started if started is not None else 0.0
+        workers = getattr(config.option, "numprocesses", None) or 0
+        terminalreporter.write_sep("-", f"lanes: wall {wall:.1f} s"
+                                        + (f" on {workers} xdist workers" if workers else " (one process)"))
+        for lane, (n, secs) in sorted(lanes.items()):
+            terminalreporter.write_line(f"  {lane:12s} {n:5d} tests  {secs:8.1f} s of test time")

@@ -234,6 +234,7 @@ def _cleanup_domains(conn: Any, baseline: list[tuple[str, bool, bool]]) -> None:
 _n = [0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_cli_verb(verb: str, workdir: Path, libvirt_default: Any, opened_hosts: list[Any]) -> None:
     baseline = _domains(libvirt_default)

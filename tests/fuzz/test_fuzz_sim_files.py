@@ -65,6 +65,7 @@ def writes(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]]]:
     return profile, draw(st.lists(st.tuples(paths, value), min_size=1, max_size=4))
 
 
+@pytest.mark.slow
 @fuzz_settings(500)
 @given(w=writes())
 def test_writes_to_any_sim_file(w: tuple[str, list[tuple[str, str]]]) -> None:
@@ -114,6 +115,7 @@ content = st.one_of(junk_text(80).map(lambda s: s.encode("utf-8", "surrogateesca
                                      *(i.encode("utf-8", "surrogateescape") for i in INJECTIONS)]))
 
 
+@pytest.mark.slow
 def test_hostile_file_contents_in_a_tree(trees: dict[str, Path]) -> None:
     from fuzzkit import run_cli
 
@@ -179,6 +181,7 @@ leaf_value = st.one_of(junk_text(30), st.integers(-5, 2**40), st.none(), st.bool
                                                                             max_size=2))
 
 
+@pytest.mark.slow
 def test_profiles_with_one_value_replaced(tmp_path: Path) -> None:
     import copy
 

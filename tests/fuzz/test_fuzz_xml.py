@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fuzzkit import anything, count, fuzz_settings, junk_text, mutated_xml, refuses_cleanly
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,6 +65,7 @@ def _parts(ms: list[Any], ps: list[Any], ns: list[Any]) -> tuple[list[Any], list
     return m_out, p_out, n_out
 
 
+@pytest.mark.slow
 @fuzz_settings(700)
 @given(template=st.sampled_from(sorted(TEMPLATES)), name=st.one_of(st.just("vm-1"), anything()),
        memory=st.one_of(st.integers(-1, 1 << 22), anything()), vcpus=st.one_of(st.integers(-1, 9), anything()),

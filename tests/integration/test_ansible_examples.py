@@ -25,7 +25,7 @@ from test_ansible_fleet import (  # type: ignore[import-not-found]
     unmount_sim,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]   # a real ansible-playbook run per case
 
 
 @pytest.fixture

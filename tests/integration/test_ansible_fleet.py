@@ -39,7 +39,9 @@ EXAMPLES = REPO / "examples" / "ansible"
 PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
 VDI_COUNT = 6          # across the three hosts (spread: 2 each); the grown pool has 12
 
-pytestmark = pytest.mark.integration
+# xdist_group: the extra test hosts are shared, and the fleet test stops and restarts them; under
+# `pytest -n ... --dist loadgroup` every module of the group runs on one worker, one after the other.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("extra-hosts")]
 
 
 def ansible_bin(name: str) -> str | None:

@@ -25,7 +25,9 @@ from test_ansible_fleet import (  # type: ignore[import-not-found]
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.layout import parse_layout, verbs
 
-pytestmark = pytest.mark.integration
+# xdist_group: the extra test hosts are shared, and the fleet test stops and restarts them; under
+# `pytest -n ... --dist loadgroup` every module of the group runs on one worker, one after the other.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("extra-hosts")]
 LAB = parse_layout((EXAMPLES.parent / "layouts" / "lab.yaml").read_text(), "lab.yaml")
 
 

@@ -147,6 +147,7 @@ except NoCapacity as exc:
 """
 
 
+@pytest.mark.slow
 def test_eight_processes_race_for_the_last_four_instances(testbed: Testbed) -> None:
     gpu, type_id = "0000:d8:00.0", "nvidia-231"          # T4-2Q: 8 per GPU
     with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as host:

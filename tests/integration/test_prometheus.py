@@ -135,6 +135,7 @@ def provisioned() -> Iterator[tuple[list[SimHost], Any, dict[str, tuple[str, str
     conn.close()
 
 
+@pytest.mark.slow
 def test_prometheus_scrapes_the_exporter_and_promql_returns_each_vms_series(
         tmp_path, provisioned, silent_port):
     hosts, conn, owners = provisioned

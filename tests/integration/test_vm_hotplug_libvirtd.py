@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 
 pytestmark = pytest.mark.integration
-PREFIX = "w16vm-it-"
+# One prefix per process: the testbed's libvirtd is shared by xdist workers and other sessions (a fixed name
+# let two runs start, destroy and undefine each other's VMs).
+PREFIX = f"w16vm-it-{uuid.uuid4().hex[:8]}-"
 # The testbed's libvirtd has no network: the plan's pre-flight refuses the templates' network 'default'.
 NO_NIC: dict[str, object] = {"virtio_nics": []}
 

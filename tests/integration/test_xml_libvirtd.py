@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from xmlcheck import cases, check_create
 from vgpuvirt.xml import Disk, Domain, DomainOptions, VirtioNic, build_domain
 
 pytestmark = pytest.mark.integration
-PREFIX = "vgpuvirt-it-xml-"
+# One prefix per process: the testbed's libvirtd is shared by xdist workers and by other sessions, so a fixed
+# name (and the cases' one fixed UUID) let one run's define, or its clean-up of "leftovers", hit another's
+# domains ("already defined with uuid", "Domain not found").
+PREFIX = f"vgpuvirt-it-xml-{uuid.uuid4().hex[:8]}-"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def _undefine(dom: Any) -> None:
 
 
 def _cleanup(c: Any) -> None:
-    """Remove leftovers of an earlier interrupted run (only our prefix)."""
+    """Remove what this process defined and left (only its own prefix: other runs' domains are theirs)."""
     for dom in c.listAllDomains():
         if dom.name().startswith(PREFIX):
             _undefine(dom)
@@ -62,7 +66,7 @@ def _cleanup(c: Any) -> None:
 @pytest.mark.parametrize("case", sorted(cases()))
 def test_define_on_qemu_driver(conn: Any, case: str) -> None:
     template, kw = cases()[case]
-    dom = build_domain(template, **{**kw, "name": PREFIX + case})
+    dom = build_domain(template, **{**kw, "name": PREFIX + case, "uuid": uuid.uuid4()})
     xml = dom.to_xml()
     check_create(xml)
     virdom = conn.defineXML(xml)

@@ -68,7 +68,9 @@ def comment(cmd: str) -> str:
     return m.group(1) if m else ""
 
 
-CASES = [pytest.param(path, n, block, id=f"{path.name}:{block[0][0]}")
+# A block of 15 commands or more runs for many seconds (a process each): `slow`, out of the inner loop.
+CASES = [pytest.param(path, n, block, id=f"{path.name}:{block[0][0]}",
+                      marks=[pytest.mark.slow] if len(block) >= 15 else [])
          for path in DOCS for n, block in enumerate(examples(path))]
 
 

@@ -12,9 +12,10 @@ import argparse
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vgpuvirt.host.base import BaseHost
+if TYPE_CHECKING:  # the host package loads when a verb opens a host, not for every parse
+    from vgpuvirt.host.base import BaseHost
 
 # C0, DEL, C1 (ESC, CSI, OSC, ST...), and the line/paragraph separators and bidi embeddings, overrides and
 # isolates that reorder what the reader sees ("Trojan Source").

@@ -149,10 +149,11 @@ def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Opti
     return refused[0] + more + notes
 
 
-def _policy_key(o: Option, host: HostState, policy: Policy) -> tuple[int, ...]:
+def _policy_key(o: Option, host: HostState, policy: Policy, host_used: int | None = None) -> tuple[int, ...]:
+    used = host.used if host_used is None else host_used
     if policy == "spread":
-        return (host.used, o.gpu.used)
-    return (-o.gpu.used, -host.used)
+        return (used, o.gpu.used)
+    return (-o.gpu.used, -used)
 
 
 def rank_key(o: Option, host: HostState, policy: Policy, order: Mapping[str, int]) -> tuple[object, ...]:
@@ -175,19 +176,48 @@ def commit(o: Option) -> None:
         s.blocked = "VF holds a planned vGPU"
 
 
+#: What :func:`evaluate` found for one GPU, kept while the GPU's state stays as it was: the key is the GPU and
+#: what of the VM and its request evaluate reads; the value holds the state it was found in and the answer.
+EvalMemo = dict[tuple[int, object], tuple[tuple[object, ...], "Option | str"]]
+
+
+def _state_of(g: GpuState) -> tuple[object, ...]:
+    # commit() changes a GPU only through these (the budget is replaced, never changed in place). The GPU and
+    # its budget are held and compared by identity: a clone shares its original's budget, and a dead GPU's
+    # id may be given to a new one, so neither id nor equality alone would do.
+    return (g, g.budget, g.whole_taken, g.vfs_in_use, g.unhealthy, g.whole_blocked)
+
+
 def rank(vm: VmRequest, req: VgpuRequest, hosts: Sequence[HostState], policy: Policy,
-          order: Mapping[str, int]) -> tuple[list[tuple[tuple[object, ...], Option]], list[Candidate]]:
+         order: Mapping[str, int], memo: EvalMemo | None = None
+         ) -> tuple[list[tuple[tuple[object, ...], Option]], list[Candidate]]:
+    """Every GPU's best way to serve ``req``, best first, and the skipped GPUs with their reasons. With
+    ``memo`` (one dict for a whole placement pass), a GPU whose state did not change since it was evaluated
+    for an alike VM is not evaluated again: a pool of VMs changes one GPU per VM, so re-evaluating every GPU
+    of every host for each VM made a fleet's placement grow with hosts x VMs."""
     options: list[tuple[tuple[object, ...], Option]] = []
     notes: list[Candidate] = []
+    kind = (req, vm.host, vm.numa_node, vm.numa_strict)
     for h in hosts:
+        host_used = h.used           # once per host, not per GPU: it sums over the host's GPUs
         for g in h.gpus:
-            r = evaluate(vm, req, g)
+            r: Option | str
+            if memo is None:
+                r = evaluate(vm, req, g)
+            else:
+                key = (id(g), kind)
+                state = _state_of(g)
+                hit = memo.get(key)
+                if hit is not None and hit[0][0] is g and hit[0][1] is g.budget and hit[0][2:] == state[2:]:
+                    r = hit[1]
+                else:
+                    r = evaluate(vm, req, g)
+                    memo[key] = (state, r)
             if isinstance(r, str):
                 notes.append(Candidate(vm.name, h.name, str(g.address), "skipped", r))
             else:
-                key = (r.numa_penalty, r.type.framebuffer_mib or 0, _policy_key(r, h, policy), order[h.name], g.address)
-                options.append((key, r))
+                key_ = (r.numa_penalty, r.type.framebuffer_mib or 0, _policy_key(r, h, policy, host_used),
+                        order[h.name], g.address)
+                options.append((key_, r))
     options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
     return options, notes
-
-

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.model import PciAddress
-from vgpuvirt.provision.options import POLICIES, Candidate, Option, Policy, commit, rank
+from vgpuvirt.provision.bound import refusal
+from vgpuvirt.provision.options import POLICIES, Candidate, EvalMemo, Option, Policy, commit, rank
 from vgpuvirt.provision.request import TypeProfile, VmRequest
 from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
@@ -55,18 +56,29 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
     work = {k: v.clone() for k, v in hosts.items()}
     try:
         assignments, explain = _greedy(vms, work, policy)
-    except NoCapacity:
+    except NoCapacity as exc:
         if not worth_searching(vms):
             raise
+        # The budgets first: where a count proves that nothing fits, say so now instead of searching (a
+        # refusal on `large` took 1.2 s of search against 40 ms for the greedy pass).
+        why = refusal(vms, hosts) if search_limit > 0 else None
+        if why is not None:
+            raise NoCapacity(exc.host, exc.device, f"{_reason(exc)}; no other placement fits either: {why}") from exc
         work = {k: v.clone() for k, v in hosts.items()}
         found = search(vms, work, policy=policy, limit=search_limit)
         if found is None:
-            raise
+            raise NoCapacity(exc.host, exc.device, f"{_reason(exc)}; the budgets allow a fit, but a search of "
+                                                   f"up to {search_limit} choices found none") from exc
         assignments, explain = _searched(vms, found, policy)
     for name, h in hosts.items():
         h.gpus[:] = work[name].gpus
         h.free_nic_vfs[:] = work[name].free_nic_vfs
     return assignments, explain
+
+
+def _reason(exc: NoCapacity) -> str:
+    # DeviceError's text is "host: device: reason"; the reason alone, to extend it
+    return str(exc).removeprefix(f"{exc.host}: {exc.device}: ")
 
 
 def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Policy
@@ -92,8 +104,9 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
     host_list = list(hosts.values())
     assignments: list[Assignment] = []
     explain: list[Candidate] = []
+    memo: EvalMemo = {}      # each VM changes one GPU: the others' evaluations carry over to the next VM
     for vm in vms:
-        first, notes = rank(vm, vm.gpus[0], host_list, policy, order)
+        first, notes = rank(vm, vm.gpus[0], host_list, policy, order, memo)
         chosen: list[Option] | None = None
         for _, opt in first:
             # Every GPU of one VM sits on one host: try the remaining requests on the same host.

@@ -27,7 +27,7 @@ from vgpuvirt.services.metrics_model import (
 from vgpuvirt.services.nvml_metrics import NvmlMetrics
 from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
 from vgpuvirt.services.vgpu_query import ActiveVgpu, parse_vgpu_query
-from vgpuvirt.xml.domain import parse_xml
+from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.refs import domain_device_refs
 
 Owner = tuple[str, str | None]     # (domain name, domain UUID)

@@ -113,7 +113,10 @@ def builtin_type_tables() -> dict[str, TypeTable]:
     global _BUILTIN_TABLES
     if _BUILTIN_TABLES is None:
         f = _profiles_dir().joinpath(_TYPES_FILE)
-        raw = yaml.safe_load(f.read_text(encoding="utf-8"))
+        # libyaml when PyYAML has it: 7 ms instead of 45 ms for this shipped 20 kB file, read by every simulated
+        # host's first start (the file is ours, so the pure-Python loader's richer error marks are not needed)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        raw = yaml.load(f.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a safe loader)
         ctx = _Ctx(_TYPES_FILE)
         tables = ctx.mapping(ctx.mapping(raw, "")["tables"], "tables")
         _BUILTIN_TABLES = {n: _parse_table(ctx, n, t, f"tables.{n}") for n, t in tables.items()}

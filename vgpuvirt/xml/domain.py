@@ -195,13 +195,23 @@ class Domain(DomainTuning):
                 return el
         return None
 
-    def add_device(self, device: GpuDevice) -> Element:
-        """Append a GPU device; refuses a second device with the same source."""
+    def add_device(self, device: GpuDevice, *, sources: set[str] | None = None) -> Element:
+        """Append a GPU device; refuses a second device with the same source. A caller adding several keeps
+        the domain's sources in ``sources`` (from :meth:`device_sources`; updated here) instead of having each
+        addition read every device again."""
         want = device.source_key
-        if any(el.tag in ("hostdev", "interface") and source_key_of(el) == want for el in self.devices):
+        if sources is None:
+            sources = self.device_sources()
+        if want in sources:
             raise XmlError(f"{device.label()}: already in domain {self.name!r}",
                            [f"duplicate-hostdev: {device.label()} is already attached"])
+        sources.add(want)
         return self.add_element(device.to_element())
+
+    def device_sources(self) -> set[str]:
+        """The source keys (``mdev:<uuid>``, ``pci:<address>``) of the domain's hostdevs and interfaces."""
+        keys = (source_key_of(el) for el in self.devices if el.tag in ("hostdev", "interface"))
+        return {k for k in keys if k is not None}
 
     def remove_device(self, key: DeviceKey) -> Element:
         el = self.find_device(key)

@@ -3,7 +3,7 @@
 The inventory, gc, SR-IOV and vendor-VF services join host devices with the domains that use them. A
 domain is someone else's document: one malformed device must not hide the others, so each device is
 read on its own and skipped when unreadable, and XML that does not parse gives ``error`` instead of
-raising. The XML goes through the shared safe parser (:func:`vgpuvirt.xml.domain.parse_xml`).
+raising. The XML goes through the shared safe parser (:func:`vgpuvirt.xml.document.parse_xml`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from vgpuvirt.errors import InvalidSpec, XmlError
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.xml.domain import parse_xml
+from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.element import pci_from_address
 
 

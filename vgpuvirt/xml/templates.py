@@ -102,10 +102,11 @@ class DomainOptions:
     numa_mode: str = "strict"
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            # Scalars of exactly their type (machine=0 or threads_per_core=True is refused, not half-used).
-            if str(f.type).partition(" | ")[0] in _SCALARS:
-                _option_value(f.name, str(f.type), getattr(self, f.name))
+        # Scalars of exactly their type (machine=0 or threads_per_core=True is refused, not half-used). The
+        # fields are listed once (_scalar_fields): reading every field's annotation for each build was 14%
+        # of build_domain's time.
+        for name, annotation in _scalar_fields():
+            _option_value(name, annotation, getattr(self, name))
         if self.graphics not in (None, "spice", "vnc", "none"):
             raise InvalidSpec("graphics", self.graphics, "spice | vnc | none")
         if self.hyperv_vendor_id is not None and not _VENDOR_ID_RE.match(self.hyperv_vendor_id):
@@ -134,6 +135,13 @@ class DomainOptions:
 
 
 _SCALARS: dict[str, type] = {"bool": bool, "int": int, "str": str}
+
+
+@functools.cache
+def _scalar_fields() -> tuple[tuple[str, str], ...]:
+    return tuple((f.name, str(f.type)) for f in fields(DomainOptions) if str(f.type).partition(" | ")[0] in _SCALARS)
+
+
 
 
 def _option_value(key: str, annotation: str, value: object) -> object:
@@ -168,6 +176,10 @@ def _option_value(key: str, annotation: str, value: object) -> object:
     return tuple(items)
 
 
+#: The options a build without ``options`` gets (frozen: one instance serves every build).
+_DEFAULT_OPTIONS = DomainOptions()
+
+
 def build_domain(
     template: str | Path,
     *,
@@ -186,7 +198,7 @@ def build_domain(
     validate: bool = False,
 ) -> Domain:
     """Fill ``template`` and return the domain; raises InvalidSpec/XmlError before libvirt sees anything."""
-    opts = options or DomainOptions()
+    opts = options or _DEFAULT_OPTIONS
     name = DomainName.parse(name)
     for what, seq, cls in (("mdevs", mdevs, MdevHostdev), ("pci", pci, PciHostdev), ("nics", nics, HostdevInterface)):
         for item in seq:
@@ -253,12 +265,13 @@ def build_domain(
         os_el = dom.child("os")
         for b in [] if os_el is None else os_el.findall("boot"):
             os_el.remove(b)  # type: ignore[union-attr]
+    sources = dom.device_sources()
     for m in mdevs:
-        dom.add_device(m)
+        dom.add_device(m, sources=sources)
     for p in place_multifunction(dom, pci):
-        dom.add_device(p)
+        dom.add_device(p, sources=sources)
     for n in nics:
-        dom.add_device(n)
+        dom.add_device(n, sources=sources)
 
     check(dom, host_cpus)
     if validate:

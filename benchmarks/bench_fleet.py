@@ -1,0 +1,170 @@
+"""A fleet that scales: provisioning and metrics across 1, 8, 16 and 32 simulated hosts, client side.
+
+    .venv/bin/python benchmarks/bench_fleet.py [--hosts 1,8,16,32] [--vms-per-host 8] [--profile t4x2]
+                                               [--repeat 3] [--profile-top 0] [--e2e-hosts 0]
+
+Each host is an in-process simulated host (``SimHost``, its own simulated sysfs) with its own libvirt test
+driver (``test:///NODE.xml``: one private state per connection, as each real host has its own libvirtd), so
+what is measured is this process's work: inventories, placement, plan, steps, XML, libvirt calls. One
+``provision()`` call places --vms-per-host VMs per host (``spread``), then one ``collect_many()`` reads every
+host's metrics. Per host count, the median of --repeat runs (fresh hosts each run, torn down untimed):
+* client CPU per host (``time.process_time`` of this process, less the CPU time spent inside the simulated
+  hosts' agent and sysfs, which on a real fleet is the hosts' own) and wall time, for provisioning and for
+  metrics; the libvirt test driver's work stays counted (it runs in this process);
+* the straight line: N x the 1-host figure of the same run; the ratio (target: 32 hosts <= 32x one host, and
+  <= 15 ms client CPU per host per provisioning of 8 VMs).
+--profile-top N prints the N costliest functions (cProfile, cumulative) of one provisioning on the largest
+host count. --e2e-hosts N adds the end-to-end figure over real sshd + FUSE (bench_provision.py's hosts
+scaling section, N hosts): it needs the testbed (scripts/testbed.sh start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
+from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown  # noqa: E402
+from vgpuvirt.services.metrics import collect_many  # noqa: E402
+from vgpuvirt.sim import SimHost  # noqa: E402
+
+# The test driver's host: enough CPUs and memory for the VMs, and the `default` network the pre-flight checks.
+NODE_XML = """<node>
+  <cpu><mhz>3000</mhz><model>x86_64</model><active>64</active><max>64</max><total>64</total>
+       <nodes>1</nodes><sockets>1</sockets><cores>32</cores><threads>2</threads></cpu>
+  <memory>67108864</memory>
+  <network><name>default</name><bridge name='virbr0'/><forward/>
+    <ip address='192.168.122.1' netmask='255.255.255.0'/></network>
+</node>
+"""
+
+
+class HostSide:
+    """CPU seconds spent inside the simulated hosts (their agent and sysfs): the hosts' work, not the client's."""
+
+    lock = threading.Lock()
+    seconds = 0.0
+
+
+class TimedSimHost(SimHost):
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        t0 = time.thread_time()        # this thread's CPU only: other hosts run in parallel threads
+        try:
+            return super()._exchange(request, idempotent=idempotent)
+        finally:
+            spent = time.thread_time() - t0
+            with HostSide.lock:
+                HostSide.seconds += spent
+
+
+def fleet(n: int, profile: str, node: str, tag: str) -> tuple[dict[str, SimHost], dict[str, LibvirtConnection]]:
+    hosts: dict[str, SimHost] = {f"{tag}-h{i:02d}": TimedSimHost.from_profile(profile, name=f"{tag}-h{i:02d}")
+                                 for i in range(n)}
+    conns = {name: LibvirtConnection(f"test://{node}") for name in hosts}
+    return hosts, conns
+
+
+def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.Profile | None = None
+            ) -> tuple[float, float, float, float]:
+    """(provision client CPU, provision wall, metrics client CPU, metrics wall) of one fleet of n hosts. Client
+    CPU: this process's, less the time spent inside the simulated hosts (on a real fleet, the hosts' own)."""
+    hosts, conns = fleet(n, a.profile, node, tag)
+    vms = VmRequest.pool(f"{tag}-vm", n * a.vms_per_host, gpu=VgpuRequest.parse(a.gpu), memory_mib=256, vcpus=1)
+    if a.freeze:
+        # The simulated hosts' objects live in this process, not in a real client: out of the collector's
+        # sight (gc.freeze), their number does not make the client's collections cost more with the fleet.
+        gc.collect()
+        gc.freeze()
+    try:
+        HostSide.seconds = 0.0
+        c0, w0 = time.process_time(), time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        res = provision(hosts, conns, vms, policy="spread")
+        if prof is not None:
+            prof.disable()
+        c1, w1 = time.process_time() - HostSide.seconds, time.perf_counter()
+        HostSide.seconds = 0.0
+        assert res.applied is not None and len(res.plan.assignments) == len(vms), "not every VM was placed"
+        per_host = {h: sum(1 for x in res.plan.assignments if x.host == h) for h in hosts}
+        assert set(per_host.values()) == {a.vms_per_host}, per_host
+        c1b = time.process_time()
+        collect_many(list(hosts.values()))
+        c2, w2 = time.process_time() - HostSide.seconds, time.perf_counter()
+        td = teardown(hosts, conns, [v.name for v in vms])
+        assert td.ok, td.failed
+    finally:
+        gc.unfreeze()
+        for c in conns.values():
+            c.close()
+    return c1 - c0, w1 - w0, c2 - c1b, w2 - w1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", default="1,8,16,32")
+    ap.add_argument("--vms-per-host", type=int, default=8)
+    ap.add_argument("--profile", default="t4x2")
+    ap.add_argument("--gpu", default="fb>=2G,series=Q")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile-top", type=int, default=0)
+    ap.add_argument("--e2e-hosts", type=int, default=0)
+    ap.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep the simulated hosts' objects out of the garbage collector's passes (default: on)")
+    a = ap.parse_args()
+    counts = [int(x) for x in a.hosts.split(",")]
+    if counts[0] != 1:
+        counts.insert(0, 1)                      # the straight line starts from one host, measured here
+    with tempfile.NamedTemporaryFile("w", suffix=".xml", prefix="bench-fleet-node-", delete=False) as f:
+        f.write(NODE_XML)
+        node = f.name
+    one_run(1, a, node, "warm")                  # imports, caches, the first libvirt connection
+    rows: dict[int, list[tuple[float, float, float, float]]] = {}
+    for n in counts:
+        rows[n] = [one_run(n, a, node, f"f{n}r{r}") for r in range(a.repeat)]
+    med = {n: tuple(statistics.median(r[i] for r in runs) for i in range(4)) for n, runs in rows.items()}
+    p1c, p1w, m1c, _m1w = med[1]
+    print(f"profile {a.profile}, {a.vms_per_host} VMs per host ({a.gpu}, spread), libvirt test driver per host; "
+          f"median of {a.repeat} runs")
+    print(f"{'hosts':>5s} | {'provision CPU':>13s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s} {'x line':>7s} | "
+          f"{'metrics CPU':>11s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s}")
+    for n in counts:
+        pc, pw, mc, mw = med[n]
+        print(f"{n:5d} | {pc * 1e3:10.1f} ms {pc / n * 1e3:6.1f} ms {pc / (n * p1c):7.2f} {pw * 1e3:5.0f} ms "
+              f"{pw / (n * p1w):7.2f} | {mc * 1e3:8.1f} ms {mc / n * 1e3:6.1f} ms {mc / (n * m1c):7.2f} "
+              f"{mw * 1e3:5.0f} ms")
+    big = counts[-1]
+    print(f"straight line: {big} hosts take {med[big][0] / p1c:.1f}x one host's provisioning CPU "
+          f"(line: {big}x; target <= {big}x) and {med[big][2] / m1c:.1f}x its metrics CPU; "
+          f"{med[big][0] / big * 1e3:.1f} ms CPU per host per provisioning of {a.vms_per_host} VMs (target <= 15 ms)")
+    if a.profile_top:
+        prof = cProfile.Profile()
+        one_run(big, a, node, "prof", prof)
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(a.profile_top)
+        print(out.getvalue())
+    Path(node).unlink()
+    if a.e2e_hosts:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import bench_provision
+        sys.argv = [sys.argv[0], "--only-hosts-scaling", "--scaling-hosts", str(a.e2e_hosts),
+                    "--scaling-vms", str(a.vms_per_host)]
+        return int(bench_provision.main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
