@@ -149,3 +149,44 @@ def test_nvml_facts_carry_brand_and_architecture_like_nvidia_smi():
             "virtualization_mode", "mig_mode_current", "mig_mode_pending")
     assert {k: getattr(nvml, k) for k in keys} == {k: getattr(smi, k) for k in keys}
     assert (smi.product_brand, smi.architecture, smi.virtualization_mode) == ("NVIDIA", "Hopper", "Pass-Through")
+
+
+# -- finding 2: the MIG profiles of a board whose MIG is off --------------------------------------------------
+
+def real_mig_results(board: Path) -> list[OpResult]:
+    """The five reads of ``read_mig_state`` as the real board answered them (all exit 0 there)."""
+    from vgpuvirt.host.base import Op
+    from vgpuvirt.services.mig import READ_ARGVS
+
+    texts = [raw(board, n) for n in ("nvidia-smi-q.xml", "mig-lgi.txt", "mig-lci.txt", "mig-lgip.txt",
+                                     "mig-lgipp.txt")]
+    return [OpResult(Op.exec(a), ok=True, rc=0, stdout=t) for a, t in zip(READ_ARGVS, texts, strict=True)]
+
+
+@pytest.mark.parametrize("board, names", [
+    (H100, ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    (H200, ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"])])
+def test_mig_off_keeps_the_boards_own_profiles(board: Path, names: list[str]):
+    from vgpuvirt.services.mig import build_mig_state
+
+    state = build_mig_state("real", real_mig_results(board))
+    (g,) = state.gpus
+    assert state.errors == () and g.capable and not g.enabled
+    assert [p.name for p in g.profiles] == names
+    assert [p.id for p in g.profiles] == [19, 20, 15, 14, 9, 5, 0]
+    one_slice = g.profile(names[0])
+    assert one_slice is not None and one_slice.placements == (0, 1, 2, 3, 4, 5, 6)
+    assert g.gpu_instances == () and g.compute_instances == ()
+
+
+def test_a_profile_the_board_does_not_have_is_refused_before_mig_is_enabled():
+    """An A100 profile on the H100 used to be planned (enable MIG, then create 1g.5gb)."""
+    from vgpuvirt.errors import InvalidSpec
+    from vgpuvirt.services.mig import build_mig_state
+    from vgpuvirt.services.mig_geometry import geometry_actions
+
+    (g,) = build_mig_state("real", real_mig_results(H100)).gpus
+    with pytest.raises(InvalidSpec, match=r"1g\.5gb.*1g\.10gb \(19\)"):
+        geometry_actions(g, {"1g.5gb": 7})
+    kinds = [a.kind for a in geometry_actions(g, {"1g.10gb": 7})]
+    assert kinds == ["mode", "create-gi"]
