@@ -190,3 +190,46 @@ def test_a_profile_the_board_does_not_have_is_refused_before_mig_is_enabled():
         geometry_actions(g, {"1g.5gb": 7})
     kinds = [a.kind for a in geometry_actions(g, {"1g.10gb": 7})]
     assert kinds == ["mode", "create-gi"]
+
+
+# -- finding 3: the loaded registry keys are in /proc/driver/nvidia/params ------------------------------------
+
+def real_proc_params(board: Path) -> str:
+    text = raw(board, "proc-driver-nvidia.txt")
+    return text.split("### /proc/driver/nvidia/params\n", 1)[1].split("### ", 1)[0]
+
+
+def test_scheduler_reads_the_loaded_registry_keys_from_proc_driver_nvidia_params():
+    from vgpuvirt.host.base import Entry
+    from vgpuvirt.services.scheduler_model import SchedulerSetting
+    from vgpuvirt.services.vgpu_scheduler import parse_read, read_ops
+
+    params = real_proc_params(H100)
+    assert 'RegistryDwords: ""' in params and "RegistryDwordsPerDevice" in params
+    snap = Snapshot({"/proc/driver/nvidia/params": Entry("file", params),
+                     f"/sys/bus/pci/devices/{GPU}/vendor": Entry("file", "0x10de\n")})
+    (op,) = read_ops([str(GPU)])
+    unsupported = OpResult(op, ok=False, rc=3, error="Not Supported")
+    (g,) = parse_read("real", [str(GPU)], [unsupported], snap).gpus
+    # the loaded module has no RmPVMRL: the driver's default, best effort (was: unknown, None)
+    assert g.current == SchedulerSetting(policy="best-effort") and g.current_source == "module parameters"
+    assert not g.vgpu_capable
+    # a key in the loaded parameters is read from there too
+    per_device = params.replace('RegistryDwordsPerDevice: ""',
+                                'RegistryDwordsPerDevice: "pci=0000:00:06.0;RmPVMRL=0x00030011"')
+    snap2 = Snapshot({**snap, "/proc/driver/nvidia/params": Entry("file", per_device)})
+    (g2,) = parse_read("real", [str(GPU)], [unsupported], snap2).gpus
+    assert g2.current == SchedulerSetting(policy="fixed-share", timeslice_us=3000)
+
+
+def test_simulated_driver_shows_its_parameters_where_the_real_one_does():
+    from vgpuvirt.services.scheduler_model import loaded_params
+    from vgpuvirt.sim import SimHost
+
+    host = SimHost.from_profile("t4x2")
+    snap = host.read(["/proc/driver/nvidia/params", "/sys/module/nvidia/parameters/*", "/sys/module/nvidia/version"])
+    assert not any(p.startswith("/sys/module/nvidia/parameters/") for p in snap)
+    sim = loaded_params(snap.text("/proc/driver/nvidia/params"))
+    real = loaded_params(real_proc_params(H100))
+    assert sim is not None and real is not None and list(sim) == list(real)     # same names, same order
+    assert snap.text("/sys/module/nvidia/version") is not None

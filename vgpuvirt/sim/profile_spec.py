@@ -10,6 +10,8 @@ from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.model import PciAddress
 
 VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg")
+#: the NVIDIA driver of a profile that names none (a vGPU host driver of the 17.x branch)
+DRIVER_VERSION = "550.90.05"
 
 
 
@@ -158,6 +160,11 @@ class Profile:
     devices: tuple[DeviceSpec, ...]
     drivers: tuple[str, ...]
     source: str = ""
+    driver_version: str = DRIVER_VERSION
+    #: The OS is itself a VM guest with the GPU passed through (nvidia-smi: Virtualization Mode
+    #: ``Pass-Through``; its driver is the datacenter one, not the vGPU host driver), as on the real H100/H200.
+    guest: bool = False
+    cmdline: str = ""                  # /proc/cmdline ("" -> one that matches ``iommu``)
 
     def device(self, address: str) -> DeviceSpec | None:
         a = PciAddress.parse(address)
