@@ -113,7 +113,7 @@ def test_iommu_off_is_never_assignable() -> None:
     tree = PciTree(iommu=False).dev("0000:01:00.0", VGA, "nvidia", None)
     rep = iommu.check_assignable(tree.host(), ["01:00.0"])
     assert not rep.iommu_enabled and not rep.assignable
-    assert "IOMMU is disabled" in rep.reasons[0]
+    assert "the IOMMU is off (no /sys/kernel/iommu_groups)" in rep.reasons[0]
 
 
 def test_missing_device_is_reported() -> None:

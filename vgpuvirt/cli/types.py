@@ -35,6 +35,12 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     if not rows:
         what = f" on {parent}" if parent else ""
         console.print(f"no {'available ' if args.available else ''}vGPU types{plain(what)}")
+        # why, where the driver says it: a VM guest, a driver that is not the vGPU host driver
+        for g in inv.gpus:
+            if parent is None or str(g.address) == parent:
+                for note in g.notes:
+                    if "vGPU host driver" in note:
+                        console.print(plain(f"  {g.address}: {note}"))
         return 0
     t = Table(title=f"{plain(inv.host)}: vGPU types", title_justify="left")
     for col in ("parent", "backend", "type", "name", "free", "max", "in use", "FB MiB", "series"):

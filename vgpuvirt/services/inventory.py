@@ -62,6 +62,7 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     f"{MDEV_DEVICES}/*/driver",
     f"{MDEV_DEVICES}/*/iommu_group",
     f"{MDEV_DEVICES}/*/nvidia/vgpu_params",
+    IOMMU_GROUPS,             # the folder itself: present and empty (IOMMU off) differs from absent
     f"{IOMMU_GROUPS}/*/devices/*",
     f"{IOMMU_CLASS}/*",
     NVIDIA_VERSION,

@@ -1,13 +1,13 @@
 """The time-sliced vGPU scheduler of NVIDIA GPUs: read (current and pending), plan, apply.
 
-Reading is ONE round trip per host whatever the number of GPUs: a batch of read-only NVML calls (one per
-GPU, ``nvmlDeviceGetVgpuSchedulerState`` and its capabilities) with the modprobe.d files and the nvidia
-module's loaded registry parameters (``/proc/driver/nvidia/params``) read after it. Where the driver has the NVML scheduler calls, ``set``
-changes the state at once (and, with ``persist``, also writes the registry key so that the next driver
-load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into vgpuvirt's own
-file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
-"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one
-batch; when its NVML part fails after the file was replaced, the file is put back.
+Reading is ONE round trip per host whatever the number of GPUs: a batch of read-only NVML calls (one per GPU,
+``nvmlDeviceGetVgpuSchedulerState`` and its capabilities) with the modprobe.d files and the nvidia module's
+loaded registry parameters (``/proc/driver/nvidia/params``) read after it. Where the driver has the NVML
+scheduler calls, ``set`` changes the state at once (and, with ``persist``, also writes the registry key so that
+the next driver load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into
+vgpuvirt's own file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
+"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one batch;
+when its NVML part fails after the file was replaced, the file is put back.
 
 :func:`plan_schedulers` / :func:`apply_schedulers` are the entry points other parts (a layout file) call.
 """

@@ -1,6 +1,7 @@
-"""The simulated ``/etc/modprobe.d``, ``/sys/module/nvidia`` and ``/proc/driver/nvidia`` (the driver's version
-and its loaded parameters, the registry options among them), ``/proc/cmdline``, and the NVML calls of the agent's ``nvml`` op: the parts of :class:`~vgpuvirt.sim.fs.SimFs` that play the
-vGPU scheduler's host side (state in :mod:`vgpuvirt.sim.scheduler`)."""
+"""The simulated ``/etc/modprobe.d``, ``/sys/module/nvidia`` and ``/proc/driver/nvidia`` (the driver's version and
+its loaded parameters, the registry options among them), ``/proc/cmdline``, and the NVML calls of the agent's
+``nvml`` op: the parts of :class:`~vgpuvirt.sim.fs.SimFs` that play the vGPU scheduler's host side (state in
+:mod:`vgpuvirt.sim.scheduler`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from vgpuvirt.sim.fs import SimFs
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
 
-
 #: The host files vgpuvirt reads outside /sys: the kernel command line, the NVIDIA driver's version and
 #: loaded parameters (the vGPU scheduler's registry keys).
 _PROC = ("/proc/cmdline", "/proc/driver")
