@@ -16,6 +16,8 @@ def register(sub: Any) -> None:
     p.add_argument("--parent", metavar="ADDR", default=None,
                    help="only this device: an mdev parent, a PF (VF figures folded in) or one VF")
     p.add_argument("--available", action="store_true", help="only types that can still be created")
+    p.add_argument("--explain", action="store_true",
+                   help="say for each GPU-level row how its free count was found (the rules, or the host's own count)")
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -53,4 +55,8 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
                                "-" if r.framebuffer_mib is None else r.framebuffer_mib, series)),
                   style="dim" if r.available == 0 else None)
     console.print(t)
+    if getattr(args, "explain", False):
+        for r in rows:
+            if r.reason:
+                console.print(plain(f"{r.parent} {r.id}: {r.reason}"))
     return 0
