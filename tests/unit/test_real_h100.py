@@ -302,3 +302,18 @@ def test_types_says_why_there_are_none_on_the_guest(capsys, monkeypatch):
     assert types_cli.run(ctx, types.SimpleNamespace(parent=None, available=False)) == 0  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert out.startswith("no vGPU types\n") and "0000:00:06.0: this OS is a VM guest" in out
+
+
+def test_fb_free_in_the_exporter_is_what_nvidia_smi_calls_free():
+    from vgpuvirt.observe.prometheus import families
+    from vgpuvirt.services.metrics_model import MetricsSnapshot
+
+    snap, programs = real_snapshot(H100)
+    smi = programs["nvidia-smi -q -x"]
+    inv = build_inventory(snap, host="real", nvidia_smi=smi)
+    hm = build_host_metrics(inv, smi=smi, vgpu_query=None, klog=None, cursor=None, domains=(), sources={},
+                            collected_at=0.0, duration_s=None, round_trips=1)
+    got = {f.name: [s.value for s in f.samples] for f in families(MetricsSnapshot(collected_at=0.0, hosts=(hm,)))}
+    assert "<free>81079 MiB</free>" in smi.stdout
+    assert (got["DCGM_FI_DEV_FB_USED"], got["DCGM_FI_DEV_FB_RESERVED"], got["DCGM_FI_DEV_FB_FREE"]) == (
+        [0.0], [480.0], [81079.0])
