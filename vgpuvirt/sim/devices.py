@@ -51,6 +51,11 @@ class Gpu:
     def table(self) -> TypeTable:
         return self.spec.table
 
+    @property
+    def vgpu_host(self) -> bool:
+        """On the vGPU host driver (mode "none": the datacenter driver, MIG only)."""
+        return self.spec.mode != "none"
+
 
 @dataclass
 class Dev:

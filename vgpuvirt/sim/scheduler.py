@@ -95,7 +95,7 @@ class SimScheduler:
     # ------------------------------------------------------------------ the driver
     def gpus(self) -> list[str]:
         return sorted(a for a, d in self.model.devices.items()
-                      if d.gpu is not None and d.spec.vendor == 0x10DE and d.physfn is None)
+                      if d.gpu is not None and d.gpu.vgpu_host and d.spec.vendor == 0x10DE and d.physfn is None)
 
     def get(self, addr: str) -> dict[str, int]:
         return dict(self.state.get(addr) or self._registry(addr))
