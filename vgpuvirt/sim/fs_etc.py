@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from vgpuvirt.sim.devices import gpu_uuid
 from vgpuvirt.sim.fs_nodes import Attr, Dir, Node
 from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.model import SimModel
@@ -40,7 +41,24 @@ class EtcTree:
                    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
         return {"nvidia": Dir(lambda: {
             "version": Attr(show=lambda: version, mode=0o444),
-            "params": Attr(show=self.model.sched.proc_params, mode=0o444)})}
+            "params": Attr(show=self.model.sched.proc_params, mode=0o444),
+            "gpus": Dir(self._proc_gpus)})}
+
+    def _proc_gpus(self) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for minor, d in enumerate(sorted((d for d in self.model.devices.values()
+                                          if d.spec.vendor == 0x10DE and d.physfn is None
+                                          and d.spec.pci_class >> 16 == 0x03 and d.driver == "nvidia"),
+                                         key=lambda d: d.addr)):
+            # the real R580 layout (tabs and all); IRQ, VBIOS and DMA figures are the real H100's, INFERRED for
+            # other boards
+            text = (f"Model: \t\t {d.spec.product or 'NVIDIA GPU'}\nIRQ:   \t\t {41 + minor}\n"
+                    f"GPU UUID: \t {gpu_uuid(d.addr)}\nVideo BIOS: \t 96.00.da.00.0c\nBus Type: \t PCIe\n"
+                    "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+                    f"Bus Location: \t {d.addr}\nDevice Minor: \t {minor}\n"
+                    f"GPU Firmware: \t {self.model.profile.driver_version}\nGPU Excluded:\t No\n")
+            out[d.addr] = Dir(lambda t=text: {"information": Attr(show=lambda: t, mode=0o444)})  # type: ignore[misc]
+        return out
 
     def _cmdline(self) -> str:
         p = self.model.profile

@@ -99,7 +99,8 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
         gen = f.link_gen or (gen_max if busy else 1)
         _group(link, "pcie_gen", [("max_link_gen", str(gen_max)), ("current_link_gen", str(gen)),
                                   ("device_current_link_gen", str(gen)), ("max_device_link_gen", str(gen_max)),
-                                  ("max_host_link_gen", str(gen_max))])
+                                  # a guest cannot see the host's root port: N/A (real H100/H200 guests)
+                                  ("max_host_link_gen", "N/A" if model.profile.guest else str(gen_max))])
         _group(link, "link_widths", [("max_link_width", "16x"), ("current_link_width", f"{f.link_width or 16}x")])
     fb = e.find("fb_memory_usage")
     pstate = ET.Element("performance_state")
@@ -203,7 +204,11 @@ def vgpu_query(model: SimModel, gpus: list[Dev]) -> str:
 def dmesg(model: SimModel, gpus: list[Dev]) -> str:
     """The NVIDIA lines of the kernel log: driver load, the scheduler's message per vGPU-capable GPU, XIDs."""
     tel = telemetry(model)
-    lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel.")]
+    v = model.profile.driver_version
+    # the first two lines as a real R580 prints them (real H100); the builder's name is INFERRED
+    lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel."),
+                                      (4.3, f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {v}  "
+                                            "Release Build  (dvs-builder@)  ")]
     for d in gpus:
         if d.gpu is not None and d.gpu.vgpu_host:
             # printed at the driver's load: the policy the loaded registry (RmPVMRL) gave, not later NVML sets

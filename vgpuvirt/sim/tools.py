@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
+from vgpuvirt.sim.devices import gpu_uuid
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
@@ -45,7 +46,7 @@ def _bus_id(d: Dev) -> str:
 
 
 def _gpu_uuid(d: Dev) -> str:
-    return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-gpu:{d.addr}"))
+    return gpu_uuid(d.addr)
 
 
 #: product-name word -> (<product_brand>, <product_architecture>): Hopper (H100, H200) from the real R580
