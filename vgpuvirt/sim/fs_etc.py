@@ -57,7 +57,8 @@ class EtcTree:
                     "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
                     f"Bus Location: \t {d.addr}\nDevice Minor: \t {minor}\n"
                     f"GPU Firmware: \t {self.model.profile.driver_version}\nGPU Excluded:\t No\n")
-            out[d.addr] = Dir(lambda t=text: {"information": Attr(show=lambda: t, mode=0o444)})  # type: ignore[misc]
+            info: dict[str, Node] = {"information": Attr(show=lambda t=text: t, mode=0o444)}  # type: ignore[misc]
+            out[d.addr] = Dir(lambda i=info: i)  # type: ignore[misc]
         return out
 
     def _cmdline(self) -> str:
