@@ -136,7 +136,8 @@ def _unsized(inv: Any) -> list[tuple[str, str, int]]:
     return out
 
 
-@pytest.mark.parametrize("profile", list_profiles())
+@pytest.mark.parametrize("profile", [pytest.param(p, marks=pytest.mark.slow) if p == "large" else p
+                                     for p in list_profiles()])     # large: 256 parents, ~17 s
 def test_every_simulated_host_counts_what_the_kernel_says_where_the_model_cannot(profile: str,
                                                                                 tmp_path: Path) -> None:
     """Each simulated host, materialized, with the type descriptions the model sizes mdev types from
