@@ -268,3 +268,35 @@ def test_sysfs_listing(board: str) -> None:
     snap = sim(board).read(["/sys/kernel/iommu_groups", "/sys/kernel/iommu_groups/*", "/sys/class/mdev_bus",
                             "/sys/class/mdev_bus/*"])
     assert {p: e.kind for p, e in snap.items()} == {"/sys/kernel/iommu_groups": "dir"}
+
+
+@pytest.mark.parametrize("board", boards())
+def test_inventory_of_the_profile_is_the_inventory_of_the_real_host(board: str) -> None:
+    """vgpuvirt's inventory of the simulated profile says of the GPU what it says when built from the real
+    host's own answers (vgpuvirt/snapshot.json: its sysfs entries and programs), identities aside."""
+    import json
+
+    from vgpuvirt.host.base import Entry, OpResult, Snapshot
+    from vgpuvirt.services.inventory import build_inventory, inventory
+
+    data = json.loads((REAL / board / "vgpuvirt" / "snapshot.json").read_text())
+    entries = {p: Entry(k, t, tg, e) for p, (k, t, tg, e) in data["entries"].items()}
+    entries["/sys/kernel/iommu_groups"] = Entry("dir")     # raw/sys-ls.txt: there and empty (not asked at 97383fc)
+    programs = {" ".join(a.strip().strip("'") for a in p["op"].split("argv=(", 1)[1].split(")", 1)[0].split(",")
+                         if a.strip()): OpResult(op=None, ok=p["ok"], rc=p["rc"], stdout=p["stdout"],  # type: ignore
+                                                 stderr=p["stderr"]) for p in data["programs"]}
+    real = build_inventory(Snapshot(entries), host="h", nvidia_smi=programs["nvidia-smi -q -x"],
+                           mig_lgi=programs.get("nvidia-smi mig -lgi"), mig_lgip=programs.get("nvidia-smi mig -lgip"))
+    got = inventory(sim(board))
+
+    def view(inv: Any) -> dict[str, Any]:
+        d = inv.to_dict()
+        (g,) = d["gpus"]
+        nv = {k: v for k, v in g["nvidia"].items() if k not in ("uuid", "source", "not_supported", "errors")}
+        return {"gpu": {k: g[k] for k in ("address", "vendor", "device", "class", "name", "driver", "backend",
+                                          "numa_node", "iommu_group", "reset_methods", "notes")},
+                "nvidia": nv, "capacity": {k: g["capacity"][k] for k in ("mode", "budget", "types")},
+                "iommu_enabled": d["iommu_enabled"], "warnings": d["warnings"], "mdev_parents": d["mdev_parents"],
+                "driver": d["nvidia_driver_version"]}
+
+    assert view(got) == view(real)
