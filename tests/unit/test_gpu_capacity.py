@@ -88,12 +88,14 @@ def test_gvtg_pool_takes_the_kernels_count_then_estimates() -> None:
 
 
 def test_the_host_is_the_authority_when_the_rules_cannot_count() -> None:
-    t = VgpuType("t", "unknown", None, None)
+    # issue 22: the kernel's available_instances, exactly (it used to be capped at 1)
+    t, u = VgpuType("t", "unknown", None, None), VgpuType("u", "other", None, None)
     b = GpuBudget("h", PciAddress.parse("0000:01:00.0"), "nvidia", "free",
-                  {"t": t}, (Place("0000:01:00.0", "mdev", False, {"t": 5}),), sizing="equal")
+                  {"t": t, "u": u}, (Place("0000:01:00.0", "mdev", False, {"t": 5, "u": 2}),), sizing="equal")
     f = b.fit("t")
-    assert (f.fits_now, f.exact) == (1, False) and "the host is the only authority" in f.reason
-    assert b.with_vgpu("t", "0000:01:00.0").fit("t").fits_now == 0
+    assert (f.fits_now, f.exact) == (5, False) and "the host's own count: 5 available" in f.reason
+    assert b.with_vgpu("t", "0000:01:00.0").fit("t").fits_now == 4       # each planned one takes one
+    assert b.with_vgpu("u", "0000:01:00.0").fit("t").fits_now == 0       # how types share it: unknown
 
 
 def test_capacity_section_in_the_inventory_json() -> None:

@@ -113,7 +113,7 @@ def test_iommu_off_is_never_assignable() -> None:
     tree = PciTree(iommu=False).dev("0000:01:00.0", VGA, "nvidia", None)
     rep = iommu.check_assignable(tree.host(), ["01:00.0"])
     assert not rep.iommu_enabled and not rep.assignable
-    assert "IOMMU is disabled" in rep.reasons[0]
+    assert "the IOMMU is off (no /sys/kernel/iommu_groups)" in rep.reasons[0]
 
 
 def test_missing_device_is_reported() -> None:
@@ -249,7 +249,12 @@ def test_check_every_gpu_of_every_profile_in_one_read(profile: str) -> None:
     before = host.round_trips
     rep = iommu.check_assignable(host, gpus)
     assert host.round_trips == before + 1
-    assert rep.iommu_enabled and len(rep.devices) == len(gpus)
+    assert len(rep.devices) == len(gpus)
+    if not host.model.profile.iommu:         # the guests built from real captures (h100-sxm5, h200)
+        assert not rep.iommu_enabled and not rep.assignable and rep.vm_guest
+        assert rep.reasons[0].startswith("the IOMMU is off (/sys/kernel/iommu_groups is empty")
+        return
+    assert rep.iommu_enabled
     for d in rep.devices:
         assert d.present and d.group is not None
         assert any(m.address == d.address and m.role == "requested" for m in d.members)

@@ -9,8 +9,8 @@ import pytest
 
 from vgpuvirt.sim import ProfileError, SimHost, list_profiles, load_profile
 
-SHIPPED = {"t4x2", "a100-sriov", "l40s-vgpu17", "a10-sriov", "gvtg", "mxgpu", "desktop", "mixed", "large",
-           "l4-hetero", "a16", "a30-mig", "server-shared-group"}
+SHIPPED = {"h100-sxm5", "h200", "t4x2", "a100-sriov", "l40s-vgpu17", "a10-sriov", "gvtg", "mxgpu", "desktop", "mixed",
+           "large", "l4-hetero", "a16", "a30-mig", "server-shared-group"}
 
 
 def test_all_documented_profiles_ship_and_load() -> None:

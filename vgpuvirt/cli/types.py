@@ -16,6 +16,8 @@ def register(sub: Any) -> None:
     p.add_argument("--parent", metavar="ADDR", default=None,
                    help="only this device: an mdev parent, a PF (VF figures folded in) or one VF")
     p.add_argument("--available", action="store_true", help="only types that can still be created")
+    p.add_argument("--explain", action="store_true",
+                   help="say for each GPU-level row how its free count was found (the rules, or the host's own count)")
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -35,6 +37,12 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     if not rows:
         what = f" on {parent}" if parent else ""
         console.print(f"no {'available ' if args.available else ''}vGPU types{plain(what)}")
+        # why, where the driver says it: a VM guest, a driver that is not the vGPU host driver
+        for g in inv.gpus:
+            if parent is None or str(g.address) == parent:
+                for note in g.notes:
+                    if "vGPU host driver" in note:
+                        console.print(plain(f"  {g.address}: {note}"))
         return 0
     t = Table(title=f"{plain(inv.host)}: vGPU types", title_justify="left")
     for col in ("parent", "backend", "type", "name", "free", "max", "in use", "FB MiB", "series"):
@@ -47,4 +55,8 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
                                "-" if r.framebuffer_mib is None else r.framebuffer_mib, series)),
                   style="dim" if r.available == 0 else None)
     console.print(t)
+    if getattr(args, "explain", False):
+        for r in rows:
+            if r.reason:
+                console.print(plain(f"{r.parent} {r.id}: {r.reason}"))
     return 0

@@ -44,7 +44,11 @@ def _last_xid(g: GpuMetrics) -> int | None:
 
 
 def _fb_free(g: GpuMetrics) -> int | None:
-    return None if g.fb_total_mib is None or g.fb_used_mib is None else g.fb_total_mib - g.fb_used_mib
+    # used does not count the memory the driver reserves: free is what is left of both (81079 MiB on an idle
+    # H100 with 480 MiB reserved, as nvidia-smi prints it)
+    if g.fb_total_mib is None or g.fb_used_mib is None:
+        return None
+    return g.fb_total_mib - g.fb_used_mib - (g.fb_reserved_mib or 0)
 
 
 #: per GPU, dcgm-exporter's names (same meaning, same unit)
@@ -56,6 +60,7 @@ DCGM: tuple[Gauge, ...] = (
     Gauge("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda g: g.fb_total_mib),
     Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.fb_used_mib),
     Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _fb_free),
+    Gauge("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", lambda g: g.fb_reserved_mib),
     Gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
     Gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
     Gauge("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", lambda g: g.power_limit_w),

@@ -26,9 +26,12 @@ property tests in tests/property set one against the other):
   while MIG is on.
 * **GVT-g** (kernel ``gvt/vgpu.c``): instances draw low/high graphics memory and fences from one pool.
 
-Where the host is the only authority (no framebuffer size known, no GPU-instance table), the budget
-takes the kernel's own figure for the current state, says so (``exact`` False) and never plans more
-than the kernel showed.
+Where the host is the only authority (no framebuffer size known, no GPU-instance table: generic mdev
+types, a legacy NVIDIA type missing from the tables, unknown vendors), the budget takes the kernel's own
+figure for the current state, exactly (``exact`` False: "the host's own count"), never less and never more;
+instances of the same type already planned are taken off it, and nothing more is planned once another
+type is planned on the same GPU (how types share the device is then unknown). On SR-IOV GPUs each VF's
+figure is only that VF's, so there one is planned at a time.
 """
 
 from __future__ import annotations
@@ -203,12 +206,22 @@ class GpuBudget:
                                 + ("" if not planned else " (pool estimated from the kernel's counts)"))
 
     def _kernel_only(self, t: VgpuType, why: str) -> tuple[int, bool, str]:
-        # The rules cannot count: only what the kernel showed for the state as read, and no more once
-        # anything is planned on this GPU (the host is the only authority).
-        if any(r.planned for r in self.residents):
-            return 0, False, f"{why}: the host is the only authority and one more is already planned here"
+        # The rules cannot count: the kernel's available_instances for the state as read is the count (each
+        # instance of this type planned takes one of them); another type planned here makes it unknown.
+        planned = [r for r in self.residents if r.planned]
+        if any(r.type_id != t.id for r in planned):
+            return 0, False, f"{why}: the host's own count no longer holds, another type is already planned here"
         k = self._kernel_now(t)
-        return min(k, 1), False, f"{why}: the host is the only authority; it shows {k} now, 1 is planned at most"
+        if self.sriov:
+            # each VF's figure is that VF's own (0 or 1), not the GPU's: their sum is no count of what the GPU
+            # can still take (MIG-backed VFs share the GPU instances), so plan one at a time
+            if planned:
+                return 0, False, f"{why}: the host is the only authority and one more is already planned here"
+            return min(k, 1), False, (f"{why}: the host is the only authority; its VFs show {k} now, 1 is planned "
+                                      "at most")
+        n = max(0, k - len(planned))
+        done = f", {len(planned)} of it planned" if planned else ""
+        return n, False, f"{why}: the host's own count: {k} available{done}: {n} fit"
 
     def _kernel_now(self, t: VgpuType) -> int:
         return sum(p.kernel.get(t.id, 0) for p in self.places if not (p.is_vf and p.occupied))

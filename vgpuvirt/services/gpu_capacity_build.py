@@ -7,7 +7,7 @@ each budget needs and where they come from:
   vGPU 17+ ``creatable_vgpu_types`` (framebuffer from the type name, ``NVIDIA L40S-8Q`` = 8 GiB);
 * the GPU's framebuffer: nvidia-smi's ``fb_memory_usage/total``, else the largest mdev type's
   framebuffer x its maximum (the full-GPU type, e.g. ``T4-16Q`` x 1), else the largest vGPU 17+ type
-  creatable on an empty GPU (the ``-48Q`` of an L40S);
+  creatable on an empty GPU (the ``-48Q`` of an L40S); else unknown, and the kernel's counts rule;
 * equal- or mixed-size mode: nvidia-smi's ``vgpu_heterogeneous_mode``, else equal-size (the driver's
   default) unless the GPU already holds vGPUs of several sizes;
 * MIG mode and GPU instances: nvidia-smi ``mig_mode`` and ``nvidia-smi mig -lgi``;
@@ -81,7 +81,12 @@ def _framebuffer(facts: NvidiaGpuFacts | None, types: dict[str, VgpuType], mdev_
     if full:
         return max(full)
     if empty:
-        sizes = [t.framebuffer_mib for t in types.values() if t.framebuffer_mib and t.mig_profile is None]
+        # vGPU 17+: an empty GPU's VFs offer every type, the whole-GPU one included. An mdev parent's list says
+        # nothing of the sort (a legacy board missing from the tables, a partial tree): its largest type is
+        # no GPU size, and a count built on it would overrule the kernel's own.
+        on_mdev = {t.id for t in mdev_types}
+        sizes = [t.framebuffer_mib for t in types.values()
+                 if t.framebuffer_mib and t.mig_profile is None and t.id not in on_mdev]
         return max(sizes) if sizes else None
     return None
 

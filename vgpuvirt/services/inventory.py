@@ -62,6 +62,7 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     f"{MDEV_DEVICES}/*/driver",
     f"{MDEV_DEVICES}/*/iommu_group",
     f"{MDEV_DEVICES}/*/nvidia/vgpu_params",
+    IOMMU_GROUPS,             # the folder itself: present and empty (IOMMU off) differs from absent
     f"{IOMMU_GROUPS}/*/devices/*",
     f"{IOMMU_CLASS}/*",
     NVIDIA_VERSION,
@@ -118,10 +119,12 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
         snap, smi, lgi, lgip, dmesg = batch.after, batch[0], batch[1], batch[2], batch[3]
     else:
         snap = host.read(INVENTORY_GLOBS)
-    if not any(path.startswith(f"{PCI}/") for path in snap):
-        # Every Linux sysfs lists PCI devices (the host bridge at least): an empty answer means the root is not
-        # a sysfs tree (an empty or wrong --sysfs-root), not a host with no GPU and the IOMMU off.
+    if not any(path.startswith((f"{PCI}/", f"{MDEV_BUS}/")) for path in snap):
+        # A sysfs lists PCI devices (the host bridge at least) or, on hosts without PCI (s390: css/ap parents,
+        # mdevctl's own test trees), mdev parents: with neither, the root is not a sysfs tree (an empty or
+        # wrong --sysfs-root), not a host with no GPU and the IOMMU off.
         raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}{PCI} "
-                                   "(a sysfs root is the directory that holds sys/, e.g. / or a materialized tree)")
+                                   f"or {MDEV_BUS} (a sysfs root is the directory that holds sys/, e.g. / or a "
+                                   "materialized tree)")
     return build_inventory(snap, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report, mig_lgi=lgi,
                            mig_lgip=lgip, kernel_log=dmesg)

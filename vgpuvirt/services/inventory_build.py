@@ -45,7 +45,9 @@ from vgpuvirt.services.inventory_parse import (
     read_pci_device,
     type_sort_key,
 )
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 from vgpuvirt.services.nvml import NvmlReport
+from vgpuvirt.services.sysfs import iommu_off
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,10 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     facts = nvidia_facts(nvidia_smi, nvml, dict(part.type_names), warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(part.raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
+    if any(GUEST_NOTE in g.notes for g in gpus):
+        warnings.append("this OS is a VM guest (nvidia-smi: Virtualization Mode Pass-Through): GPUs passed "
+                        "through to it can be used here whole, not split into vGPUs or assigned to VMs"
+                        + ("; its IOMMU is off, as in most guests" if not part.iommu_enabled else ""))
     gpus = with_health(gpus, health or health_inputs(nvidia_smi, kernel_log), warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
@@ -177,7 +183,8 @@ def _iommu(idx: Index, warnings: list[str]) -> tuple[dict[int, list[PciAddress]]
         hint = ""
         if idx.cmdline is not None and not re.search(r"\b(intel_iommu=on|amd_iommu=on|iommu=pt)\b", idx.cmdline):
             hint = " (the kernel command line has no intel_iommu=on / amd_iommu=on)"
-        warnings.append("IOMMU off: no IOMMU groups" + hint + "; no device can be assigned to a VM with VFIO "
+        warnings.append("IOMMU off: " + iommu_off(idx.iommu_groups_dir) + hint
+                        + "; no device can be assigned to a VM with VFIO "
                         "(enable VT-d/AMD-Vi in the firmware and the IOMMU on the kernel command line)")
     return groups, iommu_enabled
 
@@ -263,14 +270,30 @@ def _gpus(devices: dict[PciAddress, PciDevice], groups: dict[int, list[PciAddres
             local_cpulist=dev.local_cpulist, reset_methods=dev.reset_methods,
             sriov_totalvfs=dev.sriov_totalvfs, sriov_numvfs=dev.sriov_numvfs, vgpus_in_use=in_use,
             domain=dev.domain, boot_vga=dev.boot_vga, nvidia=facts.by_address.get(addr),
-            notes=_gpu_notes(dev, backend),
+            notes=_gpu_notes(dev, backend, facts.by_address.get(addr)),
         ))
         warnings.extend(_group_warnings(dev, peers, devices))
     return gpus
 
 
-def _gpu_notes(dev: PciDevice, backend: Backend) -> list[str]:
+#: What nvidia-smi's Virtualization Mode says about where vgpuvirt runs (nvidia-smi -q, R580; a real H100
+#: passed through to a VM guest said "Pass-Through", tests/fixtures/real/h100-580).
+GUEST_NOTE = ("this OS is a VM guest: its hypervisor passes this GPU through to it (nvidia-smi: Virtualization "
+              "Mode Pass-Through), and this driver is not a vGPU host driver: no vGPU can be created here; "
+              "use the GPU whole in this OS, or run vgpuvirt on the hypervisor host")
+NOT_VGPU_HOST_NOTE = ("this NVIDIA driver is not a vGPU host driver (nvidia-smi: Virtualization Mode None): "
+                      "vGPU types appear only with NVIDIA's vGPU host driver; the GPU can be passed through whole")
+
+
+def _gpu_notes(dev: PciDevice, backend: Backend, nvidia: NvidiaGpuFacts | None = None) -> list[str]:
     notes: list[str] = []
+    mode = (nvidia.virtualization_mode or "") if nvidia is not None else ""
+    if mode == "Pass-Through":
+        notes.append(GUEST_NOTE)
+    elif mode == "None" and backend == "passthrough" and dev.pci_class == "0x030200":
+        # a datacenter board (3D controller) on the plain datacenter driver: the usual reason for "no vGPU
+        # types" that a user cannot see in sysfs
+        notes.append(NOT_VGPU_HOST_NOTE)
     if backend == "passthrough" and dev.vendor == "0x10de" and (dev.sriov_totalvfs or 0) > 0 \
             and not dev.sriov_numvfs and dev.driver == "nvidia":
         notes.append(f"SR-IOV capable ({dev.sriov_totalvfs} VFs) but no VF is enabled: vGPU on this board "

@@ -34,6 +34,10 @@ class Index:
         self.iommu_units: list[str] = []
         self.nvidia_version: str | None = snap.text(sysfs.NVIDIA_VERSION)
         self.cmdline: str | None = snap.text(sysfs.PROC_CMDLINE)
+        groups_entry = snap.get(sysfs.IOMMU_GROUPS)
+        #: /sys/kernel/iommu_groups itself ("dir"), None when the snapshot does not hold it (absent, or not
+        #: asked for: a snapshot cannot tell these apart, so nothing is claimed then)
+        self.iommu_groups_dir: str | None = groups_entry.kind if groups_entry is not None else None
         pci, mdev_bus, mdevs = sysfs.PCI + "/", sysfs.MDEV_BUS + "/", sysfs.MDEV_DEVICES + "/"
         groups = sysfs.IOMMU_GROUPS + "/"
         types_dir, n_types_dir = "mdev_supported_types/", len("mdev_supported_types/")

@@ -84,6 +84,7 @@ class AssignabilityReport:
     iommu_enabled: bool
     devices: tuple[DeviceCheck, ...]
     reasons: tuple[str, ...] = ()
+    vm_guest: bool = False                   # this OS looks like a VM guest (virtio-pci devices)
 
     @property
     def assignable(self) -> bool:
@@ -94,7 +95,8 @@ class AssignabilityReport:
         return [f"{d.address}: {w}" for d in self.devices for w in d.warnings]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "iommu_enabled": self.iommu_enabled, "assignable": self.assignable,
+        return {"host": self.host, "iommu_enabled": self.iommu_enabled, "vm_guest": self.vm_guest,
+                "assignable": self.assignable,
                 "reasons": list(self.reasons), "warnings": self.warnings,
                 "devices": [d.to_dict() for d in self.devices]}
 
@@ -102,7 +104,8 @@ class AssignabilityReport:
 def read_patterns() -> list[str]:
     attrs = ("class", "driver", "iommu_group", "reset_method", "physfn", "sriov_numvfs", "driver_override",
              "nvidia/current_vgpu_type", "boot_vga")
-    return [f"{sysfs.IOMMU_GROUPS}/*", f"{sysfs.IOMMU_GROUPS}/*/devices/*", f"{sysfs.IOMMU_CLASS}/*",
+    return [sysfs.IOMMU_GROUPS, f"{sysfs.IOMMU_GROUPS}/*", f"{sysfs.IOMMU_GROUPS}/*/devices/*",
+            f"{sysfs.IOMMU_CLASS}/*",
             f"{sysfs.MDEV_DEVICES}/*", *(sysfs.pci("*", a) for a in attrs)]
 
 
@@ -130,6 +133,11 @@ class _Facts:
                 continue
             self.groups.setdefault(g, []).append(a)
         self.iommu_enabled = bool(self.groups) or bool(snap.glob(f"{sysfs.IOMMU_CLASS}/*"))
+        entry = snap.get(sysfs.IOMMU_GROUPS)
+        self.groups_dir = entry.kind if entry is not None else None
+        # virtio PCI devices (disks, NICs, balloon) are what a KVM/QEMU guest is made of: the real H100
+        # guest had five (tests/fixtures/real/h100-580/raw/sys-attrs.txt)
+        self.guest = any(snap.link_name(p) == "virtio-pci" for p in snap.glob(sysfs.pci("*", "driver")))
         self.mdevs: dict[str, int] = {}
         for link in snap.glob(f"{sysfs.MDEV_DEVICES}/*"):
             parent = posixpath.basename(posixpath.dirname((snap.link(link) or "").rstrip("/")))
@@ -272,10 +280,15 @@ def _report(host: Host, snap: Snapshot, reqs: list[PciAddress], users: Mapping[P
     checks = tuple(_check_one(f, a, set(reqs), users) for a in reqs)
     reasons: list[str] = []
     if not f.iommu_enabled:
-        reasons.append("the IOMMU is disabled (no /sys/kernel/iommu_groups): enable VT-d/AMD-Vi in firmware and "
-                       "boot with intel_iommu=on or amd_iommu=on")
+        if f.guest:
+            reasons.append(f"the IOMMU is off ({sysfs.iommu_off(f.groups_dir)}) and this OS looks like a VM guest "
+                           "(its devices are virtio-pci): a guest has an IOMMU only when its hypervisor gives it "
+                           "a virtual one; assign GPUs to VMs on the hypervisor host, not inside a guest")
+        else:
+            reasons.append(f"the IOMMU is off ({sysfs.iommu_off(f.groups_dir)}): enable VT-d/AMD-Vi in firmware "
+                           "and boot with intel_iommu=on or amd_iommu=on")
     reasons += [f"{d.address}: {r}" for d in checks for r in d.blocking]
-    return AssignabilityReport(host.name, f.iommu_enabled, checks, tuple(reasons)), f
+    return AssignabilityReport(host.name, f.iommu_enabled, checks, tuple(reasons), f.guest), f
 
 
 def check_assignable(host: Host, addresses: Iterable[str | PciAddress], *,

@@ -126,7 +126,8 @@ def _types(budget: GpuBudget | None) -> tuple[TypeUse, ...]:
 
 # The readings nvidia-smi gives a GPU, carried into its metrics as read (absent readings keep the defaults:
 # None, or the empty Ecc / MemoryRepair / PcieLink).
-_AS_READ = ("fb_used_mib", "sm_util_pct", "memory_util_pct", "encoder_util_pct", "decoder_util_pct", "temperature_c",
+_AS_READ = ("fb_used_mib", "fb_reserved_mib",
+            "sm_util_pct", "memory_util_pct", "encoder_util_pct", "decoder_util_pct", "temperature_c",
             "power_w", "power_limit_w", "sm_clock_mhz", "memory_clock_mhz", "graphics_clock_mhz",
             "performance_state", "ecc", "memory_repair", "pcie")
 

@@ -129,7 +129,8 @@ class GpuMetrics:
     mode: str | None = None            # capacity model's mode: free | whole | mdev-vgpu | vf-vgpu | mig | ...
     sizing: str | None = None          # equal | mixed (NVIDIA time-sliced)
     fb_total_mib: int | None = None
-    fb_used_mib: int | None = None
+    fb_used_mib: int | None = None        # allocated, not counting the reserved (one meaning for NVML and nvidia-smi)
+    fb_reserved_mib: int | None = None    # held by the driver and firmware, reported apart
     vgpu_fb_used_mib: int | None = None   # framebuffer the capacity model counts as given to vGPUs
     types: tuple[TypeUse, ...] = ()
     sm_util_pct: float | None = None

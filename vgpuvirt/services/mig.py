@@ -149,9 +149,14 @@ def build_mig_state(host: str, results: list[OpResult | None]) -> MigState:
         return MigState(host, available=False, errors=(f"nvidia-smi -q -x: {report.error}",))
     errors: list[str] = []
     if not any(f.mig_mode_current == "Enabled" for f in report.gpus):
-        # No GPU in MIG mode: the listings have nothing to say, and drivers differ in how they say it
-        # (exit 6 "No MIG-enabled devices found", or "Not Supported" on boards without MIG).
-        lgi = lci = lgip = lgipp = None
+        # No GPU in MIG mode: no GPU or compute instance exists, and drivers differ in how they say it (R580:
+        # "No MIG-enabled devices found." on stdout, exit 0; older: exit 6; boards without MIG: "Not
+        # Supported"). The PROFILES are still listed by a MIG-capable board whose MIG is off (a real H100 on
+        # R580 lists all 7 with exit 0): they are the board's own table, which every later create is checked
+        # against, so keep them; a failure to list them is no error while MIG is off.
+        lgi = lci = None
+        lgip = lgip if lgip is not None and lgip.ok else None
+        lgipp = lgipp if lgipp is not None and lgipp.ok else None
     t = _Tables(parse_lgip(_listing(lgip, "-lgip", errors)), parse_lgipp(_listing(lgipp, "-lgipp", errors)),
                 parse_lgi(_listing(lgi, "-lgi", errors)), parse_lci(_listing(lci, "-lci", errors)))
     gpus = []

@@ -25,6 +25,16 @@ T = TypeVar("T")
 VIRTUALIZATION_MODES = {0: "None", 1: "Pass-Through", 2: "VGPU", 3: "Host VGPU", 4: "Host VSGA"}
 HOST_VGPU_MODES = {0: "Non SR-IOV", 1: "SR-IOV"}
 FEATURE_STATE = {0: "Disabled", 1: "Enabled"}
+#: ``nvmlDeviceGetBrand`` -> the words ``nvidia-smi -q -x`` prints in ``<product_brand>`` (14 -> "NVIDIA" seen on
+#: a real H100, R580; the others follow nvml.h's enum names, INFERRED).
+BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+          7: "NVIDIA Virtual Applications", 8: "NVIDIA Virtual PC", 9: "NVIDIA Virtual Compute Server",
+          10: "NVIDIA RTX Virtual Workstation", 11: "NVIDIA Cloud Gaming", 12: "Quadro RTX", 13: "NVIDIA RTX",
+          14: "NVIDIA", 15: "GeForce RTX", 16: "Titan RTX"}
+#: ``nvmlDeviceGetArchitecture`` -> ``<product_architecture>`` (9 -> "Hopper" seen on a real H100 and H200).
+ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
+                 9: "Hopper", 10: "Blackwell"}
+_MIB = 1024 * 1024
 _NO_GI_PROFILE = 0xFFFFFFFF
 
 
@@ -100,6 +110,35 @@ def _active_info(nvml: Any, q: _Query, inst: int) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class FbMemory:
+    """The framebuffer in MiB with ONE meaning of "used" whatever the source: allocated memory, NOT counting
+    what the driver and firmware reserve (``reserved``, reported apart). ``nvidia-smi -q -x`` prints it so
+    (``<used>0 MiB</used>``, ``<reserved>480 MiB</reserved>`` on an idle H100, R580), and so does NVML's
+    ``nvmlDeviceGetMemoryInfo_v2``; the v1 call counts the reserved memory as used (480 MiB on that H100)."""
+
+    total: int | None
+    used: int | None
+    reserved: int | None
+
+
+def fb_memory(nvml: Any, handle: Any) -> FbMemory | None:
+    """Read the framebuffer through the v2 call (reserved apart); a pynvml or driver without it gives v1's
+    numbers with the reserved part unknown (None) and still counted in ``used``. None if NVML refuses both."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            m = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return FbMemory(int(m.total) // _MIB, int(m.used) // _MIB, int(m.reserved) // _MIB)
+        except (nvml.NVMLError, TypeError, AttributeError):
+            pass   # an older driver: no _v2 entry point (NVMLError FunctionNotFound) -> v1
+    try:
+        m = nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError:
+        return None
+    return FbMemory(int(m.total) // _MIB, int(m.used) // _MIB, None)
+
+
 def _bus_id(nvml: Any, handle: Any) -> PciAddress | None:
     info = nvml.nvmlDeviceGetPciInfo(handle)
     bus_id = getattr(info, "busId", None)
@@ -118,6 +157,10 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
     q = _Query(nvml)
     address = q("pci_info", lambda: _bus_id(nvml, handle))
     mem = q("memory_info", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    # an older pynvml lacks the architecture call: the fact is then unknown, not an error
+    brand = q("brand", lambda: int(nvml.nvmlDeviceGetBrand(handle))) if hasattr(nvml, "nvmlDeviceGetBrand") else None
+    arch = (q("architecture", lambda: int(nvml.nvmlDeviceGetArchitecture(handle)))
+            if hasattr(nvml, "nvmlDeviceGetArchitecture") else None)
     virt = q("virtualization_mode", lambda: int(nvml.nvmlDeviceGetVirtualizationMode(handle)))
     host_mode = q("host_vgpu_mode", lambda: int(nvml.nvmlDeviceGetHostVgpuMode(handle)))
     hetero = q("vgpu_heterogeneous_mode", lambda: int(nvml.nvmlDeviceGetVgpuHeterogeneousMode(handle)))
@@ -130,6 +173,8 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
         source="nvml",
         address=address,
         product_name=q("name", lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        product_brand=BRANDS.get(brand) if brand is not None else None,
+        architecture=ARCHITECTURES.get(arch) if arch is not None else None,
         uuid=q("uuid", lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
         memory_total_mib=int(mem.total) // (1024 * 1024) if mem is not None else None,
         virtualization_mode=VIRTUALIZATION_MODES.get(virt, str(virt)) if virt is not None else None,

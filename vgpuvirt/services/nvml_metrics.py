@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.metrics_model import Ecc, MemoryRepair, PcieLink, Scheduler
-from vgpuvirt.services.nvml import _bus_id, _text
+from vgpuvirt.services.nvml import _bus_id, _text, fb_memory
 from vgpuvirt.services.nvsmi_readings import GpuReadings
 from vgpuvirt.services.vgpu_query import ActiveVgpu
 
@@ -58,7 +58,7 @@ def _readings(nvml: Any, h: Any, addr: PciAddress) -> GpuReadings:
     util = q(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
     enc = q(lambda: nvml.nvmlDeviceGetEncoderUtilization(h))
     dec = q(lambda: nvml.nvmlDeviceGetDecoderUtilization(h))
-    mem = q(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
+    mem = fb_memory(nvml, h)
     power = q(lambda: nvml.nvmlDeviceGetPowerUsage(h))
     limit = q(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
     pstate = q(lambda: nvml.nvmlDeviceGetPerformanceState(h))
@@ -82,8 +82,9 @@ def _readings(nvml: Any, h: Any, addr: PciAddress) -> GpuReadings:
     return GpuReadings(
         address=addr, name=q(lambda: _text(nvml.nvmlDeviceGetName(h))),
         uuid=q(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
-        fb_total_mib=int(mem.total) // _MIB if mem is not None else None,
-        fb_used_mib=int(mem.used) // _MIB if mem is not None else None,
+        fb_total_mib=mem.total if mem is not None else None,
+        fb_used_mib=mem.used if mem is not None else None,
+        fb_reserved_mib=mem.reserved if mem is not None else None,
         sm_util_pct=float(util.gpu) if util is not None else None,
         memory_util_pct=float(util.memory) if util is not None else None,
         encoder_util_pct=float(enc[0]) if enc is not None else None,

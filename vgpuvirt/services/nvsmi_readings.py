@@ -29,7 +29,8 @@ class GpuReadings:
     name: str | None = None
     uuid: str | None = None
     fb_total_mib: int | None = None
-    fb_used_mib: int | None = None
+    fb_used_mib: int | None = None        # allocated, NOT counting fb_reserved_mib (nvidia-smi's and NVML v2's)
+    fb_reserved_mib: int | None = None    # held by the driver and firmware (480 MiB on an idle H100, R580)
     sm_util_pct: float | None = None
     memory_util_pct: float | None = None
     encoder_util_pct: float | None = None
@@ -86,6 +87,22 @@ def _ecc_side(g: Any, side: str) -> tuple[int | None, int | None]:
     return corr, unc
 
 
+#: Where the board's power draw is, newest driver first. R560+ print no ``power_draw``: ``average_power_draw``
+#: (what ``--query-gpu=power.draw`` and NVML's power usage report on Ampere and newer: a 1 s average; a real
+#: H100 on R580, tests/fixtures/real/h100-580) and ``instant_power_draw`` (the only one on GA100 and older,
+#: where the average is N/A). R535-R555 print ``gpu_power_readings/power_draw``, older ``power_readings``.
+_POWER_DRAW_PATHS = ("gpu_power_readings/average_power_draw", "gpu_power_readings/instant_power_draw",
+                     "gpu_power_readings/power_draw", "power_readings/power_draw")
+
+
+def _power_draw(t: Any) -> float | None:
+    for path in _POWER_DRAW_PATHS:
+        value = number(t(path))
+        if value is not None:
+            return value
+    return None
+
+
 def _gpu(g: Any, address: PciAddress) -> GpuReadings:
     def t(path: str) -> str | None:
         v = g.findtext(path)
@@ -94,13 +111,12 @@ def _gpu(g: Any, address: PciAddress) -> GpuReadings:
     cv, uv = _ecc_side(g, "volatile")
     ca, ua = _ecc_side(g, "aggregate")
     limit = number(t("gpu_power_readings/current_power_limit")) or number(t("power_readings/power_limit"))
-    power = number(t("gpu_power_readings/power_draw"))
-    if power is None:
-        power = number(t("power_readings/power_draw"))   # drivers before R535
+    power = _power_draw(t)
     link = "pci/pci_gpu_link_info"
     return GpuReadings(
         address=address, name=_clean(t("product_name")), uuid=_clean(t("uuid")),
         fb_total_mib=integer(t("fb_memory_usage/total")), fb_used_mib=integer(t("fb_memory_usage/used")),
+        fb_reserved_mib=integer(t("fb_memory_usage/reserved")),
         sm_util_pct=number(t("utilization/gpu_util")), memory_util_pct=number(t("utilization/memory_util")),
         encoder_util_pct=number(t("utilization/encoder_util")),
         decoder_util_pct=number(t("utilization/decoder_util")),

@@ -35,8 +35,11 @@ NVML_ARR_NAME = {v: k for k, v in NVML_ARR.items()}
 REGISTRY_TIMESLICE_MS = (1, 30)
 #: the file vgpuvirt owns in /etc/modprobe.d (it never edits anyone else's)
 MODPROBE_FILE = "/etc/modprobe.d/vgpuvirt-scheduler.conf"
-MODULE_PARAMS = ("/sys/module/nvidia/parameters/NVreg_RegistryDwords",
-                 "/sys/module/nvidia/parameters/NVreg_RegistryDwordsPerDevice")
+#: The nvidia module's parameters AS LOADED, one ``Name: value`` line each (``RegistryDwords: ""``). The
+#: driver registers its parameters with permission 0, so ``/sys/module/nvidia/parameters/`` has no
+#: NVreg_RegistryDwords* file to read (a real H100 on R580, tests/fixtures/real/h100-580/raw/
+#: proc-driver-nvidia.txt); this file is where the loaded values are.
+PROC_PARAMS = "/proc/driver/nvidia/params"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +143,19 @@ def _dwords(text: str) -> list[tuple[str, str]]:
         key, sep, val = item.partition("=")
         if sep:
             out.append((key.strip(), val.strip()))
+    return out
+
+
+def loaded_params(text: str | None) -> dict[str, str] | None:
+    """``/proc/driver/nvidia/params`` -> name -> value (quotes around strings removed); None when unread."""
+    if text is None:
+        return None
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip():
+            v = value.strip()
+            out[name.strip()] = v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
     return out
 
 

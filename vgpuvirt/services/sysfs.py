@@ -57,3 +57,13 @@ def mdev(uuid: object, attr: str = "") -> str:
 
 def iommu_group_devices(group: object) -> str:
     return f"{IOMMU_GROUPS}/{group}/devices"
+
+
+def iommu_off(groups_dir: str | None) -> str:
+    """Why a host has no IOMMU group, in the kernel's terms. ``groups_dir``: the entry kind of
+    /sys/kernel/iommu_groups in the snapshot ("dir"), None when the snapshot does not hold it. The folder
+    is there but EMPTY when no IOMMU is on (no DMAR/IVRS unit enabled, or a VM guest given no virtual IOMMU:
+    the real H100 guest, tests/fixtures/real/h100-580/raw/sys-ls.txt); saying "no folder" then misleads."""
+    if groups_dir == "dir":
+        return f"{IOMMU_GROUPS} is empty (no IOMMU is on)"
+    return f"no {IOMMU_GROUPS}"

@@ -36,20 +36,22 @@ class TypeCapacity:
     mig_backed: bool = False
     gi_profile: str | None = None
     reason: str | None = None                # the capacity model's arithmetic (GPU-level rows)
+    device_api: str | None = None            # what the kernel says of the type (mdev rows), as mdevctl shows it
+    description: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"parent": self.parent, "backend": self.backend, "id": self.id, "name": self.name,
                 "available_instances": self.available, "max_instances": self.max_instances, "in_use": self.in_use,
                 "exact": self.exact, "free_vfs": self.free_vfs, "framebuffer_mib": self.framebuffer_mib,
                 "series": self.series, "mig_backed": self.mig_backed, "gi_profile": self.gi_profile,
-                "reason": self.reason}
+                "reason": self.reason, "device_api": self.device_api, "description": self.description}
 
 
 def _row_of(parent: str, backend: str, t: MdevType) -> TypeCapacity:
     return TypeCapacity(parent=parent, backend=backend, id=t.id, name=t.name,
                         available=t.available_instances or 0, max_instances=t.max_instances, in_use=t.instances,
                         exact=True, framebuffer_mib=t.framebuffer_mib, series=t.series, mig_backed=t.mig_backed,
-                        gi_profile=t.gi_profile)
+                        gi_profile=t.gi_profile, device_api=t.device_api, description=t.description)
 
 
 def type_capacity(inv: Inventory, *, parent: str | None = None, available_only: bool = False) -> list[TypeCapacity]:
@@ -86,7 +88,8 @@ def type_capacity(inv: Inventory, *, parent: str | None = None, available_only: 
             rows.append(TypeCapacity(parent=pf, backend="mdev-sriov", id=tid, name=t0.name, available=avail,
                                      max_instances=t0.max_instances, in_use=sum(t.instances for t in ts),
                                      exact=False, free_vfs=free, framebuffer_mib=t0.framebuffer_mib,
-                                     series=t0.series, mig_backed=t0.mig_backed, gi_profile=t0.gi_profile))
+                                     series=t0.series, mig_backed=t0.mig_backed, gi_profile=t0.gi_profile,
+                                     device_api=t0.device_api, description=t0.description))
     vendor_by_pf: dict[str, list[VendorVf]] = {}
     for vf in inv.vendor_vgpu:
         if want is not None and want == str(vf.address):

@@ -1,13 +1,13 @@
 """The time-sliced vGPU scheduler of NVIDIA GPUs: read (current and pending), plan, apply.
 
-Reading is ONE round trip per host whatever the number of GPUs: a batch of read-only NVML calls (one per
-GPU, ``nvmlDeviceGetVgpuSchedulerState`` and its capabilities) with the modprobe.d files and the nvidia
-module's loaded registry parameters read after it. Where the driver has the NVML scheduler calls, ``set``
-changes the state at once (and, with ``persist``, also writes the registry key so that the next driver
-load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into vgpuvirt's own
-file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
-"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one
-batch; when its NVML part fails after the file was replaced, the file is put back.
+Reading is ONE round trip per host whatever the number of GPUs: a batch of read-only NVML calls (one per GPU,
+``nvmlDeviceGetVgpuSchedulerState`` and its capabilities) with the modprobe.d files and the nvidia module's
+loaded registry parameters (``/proc/driver/nvidia/params``) read after it. Where the driver has the NVML
+scheduler calls, ``set`` changes the state at once (and, with ``persist``, also writes the registry key so that
+the next driver load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into
+vgpuvirt's own file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
+"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one batch;
+when its NVML part fails after the file was replaced, the file is put back.
 
 :func:`plan_schedulers` / :func:`apply_schedulers` are the entry points other parts (a layout file) call.
 """
@@ -24,9 +24,10 @@ from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.scheduler_model import (
     MODPROBE_FILE,
-    MODULE_PARAMS,
+    PROC_PARAMS,
     SchedulerSetting,
     effective,
+    loaded_params,
     modprobe_options,
     registry_values,
     render_modprobe,
@@ -99,7 +100,7 @@ def _bus_id(addr: str) -> str:
 
 
 #: what a scheduler read takes from the host after its NVML calls (a layout's read adds these to its own)
-READ_GLOBS = ("/etc/modprobe.d/*", *MODULE_PARAMS)
+READ_GLOBS = ("/etc/modprobe.d/*", PROC_PARAMS)
 
 
 def read_ops(gpus: Sequence[str] | None) -> list[Op]:
@@ -146,8 +147,9 @@ def parse_read(host: str, gpus: Sequence[str], results: Sequence[OpResult], snap
             if path != MODPROBE_FILE:
                 foreign.append(path)
     pending_values = {**registry_values(glob_, None), **per_device}
-    loaded = registry_values(snap.text(MODULE_PARAMS[0]), snap.text(MODULE_PARAMS[1]))
-    params_known = snap.text(MODULE_PARAMS[0]) is not None
+    params = loaded_params(snap.text(PROC_PARAMS))
+    loaded = registry_values(params.get("RegistryDwords"), params.get("RegistryDwordsPerDevice")) if params else {}
+    params_known = params is not None and "RegistryDwords" in params
     out = []
     for a, (state, err, rc) in zip(addrs, _answers(addrs, results), strict=True):
         if state is not None:

@@ -8,6 +8,7 @@ methods take ``self`` as a :class:`ModelCore`: the state and helpers they rely o
 
 from __future__ import annotations
 
+import uuid as _uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +51,11 @@ class Gpu:
     @property
     def table(self) -> TypeTable:
         return self.spec.table
+
+    @property
+    def vgpu_host(self) -> bool:
+        """On the vGPU host driver (mode "none": the datacenter driver, MIG only)."""
+        return self.spec.mode != "none"
 
 
 @dataclass
@@ -111,3 +117,8 @@ class ModelCore(Protocol):
     def _detach(self, dev: Dev) -> None: ...
     def _enable_vfs(self, pf: Dev, n: int) -> None: ...
     def _disable_vfs(self, pf: Dev) -> None: ...
+
+
+def gpu_uuid(addr: str) -> str:
+    """The GPU UUID nvidia-smi, NVML and /proc/driver/nvidia report for a simulated GPU (stable per address)."""
+    return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-gpu:{addr}"))

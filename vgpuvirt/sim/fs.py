@@ -42,7 +42,9 @@ class SimFs(DeviceTree, EtcTree):
         # /proc/sys/kernel/random/boot_id: a new one after each simulated reboot, as on Linux
         boot_id = Attr(lambda: self.model.boot_id + "\n")
         random: dict[str, Node] = {"boot_id": boot_id}
-        proc: dict[str, Node] = {"sys": Dir(lambda: {"kernel": Dir(lambda: {"random": Dir(lambda: random)})})}
+        proc: dict[str, Node] = {"sys": Dir(lambda: {"kernel": Dir(lambda: {"random": Dir(lambda: random)})}),
+                                 "cmdline": Attr(lambda: self._cmdline() + "\n"),
+                                 "driver": Dir(self._proc_driver)}
         self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc)})
 
     # ------------------------------------------------------------------ path walking

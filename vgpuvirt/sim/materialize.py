@@ -12,35 +12,53 @@ from vgpuvirt.sim.fs import SimFs
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
 
+#: The host files vgpuvirt reads outside /sys: the kernel command line, the NVIDIA driver's version and
+#: loaded parameters (the vGPU scheduler's registry keys).
+_PROC = ("/proc/cmdline", "/proc/driver")
+
+
+def _copy(fs: SimFs, src: str, dst: str, stack: list[str]) -> None:
+    kind, mode = fs.stat(src)
+    if kind == "l":
+        os.symlink(fs.readlink(src), dst)
+    elif kind == "d":
+        os.makedirs(dst, exist_ok=True)
+        stack.append(src)
+    else:
+        try:
+            text = fs.read(src)
+        except OSError:
+            text = ""
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.chmod(dst, mode)
+
 
 def materialize_fs(fs: SimFs, dest_dir: str) -> int:
-    """Copy everything below ``/sys`` of ``fs`` into ``dest_dir/sys``; return the number of entries."""
+    """Copy everything below ``/sys`` of ``fs`` into ``dest_dir/sys``, and the ``/proc`` files vgpuvirt reads
+    (``/proc/cmdline``, ``/proc/driver/...``); return the number of entries below ``/sys``."""
     count = 0
     stack = ["/sys"]
     os.makedirs(os.path.join(dest_dir, "sys"), exist_ok=True)
     while stack:
         d = stack.pop()
         for name in sorted(fs.listdir(d)):
-            src = f"{d}/{name}"
-            dst = dest_dir + src
-            kind, mode = fs.stat(src)
             count += 1
-            if kind == "l":
-                os.symlink(fs.readlink(src), dst)
-            elif kind == "d":
-                os.makedirs(dst, exist_ok=True)
-                stack.append(src)
-            else:
-                try:
-                    text = fs.read(src)
-                except OSError:
-                    text = ""
-                fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    os.write(fd, text.encode("utf-8"))
-                finally:
-                    os.close(fd)
-                os.chmod(dst, mode)
+            _copy(fs, f"{d}/{name}", dest_dir + f"{d}/{name}", stack)
+    os.makedirs(os.path.join(dest_dir, "proc"), exist_ok=True)
+    for path in _PROC:
+        try:
+            fs.stat(path)
+        except OSError:
+            continue
+        _copy(fs, path, dest_dir + path, stack)
+    while stack:
+        d = stack.pop()
+        for name in sorted(fs.listdir(d)):
+            _copy(fs, f"{d}/{name}", dest_dir + f"{d}/{name}", stack)
     return count
 
 

@@ -50,8 +50,10 @@ def _int_list(text: str | None) -> list[int] | None:
 Pick = Callable[[str], "tuple[Dev, Gpu | None] | None"]
 
 
-def _targets(gpus: list[Dev], pick: Pick, argv: list[str]) -> list[tuple[int, Dev, Gpu]] | None:
-    """(index, PF, GPU) of the MIG-enabled GPUs ``-i`` names (all of them without ``-i``); None: a bad -i."""
+def _targets(gpus: list[Dev], pick: Pick, argv: list[str], *, capable: bool = False
+             ) -> list[tuple[int, Dev, Gpu]] | None:
+    """(index, PF, GPU) of the MIG-enabled GPUs ``-i`` names (all of them without ``-i``), or with ``capable``
+    of the MIG-capable ones whatever their mode; None: a bad -i."""
     sel = _opt(argv, "-i")
     if sel is None:
         chosen = gpus
@@ -62,7 +64,8 @@ def _targets(gpus: list[Dev], pick: Pick, argv: list[str]) -> list[tuple[int, De
             if p is None:
                 return None
             chosen.append(p[0])
-    return [(gpus.index(d), d, d.gpu) for d in chosen if d.gpu is not None and d.gpu.mig_enabled]
+    return [(gpus.index(d), d, d.gpu) for d in chosen
+            if d.gpu is not None and (d.gpu.mig_enabled or (capable and bool(d.gpu.table.mig_profiles)))]
 
 
 def _box(title: str, head: list[str], rows: list[str], width: int) -> str:
@@ -87,7 +90,8 @@ def lgip(targets: list[tuple[int, Dev, Gpu]]) -> str:
         for p in g.table.mig_profiles:
             sm, dec, enc, ce, jpeg, ofa = p.engines or (14 * p.slices, p.slices // 2, 0, p.slices, 0, 0)
             ft = f"{R.remaining(g.table, gis, p)}/{p.max}"
-            rows.append(f"|{i:>4}  MIG {p.name:<16}{p.id:>2}     {ft:<11}{_gib(g, p):<11}{'No':<2}{sm:>7}{dec:>6}"
+            # the SM column is left-aligned (a real 132-SM 7g row: "No     132    7"), the others right-aligned
+            rows.append(f"|{i:>4}  MIG {p.name:<16}{p.id:>2}     {ft:<11}{_gib(g, p):<11}{'No':<7}{sm:<7}{dec}"
                         f"{enc:>6}   |\n|{'':57}{ce:>7}{jpeg:>6}{ofa:>6}   |\n")
     head = [" GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC  ",
             "                                Free/Total   GiB              CE    JPEG  OFA  "]
@@ -243,13 +247,19 @@ def mig(model: SimModel, gpus: list[Dev], pick: Pick, args: list[str]) -> Outcom
     gi_sel, ci_sel = _int_list(_opt(args, "-gi")), _int_list(_opt(args, "-ci"))
     if gi_sel == [] or ci_sel == []:
         return _INVALID_ARGS
-    listing = {"-lgip", "-lgipp", "-lgi", "-lci"} & set(args)
-    if not targets and (listing or {"-cgi", "-cci", "-dci", "-dgi"} & set(args)):
-        return 6, "", "No MIG-enabled devices found.\n"
-    if "-lgip" in args:
-        return 0, lgip(targets), ""
-    if "-lgipp" in args:
-        return 0, lgipp(targets), ""
+    profiles = {"-lgip", "-lgipp"} & set(args)
+    if profiles:
+        # A MIG-capable board lists its profiles whatever its MIG mode (real H100/H200 on R580, MIG off: all 7,
+        # exit 0). With no MIG-capable board the answer below is INFERRED.
+        capable = _targets(gpus, pick, args, capable=True) or []
+        if not capable:
+            return 6, "", "No MIG-enabled devices found.\n"
+        return (0, lgip(capable), "") if "-lgip" in args else (0, lgipp(capable), "")
+    if not targets and {"-lgi", "-lci"} & set(args):
+        # R580 says so on stdout with exit 0 (real H100/H200, MIG off)
+        return 0, "No MIG-enabled devices found.\n", ""
+    if not targets and {"-cgi", "-cci", "-dci", "-dgi"} & set(args):
+        return 6, "", "No MIG-enabled devices found.\n"     # INFERRED: no capture of a create with MIG off
     if "-lgi" in args:
         return lgi(targets)
     if "-lci" in args:

@@ -1,11 +1,14 @@
 """The simulated host's measurements in the driver's formats: the readings part of ``nvidia-smi -q -x``,
 ``nvidia-smi vgpu -q`` and the NVIDIA lines of ``dmesg`` (state in :mod:`vgpuvirt.sim.telemetry`).
 
-Element names and layouts are the real ones (tests/fixtures/nvidia-smi, tests/fixtures/hostdata); the
-simulated driver is R550, so ECC counters use the pre-R555 ``single_bit``/``double_bit`` layout. Pre-Ampere
-boards (no SR-IOV, no MIG: T4, V100) retire pages; Ampere and later remap rows. Like a real GPU, an idle
-one (no vGPU) sits in P8 with its PCIe link at generation 1. ``Frame Rate Limit : Disabled`` for a vGPU
-whose ``vgpu_params`` turn the limiter off is INFERRED (real samples show ``N/A`` or ``60 FPS``).
+Element names and layouts are the real ones (tests/fixtures/nvidia-smi, tests/fixtures/hostdata,
+tests/fixtures/real): the layout follows the profile's driver. Before R555 ECC counters use the
+``single_bit``/``double_bit`` layout, from R555 the SRAM/DRAM one; before R560 the power is ``power_draw``,
+from R560 ``average_power_draw`` and ``instant_power_draw`` (real H100, R580). Pre-Ampere boards (no SR-IOV,
+no MIG: T4, V100) retire pages; Ampere and later remap rows. An idle vGPU-host GPU (no vGPU) sits in P8 with
+its PCIe link at generation 1 (INFERRED from desktop boards); an idle Hopper on the datacenter driver stays in
+P0 at generation 5 (real H100/H200, persistence mode on). ``Frame Rate Limit : Disabled`` for a vGPU whose
+``vgpu_params`` turn the limiter off is INFERRED (real samples show ``N/A`` or ``60 FPS``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import VgpuType
 from vgpuvirt.sim.telemetry import BOOT_TIME, SimTelemetry
 
-# (power limit W, max PCIe generation) by product-name hint; the default is a 250 W gen-4 board.
+# (power limit W, max PCIe generation) by product-name hint; the default is a 250 W gen-4 board. H100 SXM5 and
+# H200: 700 W, gen 5 (real captures); L4 72 W (real fixture); the others from NVIDIA's data sheets, INFERRED.
 _BOARDS = {"T4": (70, 3), "V100": (250, 3), "P40": (250, 3), "A10": (150, 4), "A16": (250, 4), "A100": (300, 4),
-           "A30": (165, 4), "A40": (300, 4), "L4": (72, 4), "L40S": (350, 4), "H100": (350, 5), "H200": (600, 5)}
+           "A30": (165, 4), "A40": (300, 4), "L4": (72, 4), "L40S": (350, 4), "H100": (700, 5), "H200": (700, 5)}
 
 VgpuRef = tuple[str, VgpuType, int | None, str, str]   # (key: mdev UUID or VF address, type, GI, parent, params)
 
@@ -82,8 +86,12 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
     f = tel.gpu_faults(d.addr)
     vgpus = vgpus_of(model, d)
     utils = [vgpu_util(tel, k, t, len(vgpus)) for k, t, _, _, _ in vgpus]
-    busy = bool(vgpus)
+    # a Hopper on the datacenter driver (persistence mode on) stays in P0 at full link speed when idle (real
+    # H100/H200); a vGPU host's idle GPU drops to P8 and gen 1
+    awake = d.gpu is not None and not d.gpu.vgpu_host
+    busy = bool(vgpus) or awake
     limit, gen_max = _board(d)
+    major = int(model.profile.driver_version.split(".", 1)[0] or 0)
     sm = min(100.0, sum(u["sm"] for u in utils))
     pci = e.find("pci")
     if pci is not None:
@@ -91,13 +99,17 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
         gen = f.link_gen or (gen_max if busy else 1)
         _group(link, "pcie_gen", [("max_link_gen", str(gen_max)), ("current_link_gen", str(gen)),
                                   ("device_current_link_gen", str(gen)), ("max_device_link_gen", str(gen_max)),
-                                  ("max_host_link_gen", str(gen_max))])
+                                  # a guest cannot see the host's root port: N/A (real H100/H200 guests)
+                                  ("max_host_link_gen", "N/A" if model.profile.guest else str(gen_max))])
         _group(link, "link_widths", [("max_link_width", "16x"), ("current_link_width", f"{f.link_width or 16}x")])
-    _sub(e, "performance_state", "P0" if busy else "P8")
     fb = e.find("fb_memory_usage")
+    pstate = ET.Element("performance_state")
+    pstate.text = "P0" if busy else "P8"
+    e.insert(list(e).index(fb) if fb is not None else len(e), pstate)     # pci, performance_state, fb (real order)
     if fb is not None and d.gpu is not None:
         used = sum(t.framebuffer_mib for _, t, _, _, _ in vgpus)
-        for tag, mib in (("used", used), ("free", d.gpu.table.framebuffer_mib - used)):
+        total = d.gpu.table.fb_total_mib or d.gpu.table.framebuffer_mib
+        for tag, mib in (("used", used), ("free", total - d.gpu.table.fb_reserved_mib - used)):
             el = fb.find(tag)
             if el is not None:
                 el.text = f"{mib} MiB"
@@ -114,6 +126,11 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
     errs = ET.SubElement(e, "ecc_errors")
     for side in ("volatile", "aggregate"):
         el = ET.SubElement(errs, side)
+        if major >= 555:
+            for tag, n in (("sram_correctable", 0), ("sram_uncorrectable_parity", 0), ("sram_uncorrectable_secded", 0),
+                           ("dram_correctable", f.ecc_corrected), ("dram_uncorrectable", f.ecc_uncorrected)):
+                _sub(el, tag, str(n))
+            continue
         _group(el, "single_bit", [("device_memory", str(f.ecc_corrected)), ("total", str(f.ecc_corrected))])
         _group(el, "double_bit", [("device_memory", str(f.ecc_uncorrected)), ("total", str(f.ecc_uncorrected))])
     remaps = d.spec.sriov is not None or (d.gpu is not None and bool(d.gpu.table.mig_profiles))
@@ -130,8 +147,10 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
                                 ("remapped_row_pending", ("Yes" if f.repair_pending else "No") if remaps else na),
                                 ("remapped_row_failure", ("Yes" if f.repair_failed else "No") if remaps else na)])
     _group(e, "temperature", [("gpu_temp", f"{30 + 0.4 * sm:.0f} C")])
-    _group(e, "gpu_power_readings", [("power_state", "P0" if busy else "P8"),
-                                     ("power_draw", f"{15 + (limit - 15) * sm / 100:.2f} W"),
+    draw = f"{(70 if awake else 15) + (limit - (70 if awake else 15)) * sm / 100:.2f} W"
+    # R560+: no power_draw (real H100, R580)
+    readings = [("average_power_draw", draw), ("instant_power_draw", draw)] if major >= 560 else [("power_draw", draw)]
+    _group(e, "gpu_power_readings", [("power_state", "P0" if busy else "P8"), *readings,
                                      ("current_power_limit", f"{limit:.2f} W")])
     _group(e, "clocks", [("graphics_clock", f"{1590 if busy else 300} MHz"),
                          ("sm_clock", f"{1590 if busy else 300} MHz"),
@@ -185,9 +204,13 @@ def vgpu_query(model: SimModel, gpus: list[Dev]) -> str:
 def dmesg(model: SimModel, gpus: list[Dev]) -> str:
     """The NVIDIA lines of the kernel log: driver load, the scheduler's message per vGPU-capable GPU, XIDs."""
     tel = telemetry(model)
-    lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel.")]
+    v = model.profile.driver_version
+    # the first two lines as a real R580 prints them (real H100); the builder's name is INFERRED
+    lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel."),
+                                      (4.3, f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {v}  "
+                                            "Release Build  (dvs-builder@)  ")]
     for d in gpus:
-        if d.gpu is not None:
+        if d.gpu is not None and d.gpu.vgpu_host:
             # printed at the driver's load: the policy the loaded registry (RmPVMRL) gave, not later NVML sets
             policy = model.sched.loaded_policy(d.addr)
             state = "DISABLED" if policy == "BEST_EFFORT" else "ENABLED"

@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.model import PciAddress
 
-VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg")
+#: "none": the board's table (framebuffer, MIG profiles) on NVIDIA's datacenter driver, which is not the vGPU
+#: host driver: no mdev type, no vGPU VF, MIG available (the real H100/H200 captures)
+VGPU_MODES = ("mdev", "mdev-sriov", "vendor", "gvtg", "none")
+#: the NVIDIA driver of a profile that names none (a vGPU host driver of the 17.x branch)
+DRIVER_VERSION = "550.90.05"
 
 
 
@@ -67,6 +71,8 @@ class TypeTable:
     memory_slices: int = 8             # MIG memory slices of one GPU (A100/H100: 8, A30: 4)
     mig_reset: bool = True             # a MIG mode change needs a GPU reset (Ampere); Hopper and later: False
     create_errno: int = _errno.EINVAL  # what a create write fails with when there is no capacity
+    fb_total_mib: int = 0              # nvidia-smi's fb_memory_usage/total (0: framebuffer_mib, INFERRED)
+    fb_reserved_mib: int = 0           # nvidia-smi's fb_memory_usage/reserved (the driver's and firmware's)
 
     def get(self, sysfs_id: str) -> VgpuType | None:
         for t in self.types:
@@ -158,6 +164,11 @@ class Profile:
     devices: tuple[DeviceSpec, ...]
     drivers: tuple[str, ...]
     source: str = ""
+    driver_version: str = DRIVER_VERSION
+    #: The OS is itself a VM guest with the GPU passed through (nvidia-smi: Virtualization Mode
+    #: ``Pass-Through``; its driver is the datacenter one, not the vGPU host driver), as on the real H100/H200.
+    guest: bool = False
+    cmdline: str = ""                  # /proc/cmdline ("" -> one that matches ``iommu``)
 
     def device(self, address: str) -> DeviceSpec | None:
         a = PciAddress.parse(address)

@@ -21,6 +21,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress, parse_cpulist
 from vgpuvirt.sim.profile_fields import _Ctx
 from vgpuvirt.sim.profile_spec import (
+    DRIVER_VERSION,
     VGPU_MODES,
     DeviceSpec,
     GpuInstanceSpec,
@@ -157,7 +158,8 @@ def _parse_device(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]
 def _parse_profile(raw: Any, file: str) -> Profile:
     ctx = _Ctx(file)
     m = ctx.mapping(raw, "")
-    ctx.keys(m, "", {"name", "description", "iommu", "cpus", "nodes", "devices", "drivers", "type_tables"},
+    ctx.keys(m, "", {"name", "description", "iommu", "cpus", "nodes", "devices", "drivers", "type_tables",
+                     "driver_version", "guest", "cmdline"},
              {"name", "devices"})
     tables = dict(builtin_type_tables())
     for n, t in (ctx.mapping(m.get("type_tables") or {}, "type_tables")).items():
@@ -205,7 +207,10 @@ def _parse_profile(raw: Any, file: str) -> Profile:
     drivers = [ctx.text(d, f"drivers[{i}]") for i, d in enumerate(m.get("drivers") or [])]
     return Profile(name=ctx.text(m["name"], "name"), description=str(m.get("description", "")).strip(),
                    iommu=iommu, nodes=tuple(nodes), threads_per_core=threads, devices=tuple(devices),
-                   drivers=tuple(drivers), source=file)
+                   drivers=tuple(drivers), source=file,
+                   driver_version=ctx.text(m.get("driver_version", DRIVER_VERSION), "driver_version"),
+                   guest=ctx.boolean(m.get("guest", False), "guest"),
+                   cmdline=ctx.text(m["cmdline"], "cmdline") if "cmdline" in m else "")
 
 
 def _check_topology(ctx: _Ctx, devices: list[DeviceSpec], node_ids: set[int], iommu: bool) -> None:

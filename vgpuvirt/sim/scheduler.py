@@ -6,7 +6,9 @@ that a test of the client meets a referee and not its own reflection:
 * ``nvml_supported`` False plays a driver without the NVML scheduler calls (FUNCTION_NOT_FOUND);
 * ``/etc/modprobe.d/*.conf`` is a small writable directory (files replaced whole, as the agent does);
 * :meth:`SimScheduler.reload_driver` is the next load of the nvidia module: it takes the registry options
-  from modprobe.d into ``/sys/module/nvidia/parameters`` and the GPUs' scheduler state from RmPVMRL;
+  from modprobe.d into ``/proc/driver/nvidia/params`` (as the real driver does: its parameters are registered
+  with permission 0, so ``/sys/module/nvidia/parameters`` shows none of them) and the GPUs' scheduler state
+  from RmPVMRL;
 * an NVML set changes the state now and is forgotten at the next reload (as NVML documents).
 """
 
@@ -26,6 +28,51 @@ NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, FUNCTION_NOT_FOUND = 3, 2, 6, 13
 # what the simulated GPUs report (nvmlVgpuSchedulerCapabilities_t): 1..30 ms, ARR supported
 MIN_TS_NS, MAX_TS_NS = 1_000_000, 30_000_000
 PARAMS = ("NVreg_RegistryDwords", "NVreg_RegistryDwordsPerDevice")
+# /proc/driver/nvidia/params as a real R580 driver prints it (tests/fixtures/real/h100-580/raw/
+# proc-driver-nvidia.txt): every parameter, "Name: value", strings in double quotes; the two registry ones
+# are filled from what was loaded. A non-empty string value in quotes is INFERRED (only "" has been seen).
+_PROC_PARAMS_HEAD = """ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+InitializeSystemMemoryAllocations: 1
+UsePageAttributeTable: 4294967295
+EnableMSI: 1
+EnablePCIeGen3: 0
+MemoryPoolSize: 0
+KMallocHeapMaxSize: 0
+VMallocHeapMaxSize: 0
+IgnoreMMIOCheck: 0
+EnableStreamMemOPs: 0
+EnableUserNUMAManagement: 1
+NvLinkDisable: 1
+RmProfilingAdminOnly: 0
+PreserveVideoMemoryAllocations: 0
+EnableS0ixPowerManagement: 0
+S0ixPowerManagementVideoMemoryThreshold: 256
+DynamicPowerManagement: 3
+DynamicPowerManagementVideoMemoryThreshold: 200
+RegisterPCIDriver: 1
+EnablePCIERelaxedOrderingMode: 0
+EnableResizableBar: 0
+EnableGpuFirmware: 18
+EnableGpuFirmwareLogs: 2
+RmNvlinkBandwidthLinkCount: 0
+EnableDbgBreakpoint: 0
+OpenRmEnableUnsupportedGpus: 1
+DmaRemapPeerMmio: 1
+ImexChannelCount: 2048
+CreateImexChannel0: 0
+GrdmaPciTopoCheckOverride: 0
+CoherentGPUMemoryMode: ""
+"""
+_PROC_PARAMS_TAIL = """RmMsg: ""
+GpuBlacklist: ""
+TemporaryFilePath: ""
+ExcludedGpus: ""
+"""
 
 
 def _decode(value: int) -> dict[str, int]:
@@ -48,7 +95,7 @@ class SimScheduler:
     # ------------------------------------------------------------------ the driver
     def gpus(self) -> list[str]:
         return sorted(a for a, d in self.model.devices.items()
-                      if d.gpu is not None and d.spec.vendor == 0x10DE and d.physfn is None)
+                      if d.gpu is not None and d.gpu.vgpu_host and d.spec.vendor == 0x10DE and d.physfn is None)
 
     def get(self, addr: str) -> dict[str, int]:
         return dict(self.state.get(addr) or self._registry(addr))
@@ -67,6 +114,11 @@ class SimScheduler:
             elif key.strip() == "RmPVMRL" and current == addr:
                 found = int(val.strip(), 0)
         return _decode(found or 0)
+
+    def proc_params(self) -> str:
+        """``/proc/driver/nvidia/params``: the loaded module's parameters."""
+        return (_PROC_PARAMS_HEAD + f'RegistryDwords: "{self.loaded["NVreg_RegistryDwords"]}"\n'
+                f'RegistryDwordsPerDevice: "{self.loaded["NVreg_RegistryDwordsPerDevice"]}"\n' + _PROC_PARAMS_TAIL)
 
     def loaded_policy(self, addr: str) -> str:
         """The policy name the driver's boot message gives (from the registry as loaded)."""

@@ -21,10 +21,10 @@ import xml.etree.ElementTree as ET
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
+from vgpuvirt.sim.devices import gpu_uuid
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
-DRIVER_VERSION = "550.90.05"
 Outcome = tuple[int, str, str]
 
 # NVML return codes as nvidia-smi reports them (exit status == NVML error code).
@@ -46,30 +46,48 @@ def _bus_id(d: Dev) -> str:
 
 
 def _gpu_uuid(d: Dev) -> str:
-    return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_URL, f"vgpuvirt-sim-gpu:{d.addr}"))
+    return gpu_uuid(d.addr)
+
+
+#: product-name word -> (<product_brand>, <product_architecture>): Hopper (H100, H200) from the real R580
+#: captures, Turing (T4), Ampere (A100-class) and Ada (L4) from the real fixtures in tests/fixtures/nvidia-smi;
+#: the rest INFERRED from NVIDIA's product lines. GeForce/RTX desktop boards say "GeForce".
+_ARCH = {"T4": "Turing", "V100": "Volta", "P40": "Pascal", "A10": "Ampere", "A16": "Ampere", "A100": "Ampere",
+         "A30": "Ampere", "A40": "Ampere", "L4": "Ada Lovelace", "L40S": "Ada Lovelace", "H100": "Hopper",
+         "H200": "Hopper", "RTX": "Ampere"}
+
+
+def _brand_arch(d: Dev) -> tuple[str, str]:
+    words = (d.spec.product or "").replace("[", " ").replace("]", " ").split()
+    arch = next((_ARCH[w] for w in words if w in _ARCH), "N/A")
+    return ("GeForce" if "GeForce" in words else "NVIDIA"), arch
+
+
+def _driver_major(model: SimModel) -> int:
+    head = model.profile.driver_version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def _xml(model: SimModel) -> str:
+    # Elements in the order a real R580 prints them (tests/fixtures/real/h100-580/raw/nvidia-smi-q.xml); the
+    # simulator prints the ones vgpuvirt reads, a subset, and nothing a real driver does not print.
     gpus = nvidia_gpus(model)
     root = ET.Element("nvidia_smi_log")
     ET.SubElement(root, "timestamp").text = "Thu Jan  1 00:00:00 2026"
-    ET.SubElement(root, "driver_version").text = DRIVER_VERSION
-    ET.SubElement(root, "cuda_version").text = "Not Found"
+    ET.SubElement(root, "driver_version").text = model.profile.driver_version
+    # "Not Found" on the vGPU host (no CUDA there); a datacenter driver has CUDA (13.0 with R580, real)
+    ET.SubElement(root, "cuda_version").text = "13.0" if _driver_major(model) >= 580 else "Not Found"
     ET.SubElement(root, "attached_gpus").text = str(len(gpus))
     for d in gpus:
         g = d.gpu
         e = ET.SubElement(root, "gpu", id=_bus_id(d))
         ET.SubElement(e, "product_name").text = d.spec.product or "NVIDIA GPU"
-        ET.SubElement(e, "uuid").text = _gpu_uuid(d)
-        pci = ET.SubElement(e, "pci")
-        a = d.spec.address
-        for tag, val in (("pci_bus", f"{a.bus:02X}"), ("pci_device", f"{a.slot:02X}"),
-                         ("pci_domain", f"{a.domain:04X}"),
-                         ("pci_device_id", f"{d.spec.device:04X}{d.spec.vendor:04X}"), ("pci_bus_id", _bus_id(d)),
-                         ("pci_sub_system_id", f"{d.spec.subsystem_device:04X}{d.spec.subsystem_vendor:04X}")):
-            ET.SubElement(pci, tag).text = val
+        brand, arch = _brand_arch(d)
+        ET.SubElement(e, "product_brand").text = brand
+        ET.SubElement(e, "product_architecture").text = arch
         mig = ET.SubElement(e, "mig_mode")
-        if g is not None and g.table.mig_profiles:
+        capable = g is not None and bool(g.table.mig_profiles)
+        if g is not None and capable:
             pending = g.mig_enabled if g.mig_pending is None else g.mig_pending
             ET.SubElement(mig, "current_mig").text = "Enabled" if g.mig_enabled else "Disabled"
             ET.SubElement(mig, "pending_mig").text = "Enabled" if pending else "Disabled"
@@ -83,10 +101,17 @@ def _xml(model: SimModel) -> str:
                 ET.SubElement(md, "index").text = str(n)
                 ET.SubElement(md, "gpu_instance_id").text = str(gi)
                 ET.SubElement(md, "compute_instance_id").text = str(ci)
+        elif capable:
+            # a MIG-capable GPU with no MIG device prints the element with "None" (real H100, MIG off; the same
+            # with MIG on and no compute instance is INFERRED)
+            ET.SubElement(e, "mig_devices").text = "\n\t\t\tNone\n\t\t"
+        ET.SubElement(e, "uuid").text = _gpu_uuid(d)
         virt = ET.SubElement(e, "gpu_virtualization_mode")
-        if g is None:
-            ET.SubElement(virt, "virtualization_mode").text = "None"
+        if g is None or not g.vgpu_host:
+            # a guest sees its passed-through GPU as "Pass-Through" (real H100/H200); bare metal says "None"
+            ET.SubElement(virt, "virtualization_mode").text = "Pass-Through" if model.profile.guest else "None"
             ET.SubElement(virt, "host_vgpu_mode").text = "N/A"
+            ET.SubElement(virt, "vgpu_heterogeneous_mode").text = "N/A"
         else:
             ET.SubElement(virt, "virtualization_mode").text = "Host VGPU"
             ET.SubElement(virt, "host_vgpu_mode").text = "SR-IOV" if d.spec.sriov else "Non SR-IOV"
@@ -96,13 +121,23 @@ def _xml(model: SimModel) -> str:
             cap = ET.SubElement(virt, "vgpu_device_capability")
             ET.SubElement(cap, "heterogeneous_timeslice_sizes").text = (
                 "Supported" if g.table.heterogeneous else "Not Supported")
+        pci = ET.SubElement(e, "pci")
+        a = d.spec.address
+        for tag, val in (("pci_bus", f"{a.bus:02X}"), ("pci_device", f"{a.slot:02X}"),
+                         ("pci_domain", f"{a.domain:04X}"),
+                         ("pci_device_id", f"{d.spec.device:04X}{d.spec.vendor:04X}"), ("pci_bus_id", _bus_id(d)),
+                         ("pci_sub_system_id", f"{d.spec.subsystem_device:04X}{d.spec.subsystem_vendor:04X}")):
+            ET.SubElement(pci, tag).text = val
         fb = ET.SubElement(e, "fb_memory_usage")
-        total = g.table.framebuffer_mib if g is not None else 0
-        for tag, mib in (("total", total), ("reserved", 0), ("used", 0), ("free", total)):
+        total = (g.table.fb_total_mib or g.table.framebuffer_mib) if g is not None else 0
+        reserved = g.table.fb_reserved_mib if g is not None else 0
+        for tag, mib in (("total", total), ("reserved", reserved), ("used", 0), ("free", total - reserved)):
             ET.SubElement(fb, tag).text = f"{mib} MiB"
         add_gpu_readings(model, d, e)
     body = ET.tostring(root, encoding="unicode")
-    return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
+    # the DTD's name: v13 on R580 (real), v12 on the R535-R575 samples (tests/fixtures/nvidia-smi)
+    dtd = "nvsmi_device_v13.dtd" if _driver_major(model) >= 580 else "nvsmi_device_v12.dtd"
+    return f'<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "{dtd}">\n' + body + "\n"
 
 
 def _bus_key(text: str) -> tuple[int, int, int, int] | None:
@@ -144,6 +179,9 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
         return 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     if args in (["-q", "-x"], ["-x", "-q"]):
         return 0, _xml(model), ""
+    if args[:1] == ["vgpu"] and not any(d.gpu is not None and d.gpu.vgpu_host for d in gpus):
+        # every `vgpu` query on a driver that is not the vGPU host driver (real H100/H200, R580: -q -s -c -ss)
+        return 0, "No supported devices in vGPU mode\n", ""
     if args == ["vgpu", "-q"]:
         return 0, vgpu_query(model, gpus), ""
     if args == ["-L"]:

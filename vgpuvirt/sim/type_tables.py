@@ -33,9 +33,11 @@ def _gvt_description(t: dict[str, Any]) -> str:
 def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
-                      "memory_slices", "mig_reset", "types", "create_errno"}, {"driver", "mdev_driver", "types"})
+                      "memory_slices", "mig_reset", "types", "create_errno", "fb_total_mib", "fb_reserved_mib"},
+             {"driver", "mdev_driver", "types"})
     driver = ctx.text(m["driver"], f"{key}.driver")
-    if not isinstance(m["types"], list) or not m["types"]:
+    # a board known only by its MIG table (no vGPU type seen on it) has an empty list
+    if not isinstance(m["types"], list) or not (m["types"] or m.get("mig_profiles")):
         raise ctx.fail(f"{key}.types", "expected a non-empty list")
     types: list[VgpuType] = []
     seen: set[str] = set()
@@ -103,7 +105,9 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      mig_profiles=tuple(migs), compute_slices=slices, memory_slices=mem_slices,
                      mig_reset=ctx.boolean(m.get("mig_reset", True), f"{key}.mig_reset"),
                      create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
-                     if "create_errno" in m else _errno.EINVAL)
+                     if "create_errno" in m else _errno.EINVAL,
+                     fb_total_mib=ctx.integer(m.get("fb_total_mib", 0), f"{key}.fb_total_mib", 0),
+                     fb_reserved_mib=ctx.integer(m.get("fb_reserved_mib", 0), f"{key}.fb_reserved_mib", 0))
 
 
 _BUILTIN_TABLES: dict[str, TypeTable] | None = None
