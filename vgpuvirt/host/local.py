@@ -30,7 +30,7 @@ class LocalHost(BaseHost):
 
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
-        return agent.handle(request, agent.OsFs(self.sysfs_root))
+        return agent.handle(request, agent.OsFs(self.sysfs_root), audit_path=self.audit_path)
 
     def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
              idempotent: bool = False) -> Result:

@@ -40,7 +40,6 @@ from vgpuvirt.errors import (
     RemoteRequirementMissing,
     TransportError,
 )
-from vgpuvirt.host.audit_log import checked_audit_path
 from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
@@ -88,7 +87,6 @@ class SSHHost(BaseHost):
         retry: RetryFactory = default_retry,
         python: str = "python3",
         lock_path: str | None = None,
-        audit_path: str | None = None,
         resident: bool = True,
     ) -> None:
         if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
@@ -118,8 +116,6 @@ class SSHHost(BaseHost):
         self.last_agent_s: float | None = None
         if lock_path is not None:
             self.lock_path = lock_path
-        if audit_path is not None:
-            self.audit_path = checked_audit_path(audit_path)
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         # One session channel opened ahead of time: opening a channel costs a round trip, and the next
