@@ -67,14 +67,16 @@ def mig_profile_of(type_name: str) -> str | None:
 def detect(text: str) -> str:
     """Which format a file is in: ``vgpuvirt`` (``configs``), ``mig-parted`` (``mig-configs``) or
     ``vgpu-device-manager`` (``vgpu-configs``); ``vgpuvirt`` when it cannot tell (its parser then says why)."""
-    try:
-        top = yaml.safe_load(text)
-    except yaml.YAMLError:
+    try:   # the top-level keys only: composed, never constructed (the parser then checks the whole file)
+        root = yaml.compose(text, Loader=yaml.SafeLoader) if "\0" not in text else None
+    except (yaml.YAMLError, RecursionError):
         return "vgpuvirt"
-    if isinstance(top, dict) and "configs" not in top:
-        for fmt, key in CONFIGS_KEY.items():
-            if key in top:
-                return fmt
+    if isinstance(root, yaml.MappingNode):
+        keys = {k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
+        if "configs" not in keys:
+            for fmt, key in CONFIGS_KEY.items():
+                if key in keys:
+                    return fmt
     return "vgpuvirt"
 
 
