@@ -95,7 +95,7 @@ class PciAddress:
         return (self.domain, self.bus, self.slot)
 
 
-_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -127,7 +127,7 @@ class MdevUuid:
         return self.value
 
 
-_MDEV_TYPE_RE = re.compile(r"^[A-Za-z0-9_]+-[A-Za-z0-9_.+-]{1,63}$")
+_MDEV_TYPE_RE = re.compile(r"^[A-Za-z0-9_]+-[A-Za-z0-9_.+-]{1,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -214,7 +214,7 @@ class VfCount:
         return str(self.value)
 
 
-_DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -236,7 +236,7 @@ class DomainName:
         return self.value
 
 
-_DRIVER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_DRIVER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -253,7 +253,7 @@ class DriverName:
         return self.value
 
 
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -323,3 +323,20 @@ class SysPath:
 
     def __str__(self) -> str:
         return self.value
+
+
+def resolvable_host_name(hostname: str) -> bool:
+    """An IP address, or a name the resolver can be asked about: DNS labels of 1..63 characters (253 in all; one
+    final dot allowed). An empty or longer label made getaddrinfo raise UnicodeError from its IDNA codec."""
+    import ipaddress
+    try:
+        ipaddress.ip_address(hostname)
+        return True
+    except ValueError:
+        pass
+    name = hostname[:-1] if hostname.endswith(".") else hostname
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:
+        return False
+    return 0 < len(encoded) <= 253 and all(0 < len(label) <= 63 for label in encoded.split(b"."))

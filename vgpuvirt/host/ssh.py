@@ -43,6 +43,7 @@ from vgpuvirt.errors import (
 from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
+from vgpuvirt.model import resolvable_host_name
 
 __all__ = ["ARGV_REQUEST_MAX", "RetryFactory", "SSHHost", "agent_command", "default_retry", "no_retry"]
 
@@ -89,8 +90,10 @@ class SSHHost(BaseHost):
         lock_path: str | None = None,
         resident: bool = True,
     ) -> None:
-        if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
-            raise InvalidSpec("SSH host name", hostname, "a host name or IP address")
+        if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-") \
+                or not resolvable_host_name(hostname):
+            raise InvalidSpec("SSH host name", hostname, "a host name or IP address (DNS labels of 1 to 63 "
+                                                         "characters, 253 in all)")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise InvalidSpec("SSH port", port, "1..65535")
         if username is not None and (not username or username.startswith("-")

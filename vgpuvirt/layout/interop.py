@@ -39,10 +39,10 @@ ENTRY_KEYS = {MIG_PARTED: ("device-filter", "devices", "mig-enabled", "mig-devic
               VGPU_DM: ("device-filter", "devices", "vgpu-devices")}
 _REQUIRED = {MIG_PARTED: ("devices", "mig-enabled"), VGPU_DM: ("devices", "vgpu-devices")}
 # The vGPU Device Manager's type names: time-sliced <gpu>-<GB><series>, MIG-backed <gpu>-<G>-<GB><series>[attr]
-_TIME_SLICED = re.compile(r"^[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]*)[ABCQ]$")
-_MIG_BACKED = re.compile(r"^[A-Z0-9]+-(?P<g>[1-9])-(?P<gb>0|[1-9][0-9]*)[ABCQ](?P<attr>ME|NOME|MEALL|GFX)?$")
+_TIME_SLICED = re.compile(r"^[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]*)[ABCQ]\Z")
+_MIG_BACKED = re.compile(r"^[A-Z0-9]+-(?P<g>[1-9])-(?P<gb>0|[1-9][0-9]*)[ABCQ](?P<attr>ME|NOME|MEALL|GFX)?\Z")
 _ATTR = {"ME": "+me", "NOME": "-me", "MEALL": "+me.all", "GFX": "+gfx"}
-_FILTER = re.compile(r"^0[xX][0-9a-fA-F]{8}$")
+_FILTER = re.compile(r"^0[xX][0-9a-fA-F]{8}\Z")
 
 
 class NotExpressible(InvalidSpec):
