@@ -252,6 +252,8 @@ def test_the_host_chooses_the_log_from_its_configuration(tree: Path, tmp_path: P
     assert out["ops"][0]["ok"]
     assert [r["event"] for r in records(tmp_path / "configured" / "audit.jsonl")] == ["begin", "op", "end"]
     assert not (tmp_path / "mine").exists()
+    LocalHost(str(tree), lock_path=str(tmp_path / "state" / "lock")).apply([Op.write(ATTR, "again")])
+    assert len(records(tmp_path / "configured" / "audit.jsonl")) == 6      # LocalHost follows it too
     os.chmod(conf, 0o666)                       # a configuration others may change is not believed
     refused = agent.handle(_crafted(tree, tmp_path, "no audit key"), agent.OsFs(str(tree)))
     assert refused["fatal"] == "state" and "host configuration" in refused["error"]
