@@ -38,6 +38,7 @@ VERBS: dict[str, list[str]] = {
     "iommu release --record": ["--host", "sim:t4x2", "iommu", "release", "--record", "FILE"],
     "iommu check --domain-xml": ["--host", "sim:t4x2", "iommu", "check", "0000:3b:00.0", "--domain-xml", "FILE"],
     "xml lint": ["xml", "lint", "FILE"],
+    "sim fault --file": ["sim", "fault", "t4x2", "0000:3b:00.0", "xid", "79", "--file", "FILE"],
 }
 
 
