@@ -216,7 +216,9 @@ def test_two_prometheus_servers_one_stuck_host_no_false_down_and_no_lost_scrape(
     timeout: the stuck host costs its own series, from Prometheus's timeout header, not the scrape), the two
     simulated hosts are never ``vgpuvirt_host_up 0``, the stuck one always is."""
     hosts = [SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")]
-    hung = SSHHost("127.0.0.1", port=silent_port, connect_timeout=60)
+    # stuck for good: each collection hangs 5 s in the SSH handshake, fails, and the next one hangs again
+    # (a longer connect timeout only makes the test wait for it at the end)
+    hung = SSHHost("127.0.0.1", port=silent_port, connect_timeout=5)
     scraper = CountingScraper([*hosts, hung])          # no --timeout: the budget comes from each scrape's header
     port = _free_port()
     server, _ = serve(scraper, "127.0.0.1", port)
