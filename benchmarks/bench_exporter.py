@@ -76,7 +76,7 @@ def scrape_figures(env: dict[str, object], tree: str, rtt_ms: float, repeat: int
         assert all(h.up for h in warm.hosts), [h.error for h in warm.hosts]
         out: dict[str, object] = {
             "gpus": sum(len(h.gpus) for h in warm.hosts), "round_trips": [h.round_trips for h in warm.hosts],
-            "parallel": timed(lambda: list(families(scraper.scrape(), scraper.xid_counts)), repeat),
+            "parallel": timed(lambda: list(families(scraper.scrape(), scraper.xid_snapshot())), repeat),
             "serial": timed(lambda: [collector.collect(h) for h in hosts], repeat),
             "one": timed(lambda: collector.collect(hosts[0]), repeat)}
         scraper.close()

@@ -173,15 +173,21 @@ def _host_state_in_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     base = tmp_path_factory.getbasetemp()
     saved_env = os.environ.get("VGPUVIRT_AUDIT_LOG")
     os.environ["VGPUVIRT_AUDIT_LOG"] = str(base / "client-audit.jsonl")
+    from vgpuvirt.host import agent
     from vgpuvirt.host.base import BaseHost
     saved = BaseHost.lock_path, BaseHost.audit_path
+    saved_agent = agent.HOST_CONFIG, agent.DEFAULT_AUDIT_LOG
     if not request.node.get_closest_marker("integration"):
         BaseHost.lock_path = str(base / "host-state" / "lock")
         BaseHost.audit_path = str(base / "host-log" / "audit.jsonl")
+        # the agent called in-process without a path (layout boot, tests of handle) takes the host's own
+        agent.HOST_CONFIG = str(base / "host-config" / "agent.json")
+        agent.DEFAULT_AUDIT_LOG = str(base / "host-log" / "audit.jsonl")
     try:
         yield
     finally:
         BaseHost.lock_path, BaseHost.audit_path = saved
+        agent.HOST_CONFIG, agent.DEFAULT_AUDIT_LOG = saved_agent
         if saved_env is None:
             os.environ.pop("VGPUVIRT_AUDIT_LOG", None)
         else:

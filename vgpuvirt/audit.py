@@ -13,7 +13,6 @@ Stdlib only: every layer above ``model`` may record.
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -53,16 +52,18 @@ def _clip(v: Any) -> Any:
     return v
 
 
-def _user() -> str:
+def os_user() -> str:
+    """The account this process runs as (its uid's name), never ``$USER``/``$LOGNAME``, which anyone sets."""
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
         return str(os.geteuid())
 
 
 def record(action: str, target: str, outcome: str, **fields: Any) -> None:
     """Append one record (``outcome``: ok, failed, or what a command exited with)."""
-    rec = {"t": _now(), "user": _user(), "client_host": socket.gethostname(), "pid": os.getpid(),
+    rec = {"t": _now(), "user": os_user(), "client_host": socket.gethostname(), "pid": os.getpid(),
            "action": action, "target": target, "outcome": outcome,
            **{k: _clip(v) for k, v in fields.items() if v is not None}}
     line = json.dumps(rec, separators=(",", ":"), default=str)

@@ -49,7 +49,17 @@ class InvalidSpec(VgpuvirtError, ValueError):
         self.what = what
         self.value = value
         self.expected = expected
-        super().__init__(f"invalid {what} {value!r}: expected {expected}")
+        super().__init__(f"invalid {what} {shown(value)}: expected {expected}")
+
+
+#: how much of a bad value an error message echoes (a 20 MiB device name is not a message)
+SHOWN_MAX = 200
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_MAX` characters with the full length said."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX - 40]}...({len(text)} characters)"
 
 
 class MissingDependency(VgpuvirtError, ImportError):

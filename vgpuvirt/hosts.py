@@ -14,7 +14,7 @@ import re
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import BaseHost
 
-_SIM_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_SIM_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _SSH_RE = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
                      r"(?::(?P<port>\d{1,5}))?/?$")
 

@@ -121,7 +121,7 @@ def _c_uint(text: str) -> int:
     raise ValueError(text)
 
 
-_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -153,7 +153,7 @@ class MdevUuid:
         return self.value
 
 
-_MDEV_TYPE_RE = re.compile(r"^[A-Za-z0-9_]+-[A-Za-z0-9_.+-]{1,63}$")
+_MDEV_TYPE_RE = re.compile(r"^[A-Za-z0-9_]+-[A-Za-z0-9_.+-]{1,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -240,7 +240,7 @@ class VfCount:
         return str(self.value)
 
 
-_DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -262,7 +262,7 @@ class DomainName:
         return self.value
 
 
-_DRIVER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_DRIVER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -279,7 +279,7 @@ class DriverName:
         return self.value
 
 
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -349,3 +349,20 @@ class SysPath:
 
     def __str__(self) -> str:
         return self.value
+
+
+def resolvable_host_name(hostname: str) -> bool:
+    """An IP address, or a name the resolver can be asked about: DNS labels of 1..63 characters (253 in all; one
+    final dot allowed). An empty or longer label made getaddrinfo raise UnicodeError from its IDNA codec."""
+    import ipaddress
+    try:
+        ipaddress.ip_address(hostname)
+        return True
+    except ValueError:
+        pass
+    name = hostname[:-1] if hostname.endswith(".") else hostname
+    try:
+        encoded = name.encode("idna")
+    except UnicodeError:
+        return False
+    return 0 < len(encoded) <= 253 and all(0 < len(label) <= 63 for label in encoded.split(b"."))

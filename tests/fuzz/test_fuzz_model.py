@@ -197,3 +197,60 @@ def test_xml_part_constructs_or_refuses(name: str, make: Callable[..., Any], arg
 def test_invalid_spec_is_a_value_error() -> None:
     # the fuzz contract relies on it: API callers catch ValueError
     assert issubclass(InvalidSpec, ValueError)
+
+
+# ---------------------------------------------------------------- issue 27: the shapes that got through
+
+_LABEL = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-\u00e9", min_size=0, max_size=70)
+
+
+@fuzz_settings(300)
+@given(labels=st.lists(_LABEL, min_size=1, max_size=5), dot=st.booleans())
+def test_ssh_host_names_are_resolvable_or_refused(labels: list[str], dot: bool) -> None:
+    """A host name constructs only when the resolver can be asked about it (getaddrinfo's IDNA codec raised a
+    UnicodeError traceback for an empty or over-long label)."""
+    from vgpuvirt.host.ssh import SSHHost
+    count("model:SSHHost hostname")
+    name = ".".join(labels) + ("." if dot else "")
+    h = refuses_cleanly(lambda: SSHHost(name))
+    if h is not None:
+        encoded = name.rstrip(".").encode("idna")       # what getaddrinfo does first: it must not raise
+        assert all(0 < len(x) <= 63 for x in encoded.split(b"."))
+
+
+_CONTROL = st.sampled_from(["\n", "\r", "\r\n", "\x00", "\x01", "\x1b", "\t", "\x7f", "\x0b", "\x0c", "\x85"])
+TEXT_FIELDS: list[tuple[str, str, Callable[[str], Any]]] = [
+    ("machine", "pc-q35-8.2", lambda v: _opts(machine=v)),
+    ("hyperv_vendor_id", "vgpuvirt", lambda v: _opts(hyperv=True, hyperv_vendor_id=v)),
+    ("VirtioNic.source", "default", lambda v: VirtioNic("network", v)),
+    ("Disk.target", "vdb", lambda v: Disk("/var/lib/libvirt/images/a.qcow2", "qcow2", target=v)),
+    ("rom_file", "/usr/share/vgabios.rom", lambda v: _hostdev(rom_file=v)),
+]
+
+
+def _opts(**kw: Any) -> Any:
+    from vgpuvirt.xml.templates import DomainOptions
+    return DomainOptions(**kw)
+
+
+def _hostdev(**kw: Any) -> Any:
+    from vgpuvirt.xml.hostdev import PciHostdev
+    return PciHostdev(PciAddress.parse("0000:3b:00.0"), **kw).to_element()
+
+
+@pytest.mark.parametrize(("name", "good", "make"), TEXT_FIELDS, ids=[f[0] for f in TEXT_FIELDS])
+def test_a_control_character_anywhere_is_refused(name: str, good: str, make: Callable[[str], Any]) -> None:
+    """A trailing newline (``$`` matched before it) or a control character (an lxml ValueError) is refused."""
+    make(good)
+
+    @fuzz_settings(150)
+    @given(ch=_CONTROL, at=st.integers(0, len(good)))
+    def case(ch: str, at: int) -> None:
+        count(f"xml-part:{name} control character")
+        value = good[:at] + ch + good[at:]
+        if ch == "\x85" and name in ("rom_file",):
+            return                      # NEL is printable Latin-1 in a path, and XML carries it
+        with pytest.raises(InvalidSpec):
+            make(value)
+
+    case()

@@ -212,3 +212,58 @@ def test_every_profile_has_writable_files() -> None:
     # the write fuzzing above is only as good as the files it finds
     for p in PROFILES:
         assert FILES[p][0], p
+
+
+# ---------------------------------------------------------------- issue 27: a full disk under materialize
+
+_FULL_DISK = r"""
+import json, os, subprocess, sys
+from vgpuvirt.errors import HostError
+from vgpuvirt.sim import materialize
+mnt, profiles, sizes = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+out = []
+for size in sizes:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", mnt], check=True)
+    try:
+        for p in profiles:
+            dest = os.path.join(mnt, p)
+            try:
+                n = materialize(p, dest)
+                out.append([size, p, "ok", n, os.path.isdir(dest)])
+            except HostError as exc:
+                out.append([size, p, str(exc), 0, os.path.lexists(dest)])
+            except Exception as exc:
+                out.append([size, p, "CRASH " + type(exc).__name__ + ": " + str(exc), 0, True])
+            subprocess.run(["rm", "-rf", dest], check=True)
+    finally:
+        subprocess.run(["umount", mnt], check=True)
+print(json.dumps(out))
+"""
+
+
+def test_materialize_onto_a_disk_that_fills_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """Every shipped profile onto tmpfs file systems of several sizes (in a private mount namespace): a whole
+    tree, or one HostError naming the cause and nothing left (a full disk was an OSError traceback)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    sizes = ["8k", "64k", "256k", "1m", "4m"]
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", _FULL_DISK, str(mnt),
+                        ",".join(PROFILES), ",".join(sizes)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout.splitlines()[-1])
+    assert len(results) == len(sizes) * len(PROFILES)
+    for size, profile, outcome, _, left in results:
+        count("sim-files:materialize onto a full disk")
+        if outcome == "ok":
+            assert left, (size, profile)
+            continue
+        assert "\n" not in outcome and "No space left on device" in outcome, (size, profile, outcome)
+        assert not left, f"{profile} on {size}: a half-written tree was left"
+    assert {o == "ok" for _, _, o, _, _ in results} == {True, False}      # both sides were exercised

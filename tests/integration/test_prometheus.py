@@ -2,7 +2,9 @@
 the exporter over simulated hosts whose vGPUs belong to VMs provisioned on libvirt's test driver, plus two
 hosts that never answer (a closed port, and a port that accepts but never speaks SSH). PromQL through the
 HTTP API then returns each VM's series, and the silent hosts are ``vgpuvirt_host_up 0`` without holding up
-the others. The Grafana dashboard's expressions use only metric names the exporter emits."""
+the others. Two Prometheus servers (an HA pair) scraping one exporter at the same instants, one host stuck,
+record no false ``up 0`` and lose no scrape. The Grafana dashboard's expressions use only metric names the
+exporter emits."""
 
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def silent_port() -> Iterator[int]:
 def _prometheus(tmp: Path, target_port: int, interval: float) -> tuple[subprocess.Popen[bytes], int]:
     require_part("prometheus", shutil.which("prometheus") is not None,
                  "apt-get install prometheus (testbed.sh install)")
+    tmp.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     cfg = tmp / "prometheus.yml"
     cfg.write_text(f"""global:
@@ -184,6 +187,72 @@ def test_prometheus_scrapes_the_exporter_and_promql_returns_each_vms_series(
         server.shutdown()
         scraper.close()
         dead.close()
+        hung.close()
+
+
+class CountingScraper(ParallelScraper):
+    """Counts the scrapes in progress at once, to prove the two servers really did overlap."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        super().__init__(*a, **k)
+        self.now = self.most = self.total = 0
+        self.count_lock = threading.Lock()
+
+    def scrape(self, budget: float | None = None) -> Any:
+        with self.count_lock:
+            self.now += 1
+            self.total += 1
+            self.most = max(self.most, self.now)
+        try:
+            return super().scrape(budget)
+        finally:
+            with self.count_lock:
+                self.now -= 1
+
+
+@pytest.mark.slow
+def test_two_prometheus_servers_one_stuck_host_no_false_down_and_no_lost_scrape(tmp_path, silent_port):
+    """An HA pair (same config, so the same scrape phase: both scrape at the same instants) scrapes one exporter
+    whose third host never answers. Every scrape of both servers succeeds (``up`` 1, shorter than the scrape
+    timeout: the stuck host costs its own series, from Prometheus's timeout header, not the scrape), the two
+    simulated hosts are never ``vgpuvirt_host_up 0``, the stuck one always is."""
+    hosts = [SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")]
+    # stuck for good: each collection hangs 5 s in the SSH handshake, fails, and the next one hangs again
+    # (a longer connect timeout only makes the test wait for it at the end)
+    hung = SSHHost("127.0.0.1", port=silent_port, connect_timeout=5)
+    scraper = CountingScraper([*hosts, hung])          # no --timeout: the budget comes from each scrape's header
+    port = _free_port()
+    server, _ = serve(scraper, "127.0.0.1", port)
+    interval, window = 2, 20
+    proms = [_prometheus(tmp_path / f"prom{i}", port, interval=interval) for i in (1, 2)]
+    try:
+        for _, pport in proms:
+            assert _wait_for(pport, 'up{job="vgpuvirt"}', 1)
+        time.sleep(window)
+        w = f"[{window}s]"
+        for _, pport in proms:
+            scrapes = _query(pport, f'count_over_time(up{{job="vgpuvirt"}}{w})')
+            assert scrapes and float(scrapes[0]["value"][1]) >= window / interval - 1, scrapes
+            assert _query(pport, f'min_over_time(up{{job="vgpuvirt"}}{w})')[0]["value"][1] == "1", \
+                "a scrape was lost (Prometheus recorded up 0: a timeout or an error)"
+            longest = float(_query(pport, f'max_over_time(scrape_duration_seconds{{job="vgpuvirt"}}{w})')[0]
+                            ["value"][1])
+            assert longest < interval, f"a scrape took {longest} s, the whole scrape timeout"
+            low = {s["metric"]["host"]: s["value"][1]
+                   for s in _query(pport, f"min_over_time(vgpuvirt_host_up{w})")}
+            high = {s["metric"]["host"]: s["value"][1]
+                    for s in _query(pport, f"max_over_time(vgpuvirt_host_up{w})")}
+            assert low == {"sim-a": "1", "sim-b": "1", hung.name: "0"}, "a reachable host was reported down"
+            assert high[hung.name] == "0"
+        assert scraper.most >= 2, f"the two servers never scraped at once ({scraper.total} scrapes)"
+    finally:
+        for proc, _ in proms:
+            proc.terminate()
+        for proc, _ in proms:
+            proc.wait(timeout=20)
+        server.shutdown()
+        server.server_close()
+        scraper.close()
         hung.close()
 
 

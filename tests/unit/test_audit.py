@@ -74,10 +74,13 @@ def test_a_mutating_batch_is_recorded_begin_ops_end_with_who_and_outcome(host: L
 
 
 def test_skipped_ops_and_mutating_execs_are_recorded(host: LocalHost, log: Path) -> None:
-    host.apply([Op.write("/sys/class/x/gone", "1"), Op.exec(["true"]), Op.exec(["true"], read_only=True)])
+    """An exec is read-only when the agent knows its program and arguments (dmesg), not because the request
+    says so: ``true`` marked read_only is recorded like any exec."""
+    host.apply([Op.write("/sys/class/x/gone", "1"), Op.exec(["true"]), Op.exec(["true"], read_only=True),
+                Op.exec(["dmesg"], read_only=True)])
     ops = [r for r in records(log) if r["event"] == "op"]
-    assert [(r["op"], r["outcome"]) for r in ops] == [("write", "failed"), ("exec", "skipped")]
-    assert ops[1]["argv"] == ["true"]
+    assert [(r["op"], r["outcome"]) for r in ops] == [("write", "failed"), ("exec", "skipped"), ("exec", "skipped")]
+    assert ops[1]["argv"] == ["true"] == ops[2]["argv"]
 
 
 def test_a_long_value_is_recorded_truncated(host: LocalHost, log: Path) -> None:
@@ -88,7 +91,7 @@ def test_a_long_value_is_recorded_truncated(host: LocalHost, log: Path) -> None:
 
 def test_reads_and_read_only_batches_write_nothing(host: LocalHost, log: Path) -> None:
     host.read(["/sys/class/x/*"])
-    host.apply([Op.check_int("/sys/class/x/n", 1), Op.exec(["true"], read_only=True)],
+    host.apply([Op.check_int("/sys/class/x/n", 1), Op.exec(["dmesg"], read_only=True)],
                reads_after=["/sys/class/x/a"])
     assert not log.parent.exists()
     assert host.read_audit().records == ()          # reading a missing log creates nothing either
@@ -184,7 +187,8 @@ def test_run_is_recorded_with_its_exit_status_in_the_client_log(host: LocalHost)
 def test_a_batch_is_recorded_in_the_client_log_with_the_hosts_batch_id(host: LocalHost, log: Path) -> None:
     host.apply([Op.write(ATTR, "new")])
     rec = [r for r in client_records() if r["action"] == "apply"][-1]
-    assert rec["batch"] == records(log)[0]["batch"] and rec["outcome"] == "ok"
+    begin = records(log)[0]
+    assert rec["host_batch"] == begin["batch"] and rec["batch"] == begin["request"] and rec["outcome"] == "ok"
     assert Path(os.environ["VGPUVIRT_AUDIT_LOG"]).stat().st_mode & 0o077 == 0
 
 
@@ -206,3 +210,206 @@ def test_libvirt_calls_are_recorded_with_their_outcome() -> None:
         ("define domain", "ok"), ("start domain", "ok"), ("destroy domain", "ok"), ("undefine domain", "ok"),
         ("define domain", "failed")]
     assert recs[-1]["code"] and "uuid" in str(recs[-1]["error"]).lower()
+
+
+# ------------------------------------------------------------------------------------ the agent decides
+# Issue 27: a crafted request mutated without a record by omitting the ``audit`` key, by marking an exec
+# ``read_only`` or by naming another log path, and could hide a cut batch by reusing its id.
+
+def _crafted(tree: Path, tmp_path: Path, shape: str) -> dict[str, object]:
+    target = tree / "sys/class/x/a"
+    ops: list[dict[str, object]] = [{"op": "write", "path": ATTR, "value": "crafted"}]
+    if shape == "exec marked read_only":
+        ops = [{"op": "exec", "argv": ["sh", "-c", f"echo crafted > {target}"], "read_only": True}]
+    request: dict[str, object] = {"root": str(tree), "ops": ops,
+                                  "lock": {"path": str(tmp_path / "state" / "lock"), "timeout": 30}}
+    if shape == "another log path":
+        request["audit"] = {"path": str(tmp_path / "mine" / "audit.jsonl"), "id": "0123456789abcdef"}
+    return request
+
+
+@pytest.mark.parametrize("shape", ["no audit key", "exec marked read_only", "another log path"])
+def test_a_crafted_request_cannot_mutate_without_a_record(tree: Path, tmp_path: Path, log: Path,
+                                                           shape: str) -> None:
+    from vgpuvirt.host import agent
+    out = agent.handle(_crafted(tree, tmp_path, shape), agent.OsFs(str(tree)), audit_path=str(log))
+    assert out["ops"][0]["ok"], out
+    assert (tree / "sys/class/x/a").read_text().strip() == "crafted"
+    recs = records(log)
+    assert [r["event"] for r in recs] == ["begin", "op", "end"] and recs[1]["outcome"] == "ok"
+    assert recs[0]["batch"] == out["audit_batch"]
+    assert not (tmp_path / "mine").exists()
+
+
+def test_the_host_chooses_the_log_from_its_configuration(tree: Path, tmp_path: Path, monkeypatch) -> None:
+    """Without a caller on the host naming it, the log is the one the host's configuration names."""
+    from vgpuvirt.host import agent
+    conf = tmp_path / "etc" / "agent.json"
+    conf.parent.mkdir()
+    conf.write_text(json.dumps({"audit_path": str(tmp_path / "configured" / "audit.jsonl")}))
+    monkeypatch.setattr(agent, "HOST_CONFIG", str(conf))
+    out = agent.handle(_crafted(tree, tmp_path, "another log path"), agent.OsFs(str(tree)))
+    assert out["ops"][0]["ok"]
+    assert [r["event"] for r in records(tmp_path / "configured" / "audit.jsonl")] == ["begin", "op", "end"]
+    assert not (tmp_path / "mine").exists()
+    LocalHost(str(tree), lock_path=str(tmp_path / "state" / "lock")).apply([Op.write(ATTR, "again")])
+    assert len(records(tmp_path / "configured" / "audit.jsonl")) == 6      # LocalHost follows it too
+    os.chmod(conf, 0o666)                       # a configuration others may change is not believed
+    refused = agent.handle(_crafted(tree, tmp_path, "no audit key"), agent.OsFs(str(tree)))
+    assert refused["fatal"] == "state" and "host configuration" in refused["error"]
+
+
+def test_batch_ids_are_the_hosts_a_reused_id_cannot_close_a_cut_batch(tree: Path, tmp_path: Path,
+                                                                       log: Path) -> None:
+    from vgpuvirt.host import agent
+    log.parent.mkdir(mode=0o700)
+    cut = {"t": "2026-01-01T00:00:00.000Z", "batch": "0123456789abcdef", "event": "begin", "ops": 1}
+    log.write_text(json.dumps(cut) + "\n")            # a batch cut mid-flight
+    os.chmod(log, 0o600)
+    req = _crafted(tree, tmp_path, "another log path")   # carries id 0123456789abcdef
+    first = agent.handle(req, agent.OsFs(str(tree)), audit_path=str(log))
+    second = agent.handle(req, agent.OsFs(str(tree)), audit_path=str(log))
+    assert len({first["audit_batch"], second["audit_batch"], cut["batch"]}) == 3
+    audit = LocalHost(str(tree), audit_path=str(log)).read_audit()
+    assert audit.incomplete() == ["0123456789abcdef"]
+    assert [r.get("request") for r in audit.records if r["event"] == "begin"][1:] == ["0123456789abcdef"] * 2
+
+
+@pytest.mark.parametrize(("op", "mutating"), [
+    ({"op": "exec", "argv": ["nvidia-smi", "-q", "-x"]}, False),
+    ({"op": "exec", "argv": ["nvidia-smi", "mig", "-i", "0000:3b:00.0", "-lgi"]}, False),
+    ({"op": "exec", "argv": ["dmesg"], "read_only": False}, False),
+    ({"op": "exec", "argv": ["nvidia-smi", "-q", "-x"], "stdin": "x"}, True),
+    ({"op": "exec", "argv": ["nvidia-smi", "mig", "-i", "$(reboot)", "-lgi"]}, True),
+    ({"op": "exec", "argv": ["nvidia-smi", "vgpu", "-i", "0", "-shm", "1"], "read_only": True}, True),
+    ({"op": "exec", "argv": ["dmesg", "-C"], "read_only": True}, True),
+    ({"op": "exec", "argv": ["/tmp/nvidia-smi", "-q", "-x"], "read_only": True}, True),
+    ({"op": "exec", "argv": ["./dmesg"], "read_only": True}, True),
+    ({"op": "exec", "argv": "dmesg", "read_only": True}, True),
+    ({"op": "nvml", "value": "vgpu_scheduler_get", "argv": ["all"]}, False),
+    ({"op": "nvml", "value": "vgpu_scheduler_set", "argv": ["all"], "read_only": True}, True),
+    ({"op": "check_int", "path": ATTR, "min": 1}, False),
+    ({"op": "wait", "path": ATTR}, False),
+    ({"op": "write", "path": ATTR, "value": "1", "read_only": True}, True),
+    ({"op": "frobnicate", "read_only": True}, True),
+])
+def test_the_agent_judges_an_op_by_what_it_does(op: dict[str, object], mutating: bool) -> None:
+    from vgpuvirt.host import agent
+    assert agent.mutates(op) is mutating
+
+
+def test_a_program_path_others_can_change_is_not_read_only(tmp_path: Path) -> None:
+    from vgpuvirt.host import agent
+    d = tmp_path / "bin"
+    d.mkdir()
+    prog = d / "nvidia-smi"
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o755)
+    assert not agent.mutates({"op": "exec", "argv": [str(prog), "-q", "-x"]})
+    d.chmod(0o777)
+    assert agent.mutates({"op": "exec", "argv": [str(prog), "-q", "-x"]})
+
+
+def test_a_torn_last_line_is_left_out_and_the_next_record_stands_alone(tree: Path, tmp_path: Path,
+                                                                       log: Path) -> None:
+    from vgpuvirt.host.audit_log import parse_audit
+    done = ('{"batch":"a","event":"begin"}\n{"batch":"a","event":"op","outcome":"ok"}\n'
+            '{"batch":"a","event":"end","ok":1}\n')
+    torn = parse_audit(done + '{"t":"2026-01-01T00:00:00.000Z","batch":"b","ev', "h")
+    assert [r["event"] for r in torn.records] == ["begin", "op", "end"] and torn.incomplete() == []
+    log.parent.mkdir(mode=0o700)
+    log.write_text(done + '{"batch":"b","event":"beg')    # a crash mid-write left half a record
+    os.chmod(log, 0o600)
+    h = LocalHost(str(tree), lock_path=str(tmp_path / "state" / "lock"), audit_path=str(log))
+    h.apply([Op.write(ATTR, "new")])
+    lines = log.read_text().splitlines()
+    assert lines[3] == '{"batch":"b","event":"beg'                   # the fragment, on its own line
+    assert [json.loads(x)["event"] for x in lines[4:]] == ["begin", "op", "end"]
+    audit = h.read_audit()
+    assert audit.incomplete() == [] and [r["event"] for r in audit.records].count("unreadable") == 1
+
+
+def test_the_client_user_is_the_os_account_not_user(host: LocalHost, log: Path, monkeypatch) -> None:
+    import pwd
+    monkeypatch.setenv("USER", "mallory")
+    monkeypatch.setenv("LOGNAME", "mallory")
+    host.apply([Op.write(ATTR, "new")])
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert records(log)[0]["client_user"] == me
+    assert client_records()[-1]["user"] == me
+
+
+def test_a_lost_answer_leaves_a_client_record(tmp_path: Path) -> None:
+    from vgpuvirt.errors import TransportError
+
+    class Cut(BaseHost):
+        def _exchange(self, request, *, idempotent):
+            raise TransportError(self.name, "connection reset mid-batch")
+    with pytest.raises(TransportError):
+        Cut("cut-host").apply([Op.write(ATTR, "new")])
+    rec = client_records()[-1]
+    assert (rec["action"], rec["target"], rec["outcome"]) == ("apply", "cut-host", "unknown: the answer was lost")
+    assert rec["batch"] and "connection reset" in str(rec["error"]) and rec["ops"]
+
+
+_FULL = r"""
+import json, os, sys
+from vgpuvirt.errors import HostError
+from vgpuvirt.host import LocalHost, Op
+mnt, tree, case = sys.argv[1:]
+logdir = os.path.join(mnt, "log")
+os.mkdir(logdir, 0o700)
+log = os.path.join(logdir, "audit.jsonl")
+line = json.dumps({"t": "2026-01-01T00:00:00.000Z", "batch": "x", "event": "end", "pad": ""})
+fd = os.open(log, os.O_WRONLY | os.O_CREAT, 0o600)
+body = ""
+while len(body) + len(line) + 1 < 4096 - 350:     # the log's page nearly full: a begin fits, no op record
+    body += line + "\n"
+os.write(fd, body.encode())
+os.close(fd)
+if case == "full":
+    ffd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(ffd, b"\0" * 4096)
+    except OSError:
+        os.close(ffd)
+else:
+    import subprocess
+    subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
+before = open(log, "rb").read()
+fds = len(os.listdir("/proc/self/fd"))
+h = LocalHost(tree, lock_path=os.path.join(tree, "..", "lock"), audit_path=log)
+errors = set()
+for _ in range(20):
+    try:
+        h.apply([Op.write("/sys/class/x/a", "v" * 200)])
+        errors.add("ran")
+    except HostError as exc:
+        errors.add(str(exc))
+print(json.dumps({"errors": sorted(errors), "log_unchanged": open(log, "rb").read() == before,
+                  "fd_leak": len(os.listdir("/proc/self/fd")) - fds,
+                  "attr": open(os.path.join(tree, "sys/class/x/a")).read()}))
+"""
+
+
+@pytest.mark.parametrize("case", ["full", "read-only"])
+def test_a_log_that_cannot_take_the_batch_refuses_it_naming_the_cause(tree: Path, tmp_path: Path,
+                                                                         case: str) -> None:
+    """A tiny tmpfs in a private mount namespace (root, as the suite runs): full, or read-only."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = ('mount -t tmpfs -o size=64k tmpfs "$1" && shift && exec "$@"')
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(mnt),
+                        sys.executable, "-c", _FULL, str(mnt), str(tree), case],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    cause = "No space left on device" if case == "full" else "Read-only file system"
+    assert len(got["errors"]) == 1 and cause in got["errors"][0], got
+    assert "unsafe" not in got["errors"][0] and "nothing of the batch ran" in got["errors"][0]
+    assert got["log_unchanged"] and got["fd_leak"] == 0 and got["attr"] == "old\n"

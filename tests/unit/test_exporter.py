@@ -1,6 +1,8 @@
 """The exporter: metric families from a snapshot (names, labels, units; absent stays absent), the parallel
 scrape with a per-host deadline (a hanging host is ``up 0`` and does not hold up the others, and is not asked
-again while its collection hangs), and ``vgpuvirt exporter --listen`` serving /metrics over HTTP."""
+again while its collection hangs), scrapes that overlap sharing one collection per host (never a false
+``up 0``), the last complete collection standing in with its age, the budget from Prometheus's scrape-timeout
+header, and ``vgpuvirt exporter --listen`` serving /metrics (and only /metrics) over HTTP."""
 
 from __future__ import annotations
 
@@ -134,7 +136,7 @@ def test_a_hanging_host_is_up_0_within_the_deadline_and_not_asked_again():
         assert "no answer within 0.5 s" in snap.host("hung").error
         assert len(snap.host("a").gpus) == 2
         again = scraper.scrape()
-        assert again.host("hung").error == "its previous collection is still running"
+        assert again.host("hung").error == "no answer within 0.5 s"
         assert hung.calls == 1                      # not piled up behind the hanging one
         hung.release.set()                          # the link fails at last: the host is asked again
         end = time.monotonic() + 10
@@ -269,3 +271,152 @@ def test_scheduler_set_through_the_registry_shows_in_the_exporter_after_a_driver
         assert policy() == "fixed-share"
     finally:
         scraper.close()
+
+
+class GatedCollector:
+    """A Collector whose collections wait for ``gate`` (a host that answers slowly) and are counted."""
+
+    def __init__(self) -> None:
+        from vgpuvirt.services.metrics import Collector
+        self.real = Collector()
+        self.gate = threading.Event()
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def collect(self, host, domains=None):
+        with self.lock:
+            self.calls += 1
+        self.gate.wait(30)
+        return self.real.collect(host, domains=domains)
+
+
+def test_overlapping_scrapes_share_one_collection_and_both_see_the_host_up():
+    """Two Prometheus servers scrape at once: the second finds the first's collection in flight and waits for
+    it (the old code reported that host ``up 0``: "its previous collection is still running")."""
+    gated = GatedCollector()
+    scraper = ParallelScraper([SimHost.from_profile("t4x2", name="a")], collector=gated)
+    got: list[MetricsSnapshot] = []
+    try:
+        threads = [threading.Thread(target=lambda: got.append(scraper.scrape(20))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        end = time.monotonic() + 10
+        while gated.calls < 1 and time.monotonic() < end:
+            time.sleep(0.01)
+        time.sleep(0.2)                       # the second scrape has arrived and found the collection in flight
+        gated.gate.set()
+        for t in threads:
+            t.join(30)
+    finally:
+        gated.gate.set()
+        scraper.close()
+    assert [s.host("a").up for s in got] == [True, True]
+    assert gated.calls == 1
+    assert got[0].host("a") is got[1].host("a")
+
+
+def test_a_late_host_is_served_from_its_last_collection_with_its_age_then_down_after_max_age():
+    gated = GatedCollector()
+    gated.gate.set()
+    scraper = ParallelScraper([SimHost.from_profile("t4x2", name="a")], collector=gated, max_age=3600)
+    try:
+        first = scraper.scrape(20)
+        assert first.host("a").up
+        gated.gate.clear()                    # the host stops answering
+        late = scraper.scrape(0.2)
+        assert late.host("a") is first.host("a")         # the last complete one, not "up 0"
+        fams = {f.name: f for f in families(late)}
+        (age,) = fams["vgpuvirt_host_collection_age_seconds"].samples
+        assert age.labels == {"host": "a"} and age.value == late.collected_at - first.host("a").collected_at > 0
+        scraper.max_age = 0.0                 # too old now: the host is down, with the reason
+        old = scraper.scrape(0.2)
+        assert not old.host("a").up and old.host("a").error == "no answer within 0.2 s"
+        assert gated.calls == 2               # the stuck collection was not asked again
+    finally:
+        gated.gate.set()
+        scraper.close()
+
+
+def test_xids_are_counted_once_per_collection_however_many_scrapes_serve_it():
+    host = SimHost.from_profile("t4x2", name="x")
+    host.model.telemetry.inject_xid("0000:3b:00.0", 79)
+    gated = GatedCollector()
+    scraper = ParallelScraper([host], collector=gated)
+    try:
+        threads = [threading.Thread(target=scraper.scrape, args=(20,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        gated.gate.set()
+        for t in threads:
+            t.join(30)
+        assert gated.calls == 1
+        assert scraper.xid_snapshot() == {("x", "0000:3b:00.0", 79): 1}
+    finally:
+        gated.gate.set()
+        scraper.close()
+
+
+@pytest.mark.parametrize(("timeout", "header", "want"), [
+    (None, None, 7.5),             # below Prometheus's default scrape timeout (10 s), never equal to it
+    (None, "10", 7.5), (None, "2", 1.5), (30.0, "4", 3.0), (1.0, "10", 1.0), (5.0, None, 5.0),
+    (None, "nan", 7.5), (None, "inf", 7.5), (None, "-1", 7.5), (None, "0", 7.5), (None, "soon", 7.5),
+    (None, "1e9", 7.5),
+])
+def test_the_budget_is_a_fraction_of_prometheus_scrape_timeout(timeout, header, want):
+    from vgpuvirt.observe.exporter import scrape_budget
+    assert scrape_budget(timeout, header) == want
+
+
+@pytest.fixture
+def served():
+    from vgpuvirt.observe.exporter import serve
+    gated = GatedCollector()
+    gated.gate.set()
+    scraper = ParallelScraper([SimHost.from_profile("t4x2", name="a")], collector=gated)
+    port = _free_port()
+    server, _ = serve(scraper, "127.0.0.1", port)
+    yield port, gated
+    server.shutdown()
+    server.server_close()
+    gated.gate.set()
+    scraper.close()
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    import urllib.error
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("path", ["/nope", "/metricsx", "/metrics/", "/" + "a" * 8192, "/favicon.ico"])
+def test_only_metrics_collects_other_paths_are_404_without_collecting(served, path):
+    port, gated = served
+    code, body = _get(port, path)
+    assert code in (404, 414) and "vgpuvirt_host_up" not in body
+    assert gated.calls == 0
+
+
+def test_metrics_and_the_index_page(served):
+    port, gated = served
+    code, page = _get(port, "/")
+    assert code == 200 and 'href="/metrics"' in page and gated.calls == 0
+    code, body = _get(port, "/metrics?name[]=x")
+    fams = {f.name: f for f in text_string_to_metric_families(body)}
+    assert code == 200 and [s.value for s in fams["vgpuvirt_host_up"].samples] == [1.0]
+    assert gated.calls == 1
+
+
+def test_the_scrape_timeout_header_sets_the_budget(served):
+    """A stuck host costs its own series within 3/4 of the timeout Prometheus sends, not the scrape."""
+    port, gated = served
+    gated.gate.clear()
+    code, body = _get(port, "/metrics", {"X-Prometheus-Scrape-Timeout-Seconds": "0.4"})
+    fams = {f.name: f for f in text_string_to_metric_families(body)}
+    assert code == 200 and [s.value for s in fams["vgpuvirt_host_up"].samples] == [0.0]
+    (info,) = fams["vgpuvirt_host_info"].samples
+    assert info.labels["error"] == "no answer within 0.3 s"

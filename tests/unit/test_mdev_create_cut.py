@@ -81,3 +81,34 @@ def test_api_logs_the_generated_uuid_before_sending_and_names_it_on_a_cut(caplog
     assert f"uuid={made}" in str(ei.value) and "outcome unknown" in str(ei.value)
     again = MdevService(h, mdevctl=None).create(PARENT, TYPE, made)
     assert not again.changed and list(mdevs(h)) == [made]
+
+
+def test_the_same_command_rerun_after_a_cut_resumes_the_lost_create(host, capsys):
+    """Issue 27: rerunning ``mdev create`` without ``--uuid`` after a cut made a second vGPU (3 of 3). The
+    client keeps the UUID of a create whose answer was lost and the same command resumes it."""
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE]) == 1
+    (made,) = mdevs(host)
+    capsys.readouterr()
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming the create of mdev {made}" in out
+    assert mdevs(host) == {made: (PARENT, TYPE)}        # one vGPU for one asked
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE]) == 0    # settled: a new one now
+    assert len(mdevs(host)) == 2
+
+
+def test_a_create_the_host_answered_leaves_nothing_pending(host, capsys):
+    from vgpuvirt.cli.mdev import pending_creates
+    host.cut = False
+    assert main(["mdev", "create", "--parent", PARENT, "--type", "nvidia-999"]) != 0      # refused by the host
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE]) == 0
+    assert not [k for k in pending_creates() if k.startswith(f"{host.name} ")]
+
+
+def test_a_rerun_with_uuid_settles_the_pending_create(host, capsys):
+    from vgpuvirt.cli.mdev import pending_creates
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE]) == 1
+    (made,) = mdevs(host)
+    assert pending_creates()[f"{host.name} {PARENT} {TYPE}"] == made
+    assert main(["mdev", "create", "--parent", PARENT, "--type", TYPE, "--uuid", made]) == 0
+    assert f"{host.name} {PARENT} {TYPE}" not in pending_creates()

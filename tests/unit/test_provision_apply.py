@@ -305,3 +305,31 @@ def test_teardown_keeps_disks_and_is_rerunnable(conn, tmp_path):
     assert disk.exists()
     again = teardown(host, conn, [vms[0].name])
     assert again.ok and again.removed == [] and "not found" in again.skipped[0]
+
+
+def test_a_cut_during_rollback_reports_what_the_host_did_undo(conn):
+    """Issue 27: the undo batch ran but its answer was lost; the rollback re-reads the host and reports the
+    vGPUs it did remove as removed, not as "FAILED to undo" (2 of 2 were wrongly reported before)."""
+    host = CutSimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 2, gpu=Q2)
+    before = _state(host, conn)
+    host.cut_at, host._writes = 2, 0          # write batch 1 creates the vGPUs; batch 2 is the rollback's undo
+    conn.fail = ("define", vms[1].name)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    conn.fail = None
+    removed = [r for r in ei.value.rollback if "removed vGPU" in r]
+    assert len(removed) == 2 and all("the answer was lost; a re-read shows it done" in r for r in removed)
+    assert not [r for r in ei.value.rollback if "FAILED" in r]
+    assert _state(host, conn) == before
+
+
+def test_a_cut_during_rollback_with_the_host_gone_says_failed(conn):
+    host = CutSimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 2, gpu=Q2)
+    host.cut_at, host._writes, host.cut_after_running, host.stay_down = 2, 0, False, True
+    conn.fail = ("define", vms[1].name)
+    with pytest.raises(ProvisioningError) as ei:
+        provision(host, conn, vms)
+    conn.fail = None
+    assert sum("FAILED to undo" in r for r in ei.value.rollback) == 2     # it could not look: it says so

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
+from vgpuvirt import files
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.targets import add_connect, local_domains
 from vgpuvirt.errors import InvalidSpec
@@ -30,12 +31,7 @@ def domains(args: argparse.Namespace, host: BaseHost | None = None) -> list[tupl
     just because no --connect was typed."""
     out: list[tuple[str, str]] = []
     for f in getattr(args, "domain_xml", []) or []:
-        try:
-            out.append((Path(f).stem, Path(f).read_text()))
-        except OSError as exc:
-            raise InvalidSpec("--domain-xml", f, f"a readable file ({exc.strerror})") from exc
-        except UnicodeDecodeError as exc:
-            raise InvalidSpec("--domain-xml", f, f"a UTF-8 domain XML file ({exc.reason} at byte {exc.start})") from exc
+        out.append((Path(f).stem, files.read_text(f, "--domain-xml")))
     uris = getattr(args, "connect", None) or []
     if len(uris) > 1:
         raise InvalidSpec("--connect", uris, "one URI (this command works on one host)")

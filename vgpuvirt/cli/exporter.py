@@ -3,8 +3,10 @@
     vgpuvirt exporter --listen 127.0.0.1:9835 sim:t4x2 sim:a10-sriov
     vgpuvirt exporter --listen :9835 ssh://root@gpu1 ssh://root@gpu2 --connect qemu+ssh://root@gpu1/system ...
 
-Every scrape of ``/metrics`` collects all hosts in parallel (one round trip each); a host that does not answer
-within ``--timeout`` is ``vgpuvirt_host_up{host=...} 0`` and never holds up the others.
+Every scrape of ``/metrics`` collects all hosts in parallel (one round trip each), sharing the collections
+other scrapes have in flight; a host that does not answer within the scrape's budget is served from its last
+collection (while recent) or is ``vgpuvirt_host_up{host=...} 0``, and never holds up the others (see
+:mod:`vgpuvirt.observe.exporter`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("hosts", nargs="*", metavar="HOST",
                    help="hosts (local, ssh://..., sim:PROFILE); default: the global --host")
     p.add_argument("--listen", required=True, metavar="ADDR:PORT", help="where to serve /metrics, e.g. 127.0.0.1:9835")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds a scrape waits for each host before reporting it down (default 10)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds a scrape waits for the hosts (default 7.5; never more than 3/4 of the scrape "
+                        "timeout Prometheus sends)")
     p.add_argument("--connect", action="append", default=[], metavar="URI",
                    help="libvirt URI per host, in order (names the VMs owning vGPUs); one for all, or one per host")
     p.set_defaults(func=run)
@@ -79,7 +82,7 @@ def domain_sources(names: Sequence[str], uris: Sequence[str]) -> dict[str, Domai
 
 @contextlib.contextmanager
 def watched_hosts(ctx: Context, specs: Sequence[str], connect: Sequence[str],
-                  timeout: float) -> Iterator[ParallelScraper]:
+                  timeout: float | None) -> Iterator[ParallelScraper]:
     """The hosts named on the command line (default: the global --host), each with its libvirt for the VM
     join, behind one :class:`ParallelScraper`; all closed on the way out (exporter and top share it)."""
     from vgpuvirt.cli.targets import host_specs, open_one
@@ -106,7 +109,7 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.observe.exporter import parse_listen, serve
 
     addr, port = parse_listen(args.listen)
-    if not 0 < args.timeout <= 600:
+    if args.timeout is not None and not 0 < args.timeout <= 600:
         raise InvalidSpec("--timeout", args.timeout, "seconds between 0 and 600")
     with watched_hosts(ctx, args.hosts, args.connect, args.timeout) as scraper:
         stop = threading.Event()

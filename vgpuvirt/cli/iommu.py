@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
+from vgpuvirt import files
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.durable import write_new_file
@@ -77,7 +77,7 @@ def _release(ctx: Context, args: argparse.Namespace) -> int:
     target: BindingRecord | list[str]
     if args.record:
         try:
-            target = BindingRecord.from_dict(json.loads(Path(args.record).read_text()))
+            target = BindingRecord.from_dict(json.loads(files.read_text(args.record, "--record")))
         except (OSError, ValueError, RecursionError) as exc:  # RecursionError: a deeply nested document
             if isinstance(exc, InvalidSpec):
                 raise

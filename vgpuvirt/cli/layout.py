@@ -10,8 +10,8 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
+from vgpuvirt import files
 from vgpuvirt.cli import layout_interop
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.targets import host_specs, open_one
@@ -66,10 +66,7 @@ def _hosts(p: argparse.ArgumentParser) -> None:
 
 
 def load(path: str, config: str | None, fmt: str | None = None) -> tuple[Layout, LayoutConfig]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidSpec("layout file", path, f"a readable file ({exc.strerror})") from None
+    text = files.read_text(path, "layout file")
     layout = interop.read_any(text, path, fmt)      # mig-parted and vGPU Device Manager files work as they are
     return layout, layout.config(config)
 

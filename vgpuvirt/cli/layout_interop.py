@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
+from vgpuvirt import files
 from vgpuvirt.cli.context import Context, printable
-from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.layout import interop, interop_host, verbs
 from vgpuvirt.layout.model import Layout
@@ -61,10 +61,7 @@ def register(vs: argparse._SubParsersAction, export: argparse.ArgumentParser,  #
 
 
 def _read(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidSpec(what, path, f"a readable UTF-8 file ({getattr(exc, 'strerror', None) or exc})") from None
+    return files.read_text(path, what)
 
 
 def _import(ctx: Context, args: argparse.Namespace) -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context, printable
@@ -66,24 +69,89 @@ def _svc(ctx: Context, args: argparse.Namespace) -> MdevService:
 
 def _create(ctx: Context, args: argparse.Namespace) -> int:
     # The UUID is chosen here and shown BEFORE the request leaves: if the link drops after the host
-    # ran the create, the rerun with --uuid finds that device instead of making a second one.
+    # ran the create, the rerun (with --uuid, or the same command: the pending record below) finds that
+    # device instead of making a second one.
     spec = MdevSpec.of(args.parent, args.type_id, args.uuid)
-    if args.uuid is None and not args.dry_run:
-        _announce(ctx, spec)
+    key = None if args.dry_run else f"{ctx.host().name} {spec.parent} {spec.type}"
+    if key is not None and args.uuid is None:
+        resumed = pending_creates().get(key)
+        if resumed is not None:
+            spec = MdevSpec.of(args.parent, args.type_id, resumed)
+        _announce(ctx, spec, resumed=resumed is not None)
+        remember_pending(key, str(spec.uuid))
     try:
         ch = _svc(ctx, args).create(spec.parent, spec.type, spec.uuid, persist=args.persist, dry_run=args.dry_run)
-    except TransportError as exc:
+    except TransportError as exc:   # the outcome is unknown: the pending record stays for the rerun
         raise TransportError(exc.host, f"{str(exc).removeprefix(f'{exc.host}: ')} (rerun: --uuid {spec.uuid})") from exc
+    except Exception:
+        _settled(key, str(spec.uuid))      # the host answered: nothing is pending
+        raise
+    _settled(key, str(spec.uuid))
     emit(ctx, ch)
     return 0
 
 
-def _announce(ctx: Context, spec: MdevSpec) -> None:
+def _settled(key: str | None, uuid: str) -> None:
+    """Forget the pending create of ``key`` if it is this UUID (a rerun with --uuid settles it too)."""
+    if key is not None and pending_creates().get(key) == uuid:
+        remember_pending(key, None)
+
+
+def _pending_path() -> Path:
+    """The client's record of creates whose answer was lost, next to its audit log (a 0700 directory)."""
+    from vgpuvirt.audit import log_path
+    return log_path().parent / "mdev-pending.json"
+
+
+def pending_creates() -> dict[str, str]:
+    """``"HOST PARENT TYPE"`` -> the UUID of a create sent there whose answer never came back."""
+    from vgpuvirt import files
+    path = _pending_path()
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(files.read_text(str(path), "pending creates record", max_bytes=1 << 20))
+    except (InvalidSpec, ValueError):
+        return {}                    # unreadable: no resume (each create then chooses a new UUID, as before)
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(data, dict) else {}
+
+
+def remember_pending(key: str, uuid: str | None) -> None:
+    """Record (or, with None, forget) a create in flight; written to a new file renamed over the record, so a
+    cut mid-write keeps the old one. A record that cannot be written costs the resume only, never the create."""
+    data = pending_creates()
+    if uuid is None:
+        if data.pop(key, None) is None:
+            return
+    else:
+        data[key] = uuid
+    path = _pending_path()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(data, sort_keys=True).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _announce(ctx: Context, spec: MdevSpec, *, resumed: bool = False) -> None:
     """The intent line: on stdout for people, as one JSON line on stderr with --json (stdout stays one
-    JSON object)."""
+    JSON object). ``resumed``: the UUID is the one of an earlier create here whose answer was lost."""
     if ctx.json:
         print(json.dumps({"intent": "mdev.create", "uuid": str(spec.uuid), "parent": str(spec.parent),
-                          "type": str(spec.type), "rerun": f"--uuid {spec.uuid}"}), file=sys.stderr, flush=True)
+                          "type": str(spec.type), "rerun": f"--uuid {spec.uuid}", "resumed": resumed}),
+              file=sys.stderr, flush=True)
+    elif resumed:
+        print(f"resuming the create of mdev {spec.uuid} ({spec.type} on {spec.parent}) whose answer was lost",
+              flush=True)
     else:
         print(f"creating mdev {spec.uuid} ({spec.type} on {spec.parent}); if this run is cut off, "
               f"rerun with --uuid {spec.uuid}", flush=True)

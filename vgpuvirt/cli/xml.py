@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from vgpuvirt import files
 from vgpuvirt.cli.context import printable
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError, XmlError
 from vgpuvirt.model import MacAddress, MdevUuid, PciAddress, parse_cpulist
@@ -115,10 +115,7 @@ def _build(ctx: Any, args: argparse.Namespace) -> int:
 
 def _read(path: str) -> bytes:
     # bytes: the XML parser honours the document's own encoding and reports bad bytes as an XmlError
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidSpec("domain XML file", path, f"a readable file ({exc.strerror})") from exc
+    return files.read_bytes(path, "domain XML file")
 
 
 def _lint(ctx: Any, args: argparse.Namespace) -> int:

@@ -356,17 +356,17 @@ def open_state_dir(path: str) -> int:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
-        except OSError as exc:
-            raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+        except OSError as exc:   # not a trust problem: the cause (read-only, full) is named as such
+            raise OSError(exc.errno, "cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
     except OSError as exc:
-        raise UnsafeState("cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+        raise OSError(exc.errno, "cannot create %s: %s" % (path, os.strerror(exc.errno or 0))) from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if os.path.islink(path):
             raise UnsafeState("%s is a symbolic link: refusing to keep vgpuvirt's lock or log there "
                               "(remove the link)" % path) from None
-        raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+        raise OSError(exc.errno, "cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
     st = os.fstat(fd)
     problem = None
     if st.st_uid != os.geteuid():
@@ -390,7 +390,7 @@ def open_state_file(path: str, flags: int) -> int:
         except OSError as exc:
             if exc.errno == _errno.ELOOP:
                 raise UnsafeState("%s is a symbolic link: refused (remove it)" % path) from None
-            raise UnsafeState("cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
+            raise OSError(exc.errno, "cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
     finally:
         os.close(dfd)
     st = os.fstat(fd)
@@ -872,7 +872,7 @@ def concurrent(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str) -> bool:
     results in any order (nothing it runs changes what another op or a read sees, and no failure skips
     anything), so a metrics collection's four tools and its sysfs reads take the time of the slowest."""
     return (bool(ops) and on_error == "continue" and getattr(fs, "run", None) is None
-            and all(op.get("op") == "exec" and op.get("read_only") and op.get("group") is None for op in ops))
+            and all(op.get("op") == "exec" and not mutates(op) and op.get("group") is None for op in ops))
 
 
 def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
@@ -901,16 +901,19 @@ def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
 
 
 def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
-           workers: int = 1, encoded: "Optional[Any]" = None, auditor: "Any" = None) -> "Dict[str, Any]":
+           workers: int = 1, encoded: "Optional[Any]" = None, auditor: "Any" = None,
+           audit_path: "Optional[str]" = None) -> "Dict[str, Any]":
     """Execute one request; return the response dict. Never raises for per-item failures.
 
     ``workers`` > 1 lets the reads fork that many readers (see :func:`read_entries`): the first read, and
     ``reads_after`` when no op mutates. ``encoded``: (dict, dumps); the readers' JSON fragments of each part
     of the answer ("entries", "after") are appended to the dict's list of that name, for the caller to splice.
     ``auditor`` replaces the audit log file (SimHost keeps its log in memory): see :class:`Audit`.
+    ``audit_path``: the log, for a caller that runs on the host itself (LocalHost's option); by default the
+    host's configuration says (:func:`host_audit_path`). The request never chooses it.
     """
     if "audit_read" in request:
-        return read_audit(request["audit_read"], auditor)
+        return read_audit(request["audit_read"], auditor, audit_path)
     if fs is None:
         fs = OsFs(request.get("root", "/"))
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
@@ -935,14 +938,12 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
                             "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
             response["lock_wait_s"] = round(time.monotonic() - t0, 4)
             audit = None  # type: Optional[Audit]
-            if request.get("audit") and any(mutates(op) for op in ops):
-                try:
-                    audit = Audit(request, auditor or FileAuditor(request["audit"].get("path") or ""))
-                except UnsafeState as exc:
-                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
-                except OSError as exc:
-                    return {"v": PROTOCOL, "fatal": "state", "error": "cannot write the audit log %s: %s" % (
-                        request["audit"].get("path"), os.strerror(exc.errno or 0))}
+            if any(mutates(op) for op in ops):
+                opened = open_audit(request, auditor, audit_path)
+                if isinstance(opened, dict):
+                    return opened
+                audit = opened
+                response["audit_batch"] = audit.batch
             on_error = request.get("on_error", "stop")
             # A read-only batch (the metrics' tools) changes nothing that its reads would see: its programs
             # run while the files are read, and the reads may use the forked readers as the first read does.
@@ -980,13 +981,109 @@ def _part(encoded: "Optional[Any]", name: str) -> "Optional[Any]":
     return None if encoded is None else (encoded[0].setdefault(name, []), encoded[1])
 
 
+# ------------------------------------------------------------------------------------------- audit
+# The host decides what is recorded: which ops change something (by what they do, not by the request's
+# word), where the log is (its own configuration), and each batch's id. A request cannot steer any of it.
+
+#: programs an exec may run without being a mutation: name -> argument lists (a "BUSID" word is a PCI bus id)
+READ_ONLY_PROGRAMS = {
+    "nvidia-smi": (("-q", "-x"), ("mig", "-lgi"), ("mig", "-lgip"), ("mig", "-lgipp"), ("mig", "-lci"),
+                   ("vgpu", "-q"), ("mig", "-i", "BUSID", "-lgi")),
+    "dmesg": ((),),
+}  # type: Dict[str, Any]
+#: NVML calls that read
+READ_ONLY_NVML = ("vgpu_scheduler_get",)
+#: ops that only look (their results say what they saw)
+LOOKING_OPS = ("check_int", "check_absent", "wait")
+_BUS_ID_CHARS = set("0123456789abcdefABCDEF:.")
+
+
+def _trusted_program(path: str) -> bool:
+    """An absolute program path that only root (or we) can change: the file and its directory."""
+    for p in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(p)
+        except OSError:
+            return False
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return False
+    return True
+
+
+def _reads_only(argv: "Any") -> bool:
+    """Whether an exec's argv is one of :data:`READ_ONLY_PROGRAMS`' (bare name, or a path only root controls)."""
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return False
+    prog = argv[0]
+    name = prog.rsplit("/", 1)[-1]
+    if name not in READ_ONLY_PROGRAMS or ("/" in prog and not (prog.startswith("/") and _trusted_program(prog))):
+        return False
+    for shape in READ_ONLY_PROGRAMS[name]:
+        args = argv[1:]
+        if len(args) == len(shape) and all(  # (no zip(strict=): the agent runs on Python 3.6 too)
+                args[i] == w or (w == "BUSID" and args[i] and set(args[i]) <= _BUS_ID_CHARS)
+                for i, w in enumerate(shape)):
+            return True
+    return False
+
+
 def mutates(op: "Dict[str, Any]") -> bool:
-    return op.get("op") in ("write", "replace_file") or (op.get("op") in ("exec", "nvml")
-                                                         and not op.get("read_only"))
+    """Whether an op may change the host, judged by what it does: its ``read_only`` word is not believed
+    (a read-only exec is one of :data:`READ_ONLY_PROGRAMS`' argument lists, with no stdin). Unknown ops count
+    as mutations (they fail, and their attempt is recorded)."""
+    kind = op.get("op")
+    if kind in LOOKING_OPS:
+        return False
+    if kind == "exec":
+        return bool(op.get("stdin")) or not _reads_only(op.get("argv"))
+    if kind == "nvml":
+        return op.get("value") not in READ_ONLY_NVML
+    return True
 
 
 #: what an audit record keeps of a written value or an argument
 AUDIT_VALUE_MAX = 256
+#: where the host's configuration is (root's); a JSON object, e.g. {"audit_path": "/var/log/vgpuvirt/audit.jsonl"}
+HOST_CONFIG = "/etc/vgpuvirt/agent.json"
+#: the host's audit log when its configuration names none
+DEFAULT_AUDIT_LOG = "/var/log/vgpuvirt/audit.jsonl"
+#: records reserved per mutating op before a batch starts (a record is at most ~8 KiB: 32 argv words of 256
+#: characters); an op record is rarely over 1 KiB, so this leaves room for the escaping of odd bytes
+_RESERVE_PER_OP = 16384
+
+
+def host_audit_path() -> str:
+    """The audit log this host's configuration names (:data:`HOST_CONFIG`; a user's own,
+    ``~/.config/vgpuvirt/agent.json``, when the agent does not run as root), else the default (root:
+    :data:`DEFAULT_AUDIT_LOG`; a user: ``~/.local/state/vgpuvirt/host-audit.jsonl``). A configuration that
+    others can change, or that does not parse, is refused (UnsafeState): mutations stop until it is fixed."""
+    root = os.geteuid() == 0
+    home = os.path.expanduser("~")
+    conf = HOST_CONFIG if root else os.path.join(home, ".config", "vgpuvirt", "agent.json")
+    default = DEFAULT_AUDIT_LOG if root else os.path.join(home, ".local", "state", "vgpuvirt", "host-audit.jsonl")
+    try:
+        fd = os.open(conf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return default
+    except OSError as exc:
+        raise UnsafeState("cannot read the host configuration %s: %s" % (conf, _why(exc))) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000 or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022 \
+                or st.st_size > 65536:
+            raise UnsafeState("the host configuration %s is not a small plain file that only uid %d can "
+                              "change: refused" % (conf, os.geteuid()))
+        raw = os.read(fd, 65537)
+    finally:
+        os.close(fd)
+    try:
+        cfg = _json_codec()[0](raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnsafeState("the host configuration %s is not JSON: %s" % (conf, exc)) from None
+    path = cfg.get("audit_path", default) if isinstance(cfg, dict) else None
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise UnsafeState("the host configuration %s: audit_path must be an absolute path" % conf)
+    return path
 
 
 def _clip(text: "Any") -> "Any":
@@ -1000,44 +1097,116 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % (int(t * 1000) % 1000)
 
 
+class AuditUnwritable(OSError):
+    """The audit log cannot take this batch's records (full disk, read-only file system...): the batch is
+    refused before anything runs, naming that cause (not an "unsafe location")."""
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Reserve ``nbytes`` after the log's end (fallocate KEEP_SIZE), so that the batch's records cannot meet a
+    full disk halfway: ENOSPC now refuses the batch. Where fallocate is not there (another OS, a file system
+    without it), the file system's free space is checked instead."""
+    size = os.fstat(fd).st_size
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
+        if fallocate(fd, 1, size, nbytes) == 0:     # 1: FALLOC_FL_KEEP_SIZE
+            return
+        code = ctypes.get_errno()
+    except (ImportError, OSError, AttributeError):
+        code = _errno.EOPNOTSUPP
+    if code not in (_errno.EOPNOTSUPP, _errno.ENOSYS, _errno.EINVAL):
+        raise AuditUnwritable(code, os.strerror(code))
+    vfs = os.fstatvfs(fd)
+    if vfs.f_bavail * vfs.f_frsize < nbytes:
+        raise AuditUnwritable(_errno.ENOSPC, "%s (%d bytes free, the batch's records need up to %d)" % (
+            os.strerror(_errno.ENOSPC), vfs.f_bavail * vfs.f_frsize, nbytes))
+
+
 class FileAuditor:
     """The host's audit log: append-only JSON lines in a directory only we can write (open_state_dir).
 
-    Each record is one ``write(2)`` on an ``O_APPEND`` descriptor, so records of concurrent batches never
-    interleave within a line; ``sync()`` (fsync) follows the "begin" record, before anything changes.
-    The file is opened for each batch, so a log rotated by renaming it is simply started anew.
+    Each record is one whole line written with one ``write(2)`` on an ``O_APPEND`` descriptor (records of
+    concurrent batches never interleave) and fsync'd; a write that comes out short is cut back, so no torn
+    line stays, and a log found ending mid-line (a crash mid-write) gets its newline first. The file is
+    opened for each batch, so a log rotated by renaming it is simply started anew.
     """
 
     def __init__(self, path: str) -> None:
         if not path.startswith("/"):
             raise UnsafeState("the audit log must be an absolute path: %r" % (path,))
-        self.fd = open_state_file(path, os.O_WRONLY | os.O_APPEND)
+        self.fd = open_state_file(path, os.O_RDWR | os.O_APPEND)
+
+    def reserve(self, nbytes: int) -> None:
+        _reserve(self.fd, nbytes)
+        size = os.fstat(self.fd).st_size
+        if size and os.pread(self.fd, 1, size - 1) != b"\n":
+            self.write("")                        # end the torn line, so the next record stands alone
 
     def write(self, line: str) -> None:
-        _write_all(self.fd, line.encode("utf-8"))
-
-    def sync(self) -> None:
+        data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
+        before = os.fstat(self.fd).st_size
+        n = os.write(self.fd, data)
+        if n < len(data):
+            os.ftruncate(self.fd, before)         # never leave half a record (a full disk, a size limit)
+            raise AuditUnwritable(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
         os.fsync(self.fd)
 
+    def sync(self) -> None:
+        pass                                       # each write is fsync'd
+
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def open_audit(request: "Dict[str, Any]", auditor: "Any", path: "Optional[str]") -> "Any":
+    """The batch's :class:`Audit` (its "begin" written), or the fatal answer that refuses the batch: an unsafe
+    location (``state``) or a log that cannot be written (``audit``, naming the cause). Closes what it opened."""
+    where = path
+    out = None
+    try:
+        if auditor is None:
+            where = path or host_audit_path()
+            out = FileAuditor(where)
+        return Audit(request, auditor or out)
+    except UnsafeState as exc:
+        problem = {"v": PROTOCOL, "fatal": "state", "error": str(exc)}  # type: Dict[str, Any]
+    except OSError as exc:
+        problem = {"v": PROTOCOL, "fatal": "audit", "errno": exc.errno,
+                   "error": "cannot write the audit log %s: %s" % (where, exc.strerror or _why(exc))}
+    if out is not None:
+        out.close()
+    return problem
 
 
 class Audit:
     """One mutating batch's records: "begin" (who, from where, which process), one per mutating op with its
     outcome, "end". A batch cut mid-flight (the agent killed, the host down) leaves a "begin" without its
-    "end". Reads and read-only checks are not recorded: a read writes nothing anywhere."""
+    "end". The batch id is the host's own (random, so no request can reuse another batch's); the client's id
+    is kept as ``request``. What the client says of itself (``client_user``, ``client_host``) is recorded as
+    its claim next to what the host knows (``uid``, ``ssh_client``, ``sudo_user``)."""
 
     def __init__(self, request: "Dict[str, Any]", out: "Any") -> None:
         self.out = out
         self.dumps = _json_codec()[1]
-        cfg = request["audit"]
-        self.batch = str(cfg.get("id") or "%x-%x" % (os.getpid(), int(time.time() * 1000)))
+        cfg = request.get("audit")
+        cfg = cfg if isinstance(cfg, dict) else {}
+        self.batch = _hex(os.urandom(8))
+        ops = [op for op in request.get("ops", []) if isinstance(op, dict) and mutates(op)]
+        reserve = getattr(out, "reserve", None)
+        if reserve is not None:
+            reserve(_RESERVE_PER_OP * (len(ops) + 2))
         ssh = os.environ.get("SSH_CONNECTION", "").split()
-        self._emit({"event": "begin", "client_user": cfg.get("client_user"), "client_host": cfg.get("client_host"),
+        self._emit({"event": "begin", "request": _clip(_text(cfg.get("id"))),
+                    "client_user": _clip(_text(cfg.get("client_user"))),
+                    "client_host": _clip(_text(cfg.get("client_host"))),
                     "ssh_client": ssh[0] if ssh else None, "sudo_user": os.environ.get("SUDO_USER"),
-                    "pid": os.getpid(), "uid": os.geteuid(), "root": request.get("root", "/"),
-                    "ops": sum(1 for op in request.get("ops", []) if mutates(op))})
+                    "pid": os.getpid(), "uid": os.geteuid(), "root": _clip(_text(request.get("root", "/"))),
+                    "ops": len(ops)})
         self.out.sync()
         self.problem = None  # type: Optional[str]
 
@@ -1048,43 +1217,59 @@ class Audit:
         if not mutates(op):
             return
         outcome = "skipped" if res.get("skipped") else "ok" if res.get("ok") else "failed"
-        rec = {"event": "op", "n": n, "op": op.get("op"), "outcome": outcome}  # type: Dict[str, Any]
+        rec = {"event": "op", "n": n, "op": _clip(_text(op.get("op"))), "outcome": outcome}  # type: Dict[str, Any]
         if op.get("op") in ("write", "replace_file"):
-            rec["path"], rec["value"] = op.get("path"), _clip(op.get("value"))
+            rec["path"], rec["value"] = _clip(_text(op.get("path"))), _clip(_text(op.get("value")))
         elif op.get("op") == "nvml":
-            rec["call"], rec["argv"] = op.get("value"), [_clip(a) for a in op.get("argv") or []][:8]
+            rec["call"], rec["argv"] = _clip(_text(op.get("value"))), [_clip(_text(a)) for a in _list(op)][:8]
         else:
-            rec["argv"] = [_clip(a) for a in op.get("argv") or []][:32]
+            rec["argv"] = [_clip(_text(a)) for a in _list(op)][:32]
             rec["rc"] = res.get("rc")
         if outcome == "failed":
-            rec["errno"], rec["error"] = res.get("errno"), _clip(res.get("error"))
+            rec["errno"], rec["error"] = res.get("errno"), _clip(_text(res.get("error")))
         try:
             self._emit(rec)
-        except OSError as exc:   # the log's disk is full: the batch goes on, the caller is told
-            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+        except OSError as exc:   # the log's disk failed despite the reservation: the batch goes on, the caller is told
+            self.problem = self.problem or "audit log: %s" % (exc.strerror or os.strerror(exc.errno or 0))
 
     def end(self, results: "List[Dict[str, Any]]") -> "Optional[str]":
         counts = {"ok": 0, "failed": 0, "skipped": 0}
         for r in results:
             counts["skipped" if r.get("skipped") else "ok" if r.get("ok") else "failed"] += 1
         try:
-            # not fsync'd (a second fsync would double what the log adds to a batch, ~8 ms here): an "end"
-            # lost to a power cut makes the batch look cut mid-flight, which a re-read then settles anyway
             self._emit(dict({"event": "end"}, **counts))
         except OSError as exc:
-            self.problem = self.problem or "audit log: %s" % os.strerror(exc.errno or 0)
+            self.problem = self.problem or "audit log: %s" % (exc.strerror or os.strerror(exc.errno or 0))
         finally:
             self.out.close()
         return self.problem
 
 
-def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None) -> "Dict[str, Any]":
-    """The tail (``max_bytes``, whole lines) of the audit log. Creates nothing: a missing log reads as empty."""
+def _hex(b: bytes) -> str:
+    return "".join("%02x" % c for c in bytearray(b))
+
+
+def _text(v: "Any") -> "Any":
+    """A request's value as the log keeps it: None, a number or text (anything else as its repr)."""
+    return v if v is None or isinstance(v, (str, int, float)) else repr(v)
+
+
+def _list(op: "Dict[str, Any]") -> "List[Any]":
+    argv = op.get("argv")
+    return list(argv) if isinstance(argv, list) else [] if argv is None else [argv]
+
+
+def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None, path: "Optional[str]" = None) -> "Dict[str, Any]":
+    """The tail (``max_bytes``, whole lines) of the host's audit log (the request names no path). Creates
+    nothing: a missing log reads as empty."""
     max_bytes = int(spec.get("max_bytes") or MAX_READ * 4)
     if auditor is not None:
         text = auditor.text()
         return {"v": PROTOCOL, "audit": text[-max_bytes:], "exists": True}
-    path = os.path.abspath(str(spec.get("path") or ""))
+    try:
+        path = os.path.abspath(path or host_audit_path())
+    except UnsafeState as exc:
+        return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
     if not os.path.lexists(os.path.dirname(path)):
         return {"v": PROTOCOL, "audit": "", "exists": False}
     try:

@@ -38,8 +38,16 @@ class AuditLog:
 
 
 def parse_audit(text: str, host: str, truncated: bool = False) -> AuditLog:
+    """The records of a log's text. A last line without its newline that does not parse is a record being
+    written (or cut by a crash mid-write): left out, not shown as unreadable."""
     records: list[dict[str, Any]] = []
-    for line in text.splitlines():
+    lines = text.split("\n")
+    if lines and lines[-1].strip():
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            lines.pop()
+    for line in lines:
         if not line.strip():
             continue
         try:

@@ -17,9 +17,7 @@ re-exports them.
 from __future__ import annotations
 
 import errno
-import getpass
 import logging
-import os
 import socket
 import threading
 import uuid
@@ -119,10 +117,10 @@ class BaseHost:
         raise NotImplementedError
 
     def read_audit(self, *, max_bytes: int = 4 << 20) -> AuditLog:
-        """The host's audit log (its last ``max_bytes``, whole records), in one round trip. Writes nothing."""
+        """The host's audit log (its last ``max_bytes``, whole records), in one round trip. Writes nothing.
+        Where the log is, the host says (its configuration; LocalHost's ``audit_path``)."""
         response = self._checked(self._exchange(
-            {"root": self.sysfs_root, "audit_read": {"path": self.audit_path, "max_bytes": int(max_bytes)}},
-            idempotent=True))
+            {"root": self.sysfs_root, "audit_read": {"max_bytes": int(max_bytes)}}, idempotent=True))
         return parse_audit(str(response.get("audit", "")), self.name, bool(response.get("truncated")))
 
     def close(self) -> None:
@@ -138,6 +136,10 @@ class BaseHost:
         if response.get("fatal") == "lock" and response.get("errno") in (errno.EAGAIN, errno.EACCES):
             raise LockTimeout(self.name, f"{response.get('error')} (another vgpuvirt holds it for longer "
                                          f"than {self.lock_timeout} s)")
+        if response.get("fatal") == "audit":
+            # the log is there and ours, but cannot take the batch's records (full disk, read-only): the cause
+            raise HostError(self.name, f"{response.get('error')}: nothing of the batch ran (every mutation is "
+                                       "recorded on the host; free space or make the log writable)")
         if response.get("fatal") == "state":
             # the lock's or the audit log's directory failed its checks: nothing of the batch ran
             raise HostError(self.name, f"unsafe lock or audit location: {response.get('error')}")
@@ -163,14 +165,26 @@ class BaseHost:
         }
         mutating = [op for op in ops if op.mutates]
         if mutating:
-            # The agent writes the host's audit log inside the batch; who asked is only known here.
-            request["audit"] = {"path": self.audit_path, "id": uuid.uuid4().hex[:16], "client_user": _user(),
+            # The agent records every mutating batch in the host's log, under an id of its own; this id and
+            # who asked (as this machine knows it) let the two logs be matched.
+            request["audit"] = {"id": uuid.uuid4().hex[:16], "client_user": _user(),
                                 "client_host": socket.gethostname()}
         for op in ops:
             if op.mutates:
                 audit.info("%s: begin %s", self.name, op.describe())
         # A batch that mutates is never retried blindly: the caller re-reads and reconciles.
-        response = self._checked(self._exchange(request, idempotent=not any(o.mutates for o in ops)))
+        try:
+            raw = self._exchange(request, idempotent=not any(o.mutates for o in ops))
+        except BaseException as exc:
+            if mutating:       # the host may have done some or all of it: the client's log says so
+                self._record_unanswered(request, mutating, "unknown: the answer was lost", exc)
+            raise
+        try:
+            response = self._checked(raw)
+        except Exception as exc:
+            if mutating:       # the agent answered that nothing ran
+                self._record_unanswered(request, mutating, "refused", exc)
+            raise
         results = []
         for op, r in zip(ops, response["ops"], strict=True):
             res = OpResult(op=op, ok=bool(r.get("ok")), errno=r.get("errno"), error=r.get("error"),
@@ -185,11 +199,16 @@ class BaseHost:
                         response["audit_error"])
         if mutating:
             client_audit.record("apply", self.name, "ok" if all(r.ok for r in results) else "failed",
-                                batch=request["audit"]["id"],
+                                batch=request["audit"]["id"], host_batch=response.get("audit_batch"),
                                 ops=[f"{r.op.describe()} -> {_outcome(r)}" for r in results if r.op.mutates])
         return BatchResult(tuple(results), Snapshot.from_wire(response.get("after", {}), self.name),
                            float(response.get("lock_wait_s", 0.0)))
 
+
+    def _record_unanswered(self, request: dict[str, Any], mutating: Sequence[Op], outcome: str,
+                           exc: BaseException) -> None:
+        client_audit.record("apply", self.name, outcome, batch=request["audit"]["id"],
+                            error=f"{type(exc).__name__}: {exc}", ops=[op.describe() for op in mutating])
 
 
 def _outcome(r: OpResult) -> str:
@@ -197,7 +216,4 @@ def _outcome(r: OpResult) -> str:
 
 
 def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.geteuid())
+    return client_audit.os_user()

@@ -25,12 +25,14 @@ class LocalHost(BaseHost):
         super().__init__(name, os.path.abspath(sysfs_root))
         if lock_path is not None:
             self.lock_path = lock_path
-        if audit_path is not None:
-            self.audit_path = checked_audit_path(audit_path)
+        #: the audit log named by the caller (this machine's own code); None: the host's configuration says
+        self.audit_override = checked_audit_path(audit_path) if audit_path is not None else None
+        if self.audit_override is not None:
+            self.audit_path = self.audit_override
 
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
-        return agent.handle(request, agent.OsFs(self.sysfs_root))
+        return agent.handle(request, agent.OsFs(self.sysfs_root), audit_path=self.audit_override)
 
     def _run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
              idempotent: bool = False) -> Result:

@@ -40,10 +40,10 @@ from vgpuvirt.errors import (
     RemoteRequirementMissing,
     TransportError,
 )
-from vgpuvirt.host.audit_log import checked_audit_path
 from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
+from vgpuvirt.model import resolvable_host_name
 
 __all__ = ["ARGV_REQUEST_MAX", "RetryFactory", "SSHHost", "agent_command", "default_retry", "no_retry"]
 
@@ -88,11 +88,12 @@ class SSHHost(BaseHost):
         retry: RetryFactory = default_retry,
         python: str = "python3",
         lock_path: str | None = None,
-        audit_path: str | None = None,
         resident: bool = True,
     ) -> None:
-        if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-"):
-            raise InvalidSpec("SSH host name", hostname, "a host name or IP address")
+        if not hostname or any(c in hostname for c in " \t\n/@'\"\\;|&$`") or hostname.startswith("-") \
+                or not resolvable_host_name(hostname):
+            raise InvalidSpec("SSH host name", hostname, "a host name or IP address (DNS labels of 1 to 63 "
+                                                         "characters, 253 in all)")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise InvalidSpec("SSH port", port, "1..65535")
         if username is not None and (not username or username.startswith("-")
@@ -118,8 +119,6 @@ class SSHHost(BaseHost):
         self.last_agent_s: float | None = None
         if lock_path is not None:
             self.lock_path = lock_path
-        if audit_path is not None:
-            self.audit_path = checked_audit_path(audit_path)
         self._client: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         # One session channel opened ahead of time: opening a channel costs a round trip, and the next

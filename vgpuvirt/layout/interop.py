@@ -39,10 +39,10 @@ ENTRY_KEYS = {MIG_PARTED: ("device-filter", "devices", "mig-enabled", "mig-devic
               VGPU_DM: ("device-filter", "devices", "vgpu-devices")}
 _REQUIRED = {MIG_PARTED: ("devices", "mig-enabled"), VGPU_DM: ("devices", "vgpu-devices")}
 # The vGPU Device Manager's type names: time-sliced <gpu>-<GB><series>, MIG-backed <gpu>-<G>-<GB><series>[attr]
-_TIME_SLICED = re.compile(r"^[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]*)[ABCQ]$")
-_MIG_BACKED = re.compile(r"^[A-Z0-9]+-(?P<g>[1-9])-(?P<gb>0|[1-9][0-9]*)[ABCQ](?P<attr>ME|NOME|MEALL|GFX)?$")
+_TIME_SLICED = re.compile(r"^[A-Z0-9]+(?:-[a-zA-Z]+)*-(?:0|[1-9][0-9]*)[ABCQ]\Z")
+_MIG_BACKED = re.compile(r"^[A-Z0-9]+-(?P<g>[1-9])-(?P<gb>0|[1-9][0-9]*)[ABCQ](?P<attr>ME|NOME|MEALL|GFX)?\Z")
 _ATTR = {"ME": "+me", "NOME": "-me", "MEALL": "+me.all", "GFX": "+gfx"}
-_FILTER = re.compile(r"^0[xX][0-9a-fA-F]{8}$")
+_FILTER = re.compile(r"^0[xX][0-9a-fA-F]{8}\Z")
 
 
 class NotExpressible(InvalidSpec):
@@ -67,14 +67,16 @@ def mig_profile_of(type_name: str) -> str | None:
 def detect(text: str) -> str:
     """Which format a file is in: ``vgpuvirt`` (``configs``), ``mig-parted`` (``mig-configs``) or
     ``vgpu-device-manager`` (``vgpu-configs``); ``vgpuvirt`` when it cannot tell (its parser then says why)."""
-    try:
-        top = yaml.safe_load(text)
-    except yaml.YAMLError:
+    try:   # the top-level keys only: composed, never constructed (the parser then checks the whole file)
+        root = yaml.compose(text, Loader=yaml.SafeLoader) if "\0" not in text else None
+    except (yaml.YAMLError, RecursionError):
         return "vgpuvirt"
-    if isinstance(top, dict) and "configs" not in top:
-        for fmt, key in CONFIGS_KEY.items():
-            if key in top:
-                return fmt
+    if isinstance(root, yaml.MappingNode):
+        keys = {k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
+        if "configs" not in keys:
+            for fmt, key in CONFIGS_KEY.items():
+                if key in keys:
+                    return fmt
     return "vgpuvirt"
 
 

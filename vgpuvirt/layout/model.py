@@ -32,11 +32,11 @@ VENDOR = "vendor"                    # whatever the GPU's own driver is (nvidia,
 #: NVIDIA's vGPU scheduler policies (vGPU user guide, "Scheduling Policies"), as the CLI spells them.
 SCHEDULER_POLICIES = ("best-effort", "equal-share", "fixed-share")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\Z")
 # GPU-instance profiles: 1g.10gb, 1g.20gb+me, 3g.40gb, 7g.80gb; compute-instance suffixes (1c.3g.40gb) too.
-_MIG_RE = re.compile(r"^(?:[1-7]c\.)?[1-7]g\.\d{1,4}gb(?:\+(?:me|gfx|me\.all|-me))?$")
+_MIG_RE = re.compile(r"^(?:[1-7]c\.)?[1-7]g\.\d{1,4}gb(?:\+(?:me|gfx|me\.all|-me))?\Z")
 # A vGPU type as a user writes it: an id (nvidia-231, 1155, i915-GVTg_V5_4) or a name (A10-4Q, GRID T4-2Q).
-_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_ .+-]{0,63}$")
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_ .+-]{0,63}\Z")
 
 
 def config_name(value: object) -> str:
@@ -224,8 +224,8 @@ class GpuLayout:
 
 #: Vendors an entry can be limited to, by PCI vendor id.
 VENDORS = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086"}
-_PCI_ID_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4}):(?:0x)?([0-9a-fA-F]{4})$")
-_MIGPARTED_ID_RE = re.compile(r"^0x([0-9a-fA-F]{4})([0-9a-fA-F]{4})$")
+_PCI_ID_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{4}):(?:0x)?([0-9a-fA-F]{4})\Z")
+_MIGPARTED_ID_RE = re.compile(r"^0x([0-9a-fA-F]{4})([0-9a-fA-F]{4})\Z")
 
 
 def pci_id(value: object) -> str:

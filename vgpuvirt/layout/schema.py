@@ -53,25 +53,56 @@ class LayoutFileError(InvalidSpec):
         self.what, self.value, self.expected = key, None, problem
 
 
+#: deeper than any layout (configs.NAME[i].mig-devices.PROFILE is 5 levels); 100,000 levels used to end in a
+#: RecursionError traceback
+MAX_DEPTH = 32
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _deeper_than(root: yaml.Node, limit: int) -> yaml.Node | None:
+    """The first node below ``limit`` levels of nesting, or None (iterative: the check itself cannot recurse)."""
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return node
+        if isinstance(node, yaml.SequenceNode):
+            stack += [(n, depth + 1) for n in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            stack += [(n, depth + 1) for pair in node.value for n in pair]
+    return None
+
+
 class NodeReader:
     """YAML nodes to values, each error at its node's line (the interop readers use it too)."""
 
     def __init__(self, text: str, source: str) -> None:
         self.source = source
-        self.loader = yaml.SafeLoader(text)
+        self.text = text
 
     def root(self, expected: str) -> yaml.Node:
-        """The document's root node; an error for text that is not YAML or is empty."""
+        """The document's root node; an error for text that is not YAML, is empty, or nests deeper than
+        :data:`MAX_DEPTH`."""
+        if "\0" in self.text:           # the YAML reader's own message names no line and reads as a crash
+            line = self.text.count("\n", 0, self.text.index("\0")) + 1
+            raise LayoutFileError(self.source, line, "", "a NUL byte: not a YAML text file")
         try:
-            root = self.loader.get_single_node()
+            self.loader = yaml.SafeLoader(self.text)
+            try:
+                root = self.loader.get_single_node()
+            finally:
+                self.loader.dispose()
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise LayoutFileError(self.source, mark.line + 1 if mark else None, "",
                                   f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-        finally:
-            self.loader.dispose()
+        except RecursionError:          # PyYAML composes nested collections recursively
+            raise LayoutFileError(self.source, None, "", f"nested deeper than {MAX_DEPTH} levels") from None
         if root is None:
             raise LayoutFileError(self.source, None, "", f"empty file; expected {expected}")
+        too_deep = _deeper_than(root, MAX_DEPTH)
+        if too_deep is not None:
+            raise self.fail(too_deep, "", f"nested deeper than {MAX_DEPTH} levels")
         return root
 
     def fail(self, node: yaml.Node | None, key: str, problem: str) -> LayoutFileError:
@@ -87,6 +118,8 @@ class NodeReader:
             raise self.fail(node, key, "expected a mapping (key: value)")
         out: dict[str, yaml.Node] = {}
         for knode, vnode in node.value:
+            if knode.tag == MERGE_TAG:
+                raise self.fail(knode, key, "merge keys (<<) are not supported: write the keys out")
             k = self.scalar(knode, key)
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise self.fail(knode, key, f"keys must be names, not {k!r}")

@@ -122,7 +122,7 @@ VGPU: tuple[tuple[str, str, VgpuGet], ...] = (
 )
 
 HOST_METRICS = ("vgpuvirt_host_up", "vgpuvirt_host_collection_duration_seconds", "vgpuvirt_host_round_trips",
-                "vgpuvirt_host_info")
+                "vgpuvirt_host_info", "vgpuvirt_host_collection_age_seconds")
 TYPE_METRICS = ("vgpuvirt_vgpu_type_fits_now", "vgpuvirt_vgpu_type_in_use", "vgpuvirt_vgpu_type_framebuffer_bytes")
 INFO_METRICS = ("vgpuvirt_gpu_info", "vgpuvirt_gpu_health_reason", "vgpuvirt_gpu_scheduler_info", "vgpuvirt_vgpu_info")
 XID_COUNTER = "vgpuvirt_gpu_xid_errors"       # exposed as vgpuvirt_gpu_xid_errors_total
@@ -146,7 +146,7 @@ def families(snapshot: MetricsSnapshot, xid_counts: dict[tuple[str, str, int], i
     """The snapshot's families. ``xid_counts`` ((host, gpu, code) -> count so far) backs the XID counter: a
     caller that collects repeatedly accumulates each collection's new XIDs into it."""
     hosts = snapshot.hosts
-    yield from _host_families(hosts)
+    yield from _host_families(hosts, snapshot.collected_at)
     gpus = [(h, g) for h in hosts if h.up for g in h.gpus]
     for spec in DCGM + OWN:
         fam = GaugeMetricFamily(spec.name, spec.help, labels=GPU_LABELS)
@@ -169,9 +169,12 @@ def _gpu_labels(h: HostMetrics, g: GpuMetrics) -> tuple[str, ...]:
     return (h.host, g.address, _s(g.uuid), _s(g.name))
 
 
-def _host_families(hosts: Sequence[HostMetrics]) -> Iterable[Metric]:
-    up = GaugeMetricFamily("vgpuvirt_host_up", "1 when the host answered this scrape's collection, else 0.",
+def _host_families(hosts: Sequence[HostMetrics], now: float) -> Iterable[Metric]:
+    up = GaugeMetricFamily("vgpuvirt_host_up", "1 when the host answered the collection served, else 0.",
                            labels=("host",))
+    age = GaugeMetricFamily("vgpuvirt_host_collection_age_seconds",
+                            "Seconds between the served collection's start and this scrape's (an earlier "
+                            "collection stands in while the host's current one runs late).", labels=("host",))
     dur = GaugeMetricFamily("vgpuvirt_host_collection_duration_seconds", "How long the host's collection took.",
                             labels=("host",))
     rts = GaugeMetricFamily("vgpuvirt_host_round_trips", "Round trips the host's collection took.", labels=("host",))
@@ -184,7 +187,9 @@ def _host_families(hosts: Sequence[HostMetrics]) -> Iterable[Metric]:
         if h.round_trips is not None:
             rts.add_metric((h.host,), float(h.round_trips))
         info.add_metric((h.host, _s(h.driver_version), _s(h.error)), 1.0)
-    return (up, dur, rts, info)
+        if h.up:
+            age.add_metric((h.host,), max(0.0, now - h.collected_at))
+    return (up, dur, rts, info, age)
 
 
 def _info_families(gpus: Sequence[tuple[HostMetrics, GpuMetrics]]) -> Iterable[Metric]:

@@ -186,9 +186,12 @@ class _Runner:
                         out.append(f"{name}: {s.describe()} had not happened; nothing to undo")
             if not todo:
                 return out
-            outcomes = apply_items(host, [s.undo_item(self.wait_timeout) for s in todo], on_error="continue")
         except VgpuvirtError as exc:
             return [*out, *(f"{name}: FAILED to undo '{s.describe()}': {exc}" for s in todo + unsure)]
+        try:
+            outcomes = apply_items(host, [s.undo_item(self.wait_timeout) for s in todo], on_error="continue")
+        except VgpuvirtError as exc:
+            return out + self._undo_outcome_lost(name, todo, exc)
         for s, o in zip(todo, outcomes, strict=True):
             if o.ok:
                 out.append(f"{name}: {s.undone()}")
@@ -196,6 +199,18 @@ class _Runner:
                 bad = next(r for r in o.results if not r.ok)
                 out.append(f"{name}: FAILED to undo '{s.describe()}': {bad.error or bad.errno}")
         return out
+
+
+    def _undo_outcome_lost(self, name: str, todo: list[HostStep], exc: VgpuvirtError) -> list[str]:
+        """The undo batch's answer was lost (a cut mid-rollback): one re-read says which undos happened, rather
+        than reporting as failed a vGPU the host did remove; if the host cannot be read either, each is
+        reported failed, with the cause."""
+        try:
+            snap = self.hosts[name].read([s.state_path() for s in todo])
+        except VgpuvirtError:
+            return [f"{name}: FAILED to undo '{s.describe()}': {exc}" for s in todo]
+        return [f"{name}: {s.undone()} (the answer was lost; a re-read shows it done)" if not s.happened(snap)
+                else f"{name}: FAILED to undo '{s.describe()}': {exc}" for s in todo]
 
 
 def apply(plan: Plan, hosts: Host | Sequence[Host] | Mapping[str, Host],

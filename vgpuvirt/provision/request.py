@@ -25,7 +25,7 @@ SERIES = ("Q", "B", "A", "C")
 VENDORS = ("nvidia", "intel", "amd")
 VENDOR_IDS = VENDOR_KEYS
 
-_RES_RE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
+_RES_RE = re.compile(r"^(\d{2,5})x(\d{2,5})\Z")
 
 
 def parse_resolution(text: str | None) -> tuple[int, int] | None:

@@ -31,8 +31,8 @@ Kind = Literal["mode", "create-gi", "destroy-gi", "create-ci", "destroy-ci", "re
 
 #: A GPU-instance profile name as nvidia-smi prints it: "1g.10gb", "1g.10gb+me", "7g.80gb", "1g.24gb+me.all",
 #: "1g.24gb-me" (newer drivers); or a compute-instance profile "1c.3g.20gb".
-_GI_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?$")
-_CI_NAME = re.compile(r"^(?:[1-8]c\.)?[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?$")
+_GI_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?\Z")
+_CI_NAME = re.compile(r"^(?:[1-8]c\.)?[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?\Z")
 _MAX_ID = 63
 
 

@@ -7,6 +7,7 @@ one process, so every user of the mount sees one shared state. Needs root and /d
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -167,13 +168,138 @@ def _mounted(mountpoint: str) -> bool:
     return os.path.ismount(mountpoint) and os.path.isdir(os.path.join(mountpoint, "sys", "bus"))
 
 
+#: the file system type and source prefix of our mounts in /proc/self/mountinfo (see mount(): subtype, fsname)
+FSTYPE = "fuse.vgpuvirt-sim"
+SOURCE_PREFIX = "vgpuvirt-sim:"
+#: above the kernel's largest pid_max (2**22): not a pid
+PID_MAX = 1 << 22
+_PID_FILE_MAX = 64
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field: the kernel writes space, tab, newline and backslash as \\ooo octal."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and len(field[i + 1:i + 4]) == 3 and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_of(mountpoint: str, mountinfo: str | None = None) -> tuple[str, str] | None:
+    """(file system type, source) of what is mounted on ``mountpoint`` (the top of the stack), from
+    ``/proc/self/mountinfo``; None when nothing is mounted there."""
+    if mountinfo is None:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            mountinfo = fh.read()
+    target = os.path.realpath(mountpoint)
+    found = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split(" ")
+        if _unescape(fields[4]) == target and len(after) >= 2:
+            found = (after[0], _unescape(after[1]))      # a later line is mounted over an earlier one
+    return found
+
+
+def _ours(mountpoint: str) -> bool:
+    m = mount_of(mountpoint)
+    return m is not None and m[0] == FSTYPE and m[1].startswith(SOURCE_PREFIX)
+
+
+def _check_pid_dir(pid_file: str) -> str:
+    """The pid file's absolute path, after checking its directory is one only root (or we) can write: a pid file
+    in ``/tmp`` could be replaced by anyone between our write and its reader."""
+    path = os.path.abspath(pid_file)
+    try:
+        st = os.stat(os.path.dirname(path))
+    except OSError as exc:
+        raise InvalidSpec("--pid-file", pid_file, f"a file in an existing directory ({exc.strerror})") from None
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise InvalidSpec("--pid-file", pid_file, "a file in a directory only root can write (not /tmp: "
+                                                  "another user could plant a link or a pid there)")
+    return path
+
+
+def write_pid_file(pid_file: str, pid: int) -> None:
+    """Write ``pid`` without following links: a new file (O_EXCL | O_NOFOLLOW) renamed over the name, so a link
+    planted there is replaced, never written through."""
+    path = _check_pid_dir(pid_file)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{pid}\n".encode("ascii"))
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def read_pid_file(pid_file: str) -> int | None:
+    """The pid in a pid file (None when the file is gone); one-line errors for a link, a non-file, a huge or
+    malformed content."""
+    want = "a file holding the pid `sim mount --background` wrote"
+    try:
+        fd = os.open(pid_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InvalidSpec("--pid-file", pid_file, f"{want} ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidSpec("--pid-file", pid_file, f"{want} (not a regular file)")
+        raw = os.read(fd, _PID_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+    text = raw.decode("ascii", "replace").strip()
+    if len(raw) > _PID_FILE_MAX or not text.isdigit() or not 0 < int(text) < PID_MAX:
+        raise InvalidSpec("--pid-file", pid_file, want)
+    return int(text)
+
+
+def _server_of(pid: int, mountpoint: str) -> bool | None:
+    """Whether ``pid`` is the simulator serving ``mountpoint`` (its command line is ours, for that mount);
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    if argv and argv[-1] == b"":
+        argv.pop()
+    words = [a.decode("utf-8", "surrogateescape") for a in argv]
+    return (len(words) >= 4 and words[-4:-2] == ["-m", "vgpuvirt.sim.fuse"]
+            and os.path.realpath(words[-1]) == os.path.realpath(mountpoint))
+
+
+def _our_server(pid_file: str, mountpoint: str) -> int | None:
+    """The pid the file names if it is this mount's simulator; None if that process is gone; refused (one
+    line, nothing signalled) when it is another process."""
+    pid = read_pid_file(pid_file)
+    if pid is None:
+        return None
+    mine = _server_of(pid, mountpoint)
+    if mine is False:
+        raise InvalidSpec("--pid-file", pid_file, f"the pid of the simulator serving {mountpoint} (pid {pid} "
+                                                  "is another process: not signalled)")
+    return pid if mine else None
+
+
 def start(profile: str, mountpoint: str, *, pid_file: str | None = None, timeout: float = 30.0) -> int:
     """Mount in a background process (a new session); wait until the mount answers; return its pid."""
     _require()
     if not os.path.isdir(mountpoint):
         raise HostError("local", f"mount point {mountpoint} is not a directory")
     load_profile(profile)   # refuse a bad profile here, with its message, not in the child
-    proc = subprocess.Popen([sys.executable, "-m", "vgpuvirt.sim.fuse", profile, mountpoint],
+    if pid_file:
+        _check_pid_dir(pid_file)    # before mounting: a refused pid file leaves no mount behind
+    proc = subprocess.Popen([sys.executable, "-m", "vgpuvirt.sim.fuse", profile, os.path.abspath(mountpoint)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -188,14 +314,22 @@ def start(profile: str, mountpoint: str, *, pid_file: str | None = None, timeout
     if proc.stderr:
         proc.stderr.close()
     if pid_file:
-        with open(pid_file, "w", encoding="ascii") as fh:
-            fh.write(f"{proc.pid}\n")
+        write_pid_file(pid_file, proc.pid)
     return proc.pid
 
 
 def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0) -> None:
-    """Unmount (fusermount3 -u, else umount) and wait for the serving process to end."""
+    """Unmount a simulator mount (fusermount3 -u, else umount) and wait for its server to end.
+
+    Only our own: a mount point that holds anything but a vgpuvirt simulator (``/proc/self/mountinfo``: type
+    :data:`FSTYPE`, source ``vgpuvirt-sim:PROFILE``) is refused, and the pid file's process is waited for (and
+    signalled) only if it is the simulator serving this mount point."""
+    pid = _our_server(pid_file, mountpoint) if pid_file else None     # checked before anything is done
     if os.path.ismount(mountpoint):
+        if not _ours(mountpoint):
+            kind = mount_of(mountpoint)
+            raise HostError("local", f"{mountpoint} is not a vgpuvirt simulator mount ({kind[0] if kind else '?'} "
+                                     f"from {kind[1] if kind else '?'}): refusing to unmount it")
         for argv in (["fusermount3", "-u", mountpoint], ["umount", mountpoint]):
             try:
                 if subprocess.run(argv, capture_output=True, check=False).returncode == 0:
@@ -204,31 +338,22 @@ def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0)
                 continue
         else:
             raise HostError("local", f"cannot unmount {mountpoint}")
-    if pid_file and os.path.exists(pid_file):
-        try:
-            with open(pid_file, encoding="ascii") as fh:
-                pid = int(fh.read().strip() or "0")
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise InvalidSpec("--pid-file", pid_file, "a file holding the pid `sim mount --background` wrote") from exc
+    if pid_file and os.path.lexists(pid_file):
         deadline = time.monotonic() + timeout
-        while pid > 0 and time.monotonic() < deadline:
+        while pid is not None and time.monotonic() < deadline:
             try:
                 # Our own child (started by start() in this process) must be reaped, or it stays a zombie.
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     break
             except ChildProcessError:
                 pass
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
+            if not _server_of(pid, mountpoint):
+                break                    # gone (or its pid already reused by another process: left alone)
             time.sleep(0.02)
         else:
-            if pid > 0:
-                try:
+            if pid is not None and _server_of(pid, mountpoint):
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         os.unlink(pid_file)
 
 
@@ -238,11 +363,11 @@ BOOT_ID = "proc/sys/kernel/random/boot_id"
 def reboot(mountpoint: str, *, pid_file: str, timeout: float = 10.0) -> str:
     """Reboot the simulated host a background mount serves (SIGHUP to its server); wait until its
     ``proc/sys/kernel/random/boot_id`` changes and return the new one."""
-    try:
-        with open(pid_file, encoding="ascii") as fh:
-            pid = int(fh.read().strip() or "0")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidSpec("--pid-file", pid_file, "a file holding the pid `sim mount --background` wrote") from exc
+    if read_pid_file(pid_file) is None:
+        raise InvalidSpec("--pid-file", pid_file, "a file holding the pid `sim mount --background` wrote")
+    pid = _our_server(pid_file, mountpoint)
+    if pid is None:
+        raise HostError("local", f"no simulated host mounted on {mountpoint} (the server {pid_file} names is gone)")
     path = os.path.join(mountpoint, BOOT_ID)
     try:
         with open(path, encoding="ascii") as fh:

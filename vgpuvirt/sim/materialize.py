@@ -6,8 +6,11 @@ it change files, not state. Write-only attributes become empty files with mode 0
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 
+from vgpuvirt.errors import HostError
 from vgpuvirt.sim.fs import SimFs
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
@@ -63,6 +66,19 @@ def materialize_fs(fs: SimFs, dest_dir: str) -> int:
 
 
 def materialize(profile: Profile | str, dest_dir: str) -> int:
-    """Materialize a profile (object, shipped name or file path) in its initial state."""
+    """Materialize a profile (object, shipped name or file path) in its initial state. A tree that cannot be
+    written whole (a full disk, a read-only file system) is removed again (``dest_dir/sys``, and ``dest_dir``
+    if this call made it) and the cause is a one-line HostError."""
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    return materialize_fs(SimFs(SimModel(prof)), dest_dir)
+    made_dir = not os.path.lexists(dest_dir)
+    made_sys = not os.path.lexists(os.path.join(dest_dir, "sys"))
+    try:
+        return materialize_fs(SimFs(SimModel(prof)), dest_dir)
+    except OSError as exc:
+        if made_sys:
+            shutil.rmtree(os.path.join(dest_dir, "sys"), ignore_errors=True)
+        if made_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(dest_dir)
+        raise HostError("local", f"cannot write the simulated tree of {prof.name} to {dest_dir}: "
+                                 f"{exc.strerror or exc} (nothing of it was left)") from None

@@ -176,9 +176,17 @@ def save_fault(path: str, profile: str, gpu: str, kind: str | None, value: int |
     """Add one fault to the file (``kind`` None: clear the GPU's faults; ``gpu`` "ALL": every GPU's). Returns
     the profile's faults as written."""
     data: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+    if os.path.lexists(path):
+        from vgpuvirt import files
+        from vgpuvirt.errors import InvalidSpec
+        try:
+            data = json.loads(files.read_text(path, "faults file"))
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, InvalidSpec):
+                raise
+            raise InvalidSpec("faults file", path, "a JSON object written by `vgpuvirt sim fault`") from None
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise InvalidSpec("faults file", path, "a JSON object written by `vgpuvirt sim fault`")
     faults = data.setdefault(profile, {})
     if kind is None:
         if gpu == "ALL":

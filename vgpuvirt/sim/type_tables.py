@@ -13,7 +13,7 @@ from vgpuvirt.sim.profile_fields import _Ctx, _errno_value
 from vgpuvirt.sim.profile_spec import MigProfile, TypeTable, VgpuType
 
 _TYPES_FILE = "_types.yaml"
-_MIG_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?$")
+_MIG_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?\Z")
 
 
 def _profiles_dir() -> Any:

@@ -89,9 +89,10 @@ class MdevHostdev:
 
 
 def _check_rom_file(path: str | None) -> None:
-    if path is not None and (not isinstance(path, str) or not path.startswith("/") or "\0" in path
-                             or "\n" in path):
-        raise InvalidSpec("ROM file", path, "an absolute path on the host")
+    # XML 1.0 cannot carry a control character (lxml raised a bare ValueError for one): refused here, by name
+    if path is not None and (not isinstance(path, str) or not path.startswith("/")
+                             or any(c < " " or c == "\x7f" for c in path)):
+        raise InvalidSpec("ROM file", path, "an absolute path on the host, without control characters")
 
 
 _ALIAS_RE = re.compile(r"ua-[A-Za-z0-9_-]{1,60}")

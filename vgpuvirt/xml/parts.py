@@ -10,8 +10,8 @@ from vgpuvirt.model import MacAddress, format_cpulist, parse_cpulist
 from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, sub
 from vgpuvirt.xml.hostdev import check_alias
 
-_TARGET_RE = re.compile(r"^(vd|sd|hd)[a-z]{1,3}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
+_TARGET_RE = re.compile(r"^(vd|sd|hd)[a-z]{1,3}\Z")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}\Z")
 DISK_FORMATS = ("qcow2", "raw")
 GRAPHICS_KINDS = ("spice", "vnc")
 

@@ -19,7 +19,7 @@ from vgpuvirt.xml.parts import _host_path
 
 # libvirt's volName/poolName: no '/' (a name is one path component), printable; we also refuse leading dots
 # and spaces so a name never means "..", a hidden file or a shell surprise.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_+][A-Za-z0-9_.+:-]{0,199}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_+][A-Za-z0-9_.+:-]{0,199}\Z")
 VOLUME_FORMATS = ("qcow2", "raw")
 POOL_TYPES = ("dir",)
 

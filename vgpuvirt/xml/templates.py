@@ -26,8 +26,8 @@ from vgpuvirt.xml.lint import check
 from vgpuvirt.xml.parts import CpuPinning, Disk, EvdevInput, Graphics, Tpm, VirtioNic
 
 TEMPLATES = ("vdi", "gaming", "compute")
-_VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,12}$")
-_MACHINE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_VENDOR_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,12}\Z")
+_MACHINE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 _cache: dict[tuple[str, int], Element] = {}
 
 
