@@ -36,9 +36,9 @@ from vgpuvirt.services.nvml import NvmlReport
 from vgpuvirt.services.sysfs import IOMMU_CLASS, IOMMU_GROUPS, MDEV_BUS, MDEV_DEVICES, NVIDIA_VERSION, PCI, PROC_CMDLINE
 from vgpuvirt.services.type_capacity import TypeCapacity, type_capacity
 
-__all__ = ["INVENTORY_GLOBS", "VENDOR_NAMES", "Backend", "Gpu", "Inventory", "Mdev", "MdevParent", "MdevType",
-           "PciDevice", "TypeCapacity", "VendorType", "VendorVf", "build_inventory", "class_name", "inventory",
-           "type_capacity"]
+__all__ = ["INVENTORY_ARGVS", "INVENTORY_GLOBS", "VENDOR_NAMES", "Backend", "Gpu", "Inventory", "Mdev", "MdevParent",
+           "MdevType", "PciDevice", "TypeCapacity", "VendorType", "VendorVf", "build_inventory", "class_name",
+           "inventory", "type_capacity"]
 
 _PCI_ATTRS = ("vendor", "device", "subsystem_vendor", "subsystem_device", "class", "driver", "driver_override",
               "numa_node", "iommu_group", "reset_method", "local_cpulist", "boot_vga", "sriov_totalvfs",
@@ -68,6 +68,9 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     PROC_CMDLINE,
     *RESOURCE_GLOBS,          # CPUs and free hugepages: the plan's pre-flight
 )
+
+#: The programs an inventory runs with its reads (when it runs nvidia-smi), in this order.
+INVENTORY_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, NVIDIA_SMI_LGIP_ARGV, DMESG_ARGV)
 
 
 def _nvml_wanted(host: Host, use_nvml: bool | None) -> bool:
@@ -110,10 +113,7 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
         # profiles' free counts what GPU instances could still be created in the free slices.
         # `dmesg` too: its XIDs, with nvidia-smi's ECC / retired-page / PCIe readings, give each GPU's health
         # (placement skips unhealthy GPUs) at no extra round trip.
-        batch = host.apply([Op.exec(NVIDIA_SMI_ARGV, timeout=60.0, read_only=True),
-                            Op.exec(NVIDIA_SMI_LGI_ARGV, timeout=60.0, read_only=True),
-                            Op.exec(NVIDIA_SMI_LGIP_ARGV, timeout=60.0, read_only=True),
-                            Op.exec(DMESG_ARGV, timeout=60.0, read_only=True)], lock=False,
+        batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in INVENTORY_ARGVS], lock=False,
                            on_error="continue", reads_after=INVENTORY_GLOBS)
         snap, smi, lgi, lgip, dmesg = batch.after, batch[0], batch[1], batch[2], batch[3]
     else:

@@ -1,0 +1,151 @@
+"""``vgpuvirt capture`` and ``--host capture:FILE``: a capture made in one round trip replays every reading verb
+with the live host's answers, on every simulated profile; a replay refuses every change."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vgpuvirt import sim
+from vgpuvirt.cli import main as cli_main
+from vgpuvirt.errors import InvalidSpec, ReadOnlyHost
+from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.replay import ReplayHost, load_capture, save_capture
+from vgpuvirt.layout import verbs as layout_verbs
+from vgpuvirt.services.capture import CAPTURE_GLOBS, capture
+from vgpuvirt.services.inventory import inventory, type_capacity
+from vgpuvirt.services.metrics import Collector
+from vgpuvirt.services.mig import read_mig_state
+from vgpuvirt.services.vgpu_scheduler import nvidia_gpus, read_schedulers
+
+
+def _frozen(profile: str) -> sim.SimHost:
+    h = sim.SimHost.from_profile(profile)
+    h.model.telemetry.clock = lambda: 1_700_200_000.0     # the tools' readings stay put between two reads
+    return h
+
+
+def answers(host: Host) -> dict[str, Any]:
+    """What every reading verb says about ``host``."""
+    inv = inventory(host)
+    metrics = dataclasses.asdict(Collector().collect(host))
+    gpus = nvidia_gpus(host)
+    out = {"inventory": inv.to_dict(),
+           "types": [r.to_dict() for r in type_capacity(inv)],
+           "metrics": {k: v for k, v in metrics.items() if k not in ("collected_at", "duration_s")},
+           "mig": read_mig_state(host).to_dict(),
+           "scheduler": [g.to_dict() for g in read_schedulers(host, gpus)],
+           "layout": layout_verbs.export(host).to_dict()}
+    return json.loads(json.dumps(out, default=str))
+
+
+def _capture_file(host: Host, tmp_path: Path) -> str:
+    path = str(tmp_path / "host.capture.json")
+    save_capture(capture(host), path)
+    return path
+
+
+@pytest.mark.parametrize("profile", sim.list_profiles())
+def test_every_profile_replays_as_it_answered_live(profile: str, tmp_path: Path) -> None:
+    live = _frozen(profile)
+    if profile == "a30-mig":                      # GPU instances present: -lgi/-lci answer with tables
+        gi = live.run(["nvidia-smi", "mig", "-cgi", "1g.6gb", "-C"])
+        assert gi.ok, gi.stderr
+    before = live.round_trips
+    path = _capture_file(live, tmp_path)
+    assert live.round_trips - before == 1         # ONE round trip, whatever the host
+    replay = ReplayHost(path)
+    assert answers(replay) == answers(live)
+
+
+def test_capture_records_versions_programs_and_every_reader_glob(tmp_path: Path) -> None:
+    data = load_capture(_capture_file(_frozen("t4x2"), tmp_path))
+    assert data["driver_version"] and data["vgpuvirt_version"]
+    assert data["globs"] == list(CAPTURE_GLOBS)
+    argvs = {tuple(p["argv"]) for p in data["programs"]}
+    assert {("nvidia-smi", "-q", "-x"), ("nvidia-smi", "vgpu", "-q"), ("nvidia-smi", "mig", "-lgip"),
+            ("nvidia-smi", "mig", "-lgipp"), ("nvidia-smi", "mig", "-lci"), ("dmesg",)} <= argvs
+    # the readers' own lists, not a copy: a reader's new glob is captured without touching capture.py
+    from vgpuvirt.services import vgpu_scheduler
+    from vgpuvirt.services.inventory import INVENTORY_GLOBS
+    assert set(INVENTORY_GLOBS) | set(vgpu_scheduler.READ_GLOBS) <= set(CAPTURE_GLOBS)
+
+
+def test_a_replay_refuses_every_change_and_changes_nothing(tmp_path: Path) -> None:
+    path = _capture_file(_frozen("t4x2"), tmp_path)
+    text = Path(path).read_text()
+    replay = ReplayHost(path)
+    create = "/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-231/create"
+    for ops in ([Op.write(create, "0b2b3c4d-1111-4222-8333-444455556666")],
+                [Op.exec(["nvidia-smi", "mig", "-dgi"])],
+                [Op.replace_file("/etc/modprobe.d/x.conf", "options nvidia\n")],
+                [Op.nvml("vgpu_scheduler_set", ["00000000:3B:00.0", "1", "0", "0"], read_only=False)]):
+        with pytest.raises(ReadOnlyHost, match="read-only record"):
+            replay.apply(ops)
+    with pytest.raises(ReadOnlyHost, match="did not record"):
+        replay.run(["mdevctl", "start", "-u", "0b2b3c4d-1111-4222-8333-444455556666"])
+    assert Path(path).read_text() == text
+    assert replay.round_trips == 0
+
+
+def test_the_cli_refuses_a_change_against_a_replay_in_one_line(tmp_path: Path) -> None:
+    path = _capture_file(_frozen("t4x2"), tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli_main(["--host", f"capture:{path}", "mdev", "create", "--parent", "0000:3b:00.0",
+                       "--type", "nvidia-231"])
+    assert rc != 0
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpuvirt: error: sim:t4x2: refused: write"), lines
+    assert f"capture {path} is a read-only record" in lines[0]
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("verb", [("inventory",), ("types",), ("mig", "show"), ("scheduler", "show"),
+                                  ("layout", "export"),
+                                  ("plan", "--connect", "test:///default", "--count", "4", "--gpu", "fb>=2G,series=Q",
+                                   "--explain")])
+def test_cli_capture_then_replay_prints_the_live_json(verb: tuple[str, ...], tmp_path: Path) -> None:
+    path = str(tmp_path / "t4x2.json.gz")
+    rc, out, err = _cli("--host", "sim:t4x2", "--json", "capture", "-o", path)
+    assert rc == 0, err
+    assert json.loads(out)["paths"] > 100
+    rc_live, live, _ = _cli("--host", "sim:t4x2", "--json", *verb)
+    rc_replay, replayed, err = _cli("--host", f"capture:{path}", "--json", *verb)
+    if verb[0] == "layout":
+        assert (rc_replay, replayed) == (rc_live, live), err          # YAML
+    else:
+        assert (rc_replay, _untimed(json.loads(replayed))) == (rc_live, _untimed(json.loads(live))), err
+
+
+def _untimed(data: Any) -> Any:
+    """A plan's ``timing`` (how long its reads took) is the one thing a replay cannot repeat."""
+    if isinstance(data, dict):
+        data.pop("timing", None)
+    return data
+
+
+@pytest.mark.parametrize(("spec", "why"), [("capture:", "capture:FILE"),
+                                           ("capture:/nonexistent/x.json", "an existing file")])
+def test_a_bad_capture_spec_is_one_clear_line(spec: str, why: str) -> None:
+    rc, _, err = _cli("--host", spec, "inventory")
+    assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_that_is_not_a_capture_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"entries": {}}))
+    with pytest.raises(InvalidSpec, match="vgpuvirt-capture"):
+        ReplayHost(str(p))
