@@ -7,6 +7,7 @@ integration test do.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -34,5 +35,34 @@ def write_tool_stubs(sim: Any, dest: str) -> dict[str, str]:
         path = os.path.join(dest, f"stub-{prog}")
         Path(path).write_text("#!/bin/sh\n" + script)
         os.chmod(path, 0o700)   # run by the same user (root) through sshd
+        stubs[prog] = path
+    return stubs
+
+
+_PROGRAM_STUB = '''#!/usr/bin/env python3
+import json, sys
+answers = json.load(open(%r))
+rc, out, err = answers.get(" ".join(sys.argv[1:]), [2, "", "stub: not recorded: %%s\\n" %% " ".join(sys.argv[1:])])
+sys.stdout.write(out)
+sys.stderr.write(err)
+sys.exit(rc)
+'''
+
+
+def write_program_stubs(sim: Any, dest: str, argvs: Any) -> dict[str, str]:
+    """Like :func:`write_tool_stubs`, for any list of argvs: each program's stub (a small python3 script)
+    answers every argv of the list with the simulator's exit status, stdout and stderr, frozen now; returns
+    {program: stub path} (``capture(programs=...)``, ``Collector(programs=...)``)."""
+    by_program: dict[str, dict[str, list[Any]]] = {}
+    for argv in argvs:
+        r = sim.run(list(argv))
+        by_program.setdefault(argv[0], {})[" ".join(argv[1:])] = [r.exit_code, r.stdout, r.stderr]
+    stubs = {}
+    for prog, answers in by_program.items():
+        data = os.path.join(dest, f"answers-{prog}.json")
+        Path(data).write_text(json.dumps(answers))
+        path = os.path.join(dest, f"stub-{prog}")
+        Path(path).write_text(_PROGRAM_STUB % data)
+        os.chmod(path, 0o700)
         stubs[prog] = path
     return stubs
