@@ -22,6 +22,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
+from vgpuvirt.sim.nvsmi_query import query_gpu
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
 DRIVER_VERSION = "550.90.05"
@@ -50,6 +51,12 @@ def _gpu_uuid(d: Dev) -> str:
 
 
 def _xml(model: SimModel) -> str:
+    body = ET.tostring(_xml_root(model), encoding="unicode")
+    return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
+
+
+def _xml_root(model: SimModel) -> ET.Element:
+    """The ``nvidia-smi -q -x`` document of this moment (``--query-gpu`` reads its fields off it too)."""
     gpus = nvidia_gpus(model)
     root = ET.Element("nvidia_smi_log")
     ET.SubElement(root, "timestamp").text = "Thu Jan  1 00:00:00 2026"
@@ -101,8 +108,7 @@ def _xml(model: SimModel) -> str:
         for tag, mib in (("total", total), ("reserved", 0), ("used", 0), ("free", total)):
             ET.SubElement(fb, tag).text = f"{mib} MiB"
         add_gpu_readings(model, d, e)
-    body = ET.tostring(root, encoding="unicode")
-    return '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n' + body + "\n"
+    return root
 
 
 def _bus_key(text: str) -> tuple[int, int, int, int] | None:
@@ -144,6 +150,8 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
         return 9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     if args in (["-q", "-x"], ["-x", "-q"]):
         return 0, _xml(model), ""
+    if len(args) == 2 and args[0].startswith("--query-gpu=") and args[1].startswith("--format="):
+        return query_gpu(_xml_root(model), args[0].split("=", 1)[1].split(","), args[1].split("=", 1)[1])
     if args == ["vgpu", "-q"]:
         return 0, vgpu_query(model, gpus), ""
     if args == ["-L"]:
