@@ -32,10 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host, Op, OpResult
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
 from vgpuvirt.services.inventory_build import SysfsCache
 from vgpuvirt.services.inventory_health import health_inputs
@@ -43,15 +45,20 @@ from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvidia_static import StaticFacts
 from vgpuvirt.services.nvml import load_pynvml
 from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
+from vgpuvirt.services.nvsmi_readings import GpuReadings
+from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV, parse_query_gpu
 from vgpuvirt.services.sysfs import PCI
 from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
 
 __all__ = ["METRICS_ARGVS", "METRICS_GLOBS", "Collector", "collect", "collect_many"]
 
 #: The programs of one collection, in order (all read-only; ``mig -lgi`` exits 6 when there is no GI).
-METRICS_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV, DMESG_ARGV)
+#: ``--query-gpu`` gives the readings every time; ``-q -x`` runs only when :class:`StaticFacts` says so.
+METRICS_ARGVS: tuple[tuple[str, ...], ...] = (QUERY_GPU_ARGV, NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV,
+                                              DMESG_ARGV)
 
 #: PCI attributes the inventory reads that nothing in a snapshot depends on (NUMA, CPUs, reset, subsystem ids,
 #: driver_override, boot VGA): a collection leaves them out, 1,629 of the 11,164 files of the `large` profile.
@@ -64,10 +71,10 @@ METRICS_GLOBS: tuple[str, ...] = tuple(g for g in INVENTORY_GLOBS if g not in _N
 Domains = Iterable[tuple[str, str]]
 
 
-def _ops(programs: Mapping[str, str]) -> list[Op]:
+def _ops(programs: Mapping[str, str], argvs: Sequence[tuple[str, ...]] = METRICS_ARGVS) -> list[Op]:
     return [Op.exec((programs.get(argv[0], argv[0]), *argv[1:]), timeout=60.0, read_only=True,
                     ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
-            for argv in METRICS_ARGVS]
+            for argv in argvs]
 
 
 class Collector:
@@ -91,6 +98,8 @@ class Collector:
         # ``nvml_module`` injects a pynvml stand-in (tests).
         self.use_nvml = use_nvml
         self.nvml_module = nvml_module
+        # per host: the last `nvidia-smi -q -x` (the facts only it gives), re-read when stale (see StaticFacts)
+        self.static = StaticFacts()
 
     def _nvml(self, host: Host) -> NvmlMetrics | None:
         from vgpuvirt.host.local import LocalHost
@@ -110,15 +119,24 @@ class Collector:
         t0 = time.perf_counter()
         rt0 = host.round_trips
         nvml = self._nvml(host)
+        fresh = self.static.fresh(host.name, started)
+        argvs = [a for a in METRICS_ARGVS if not (fresh and a == NVIDIA_SMI_ARGV)]
         try:
-            batch = host.apply(_ops(self.programs), lock=False, on_error="continue", reads_after=METRICS_GLOBS)
+            batch = host.apply(_ops(self.programs, argvs), lock=False, on_error="continue",
+                               reads_after=METRICS_GLOBS)
+            query, *rest = batch.results
+            smi: OpResult | None = None if fresh else rest.pop(0)
+            lgi, vq, dmesg = rest
+            smi, readings = self._nvidia(host, query, smi, started)
         except (VgpuvirtError, OSError) as exc:
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
                                error=f"{type(exc).__name__}: {exc}")
-        smi, lgi, vq, dmesg = batch.results
         doms = list(domains) if domains is not None else None
-        health = health_inputs(smi, dmesg)   # parsed once: the inventory's health and the metrics share it
+        # parsed once: the inventory's health and the metrics share it (--query-gpu's readings when it answered)
+        health = health_inputs(smi if readings is None else None, dmesg)
+        if readings is not None:
+            health = replace(health, readings=readings)
         with self._lock:
             cache = self._sysfs.setdefault(host.name, SysfsCache())
         inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
@@ -136,6 +154,30 @@ class Collector:
         return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
                                   sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
                                   round_trips=host.round_trips - rt0, nvml=nvml, readings=health.readings)
+
+    def _nvidia(self, host: Host, query: OpResult, smi: OpResult | None,
+                now: float) -> tuple[OpResult | None, dict[PciAddress, GpuReadings] | None]:
+        """The ``-q -x`` answer whose facts this collection uses, and ``--query-gpu``'s readings (None: take
+        them from ``-q -x``). ``-q -x`` is read again, in one more round trip, only when the kept one turns out
+        not to describe the GPUs listed now, or ``--query-gpu`` failed (a driver without one of its fields)."""
+        report = parse_query_gpu(query.stdout) if query.ok else None
+        if report is None or report.error:
+            if query.rc == 127:               # no nvidia-smi at all: say so as -q -x would have
+                self.static.forget(host.name)
+                return smi or query, None
+            if smi is None:
+                smi = self._read_xml(host)
+            self.static.forget(host.name)
+            return smi, None
+        kept = self.static.get(host.name, report) if smi is None else None
+        if kept is not None:
+            return kept, report.readings
+        smi = smi or self._read_xml(host)
+        self.static.keep(host.name, smi, now)
+        return smi, report.readings
+
+    def _read_xml(self, host: Host) -> OpResult:
+        return host.apply(_ops(self.programs, [NVIDIA_SMI_ARGV]), lock=False, on_error="continue").results[0]
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
                      workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:

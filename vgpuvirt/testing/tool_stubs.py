@@ -16,15 +16,21 @@ _ANSWERS = {"nvidia-smi -q -x": "smi.xml", "nvidia-smi vgpu -q": "vgpu.txt", "nv
             "dmesg": "dmesg.txt"}
 
 
-def write_tool_stubs(sim: Any, dest: str) -> dict[str, str]:
+def write_tool_stubs(sim: Any, dest: str, *, costs: dict[str, float] | None = None) -> dict[str, str]:
     """Save ``sim``'s tool answers under ``dest`` and write ``stub-nvidia-smi`` / ``stub-dmesg`` there;
-    returns {program: stub path} for ``Collector(programs=...)``."""
+    returns {program: stub path} for ``Collector(programs=...)``. ``costs``: seconds a stub sleeps before
+    answering ``-q -x`` / ``--query-gpu`` (a real H100 on driver 580 takes 0.108 / 0.025)."""
+    from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
+
     data = os.path.join(dest, "tool-answers")
     os.makedirs(data, exist_ok=True)
     for cmd, fname in _ANSWERS.items():
         Path(data, fname).write_text(sim.run(cmd.split()).stdout)
+    Path(data, "query.csv").write_text(sim.run(list(QUERY_GPU_ARGV)).stdout)
+    cost = {k: f"sleep {float(v):.3f}; " if v else "" for k, v in (costs or {}).items()}
     scripts = {
-        "nvidia-smi": (f'case "$1 $2" in\n  "-q -x") exec cat {data}/smi.xml ;;\n'
+        "nvidia-smi": (f'case "$1 $2" in\n  "-q -x") {cost.get("-q -x", "")}exec cat {data}/smi.xml ;;\n'
+                       f'  "--query-gpu="*) {cost.get("--query-gpu", "")}exec cat {data}/query.csv ;;\n'
                        f'  "vgpu -q") exec cat {data}/vgpu.txt ;;\n'
                        f'  "mig -lgi") cat {data}/lgi.txt; [ -s {data}/lgi.txt ] || exit 6 ;;\n'
                        '  *) exit 2 ;;\nesac\n'),
