@@ -9,6 +9,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
+from vgpuvirt import sim
 from vgpuvirt.host.base import BatchResult, Op
 from vgpuvirt.services.metrics import Collector
 from vgpuvirt.sim import SimHost
@@ -98,3 +101,21 @@ def test_without_query_gpu_the_collection_reads_q_x_as_before() -> None:
         tools.run_tool = real_run
     assert m.round_trips == 2 and [QX in b for b in h.batches] == [True, False, True]
     assert _same(m) == _same(Collector().collect(_host("t4x2")))
+
+
+@pytest.mark.parametrize("profile", sim.list_profiles())
+def test_an_inventory_with_kept_facts_reads_query_gpu_and_answers_alike(profile: str) -> None:
+    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.nvidia_static import StaticFacts
+
+    h = _host(profile)
+    static = StaticFacts()
+    plain = inventory(h).to_dict()
+    first = inventory(h, static=static).to_dict()
+    rt = h.round_trips
+    second = inventory(h, static=static).to_dict()
+    assert h.round_trips - rt == 1
+    # nothing to keep where nvidia-smi fails (no GPU on the nvidia driver): -q -x says so each time
+    kept = h.run(list(QX)).ok
+    assert [QX in b for b in h.batches] == [True, True, not kept]
+    assert second == first == plain

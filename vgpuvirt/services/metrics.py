@@ -37,7 +37,6 @@ from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host, Op, OpResult
-from vgpuvirt.model import PciAddress
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
 from vgpuvirt.services.inventory_build import SysfsCache
 from vgpuvirt.services.inventory_health import health_inputs
@@ -48,8 +47,7 @@ from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
 from vgpuvirt.services.nvidia_static import StaticFacts
 from vgpuvirt.services.nvml import load_pynvml
 from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
-from vgpuvirt.services.nvsmi_readings import GpuReadings
-from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV, parse_query_gpu
+from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
 from vgpuvirt.services.sysfs import PCI
 from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
 
@@ -127,7 +125,7 @@ class Collector:
             query, *rest = batch.results
             smi: OpResult | None = None if fresh else rest.pop(0)
             lgi, vq, dmesg = rest
-            smi, readings = self._nvidia(host, query, smi, started)
+            smi, readings = self.static.resolve(host.name, query, smi, started, lambda: self._read_xml(host))
         except (VgpuvirtError, OSError) as exc:
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
@@ -154,27 +152,6 @@ class Collector:
         return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
                                   sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
                                   round_trips=host.round_trips - rt0, nvml=nvml, readings=health.readings)
-
-    def _nvidia(self, host: Host, query: OpResult, smi: OpResult | None,
-                now: float) -> tuple[OpResult | None, dict[PciAddress, GpuReadings] | None]:
-        """The ``-q -x`` answer whose facts this collection uses, and ``--query-gpu``'s readings (None: take
-        them from ``-q -x``). ``-q -x`` is read again, in one more round trip, only when the kept one turns out
-        not to describe the GPUs listed now, or ``--query-gpu`` failed (a driver without one of its fields)."""
-        report = parse_query_gpu(query.stdout) if query.ok else None
-        if report is None or report.error:
-            if query.rc == 127:               # no nvidia-smi at all: say so as -q -x would have
-                self.static.forget(host.name)
-                return smi or query, None
-            if smi is None:
-                smi = self._read_xml(host)
-            self.static.forget(host.name)
-            return smi, None
-        kept = self.static.get(host.name, report) if smi is None else None
-        if kept is not None:
-            return kept, report.readings
-        smi = smi or self._read_xml(host)
-        self.static.keep(host.name, smi, now)
-        return smi, report.readings
 
     def _read_xml(self, host: Host) -> OpResult:
         return host.apply(_ops(self.programs, [NVIDIA_SMI_ARGV]), lock=False, on_error="continue").results[0]

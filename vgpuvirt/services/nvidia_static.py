@@ -12,11 +12,14 @@ pending: a driver reload, a GPU gone or back, MIG switched).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vgpuvirt.host.base import OpResult
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.nvidia_smi import parse_nvidia_smi_xml
-from vgpuvirt.services.query_gpu import QueryGpuReport
+from vgpuvirt.services.nvsmi_readings import GpuReadings
+from vgpuvirt.services.query_gpu import QueryGpuReport, parse_query_gpu
 
 __all__ = ["Fingerprint", "StaticFacts", "fingerprint_of_query", "fingerprint_of_xml"]
 
@@ -74,3 +77,22 @@ class StaticFacts:
     def forget(self, host: str) -> None:
         with self._lock:
             self._entries.pop(host, None)
+
+    def resolve(self, host: str, query: OpResult, smi: OpResult | None, now: float,
+                read_xml: Callable[[], OpResult]) -> tuple[OpResult, dict[PciAddress, GpuReadings] | None]:
+        """The ``-q -x`` answer whose facts a read uses, and ``--query-gpu``'s readings (None: take them from
+        ``-q -x``). ``smi``: the ``-q -x`` of this read when it ran (not :meth:`fresh`). ``read_xml`` runs
+        ``-q -x`` in one more round trip: only when the kept one turns out not to describe the GPUs listed now,
+        or ``--query-gpu`` failed (a driver without one of its fields)."""
+        report = parse_query_gpu(query.stdout) if query.ok else None
+        if report is None or report.error:
+            self.forget(host)
+            if query.rc == 127:               # no nvidia-smi at all: say so as -q -x would have
+                return smi or query, None
+            return smi or read_xml(), None
+        kept = self.get(host, report) if smi is None else None
+        if kept is not None:
+            return kept, report.readings
+        smi = smi or read_xml()
+        self.keep(host, smi, now)
+        return smi, report.readings
