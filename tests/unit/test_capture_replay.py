@@ -22,6 +22,7 @@ from vgpuvirt.services.capture import CAPTURE_GLOBS, capture
 from vgpuvirt.services.inventory import inventory, type_capacity
 from vgpuvirt.services.metrics import Collector
 from vgpuvirt.services.mig import read_mig_state
+from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
 from vgpuvirt.services.vgpu_scheduler import nvidia_gpus, read_schedulers
 
 
@@ -70,7 +71,7 @@ def test_capture_records_versions_programs_and_every_reader_glob(tmp_path: Path)
     assert data["globs"] == list(CAPTURE_GLOBS)
     argvs = {tuple(p["argv"]) for p in data["programs"]}
     assert {("nvidia-smi", "-q", "-x"), ("nvidia-smi", "vgpu", "-q"), ("nvidia-smi", "mig", "-lgip"),
-            ("nvidia-smi", "mig", "-lgipp"), ("nvidia-smi", "mig", "-lci"), ("dmesg",)} <= argvs
+            ("nvidia-smi", "mig", "-lgipp"), ("nvidia-smi", "mig", "-lci"), ("dmesg",), QUERY_GPU_ARGV} <= argvs
     # the readers' own lists, not a copy: a reader's new glob is captured without touching capture.py
     from vgpuvirt.services import vgpu_scheduler
     from vgpuvirt.services.inventory import INVENTORY_GLOBS
