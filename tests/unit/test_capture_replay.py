@@ -150,3 +150,41 @@ def test_a_file_that_is_not_a_capture_is_refused(tmp_path: Path) -> None:
     p.write_text(json.dumps({"entries": {}}))
     with pytest.raises(InvalidSpec, match="vgpuvirt-capture"):
         ReplayHost(str(p))
+
+
+def test_cli_capture_of_a_tree_with_the_tools_at_another_path(tmp_path: Path) -> None:
+    """``--sysfs-root`` and ``--program NAME=PATH``: the tree's files and the stand-in tools' answers, recorded
+    under the names vgpuvirt runs; a replay keeps the tree's sysfs root (no nvidia-smi for the inventory)."""
+    from vgpuvirt.services.capture import CAPTURE_ARGVS
+    from vgpuvirt.sim.materialize import materialize_fs
+    from vgpuvirt.testing.tool_stubs import write_program_stubs
+
+    h = _frozen("a30-mig")
+    tree = tmp_path / "tree"
+    materialize_fs(h.fs, str(tree))
+    stubs = write_program_stubs(h, str(tmp_path), CAPTURE_ARGVS)
+    out = tmp_path / "tree.capture.json"
+    rc, _, err = _cli("--sysfs-root", str(tree), "capture", "-o", str(out),
+                      *(f"--program={k}={v}" for k, v in stubs.items()))
+    assert rc == 0, err
+    data = load_capture(str(out))
+    assert data["sysfs_root"] == str(tree)
+    lgip = next(p for p in data["programs"] if p["argv"] == ["nvidia-smi", "mig", "-lgip"])
+    assert lgip["stdout"] == h.run(["nvidia-smi", "mig", "-lgip"]).stdout
+    _, live, _ = _cli("--sysfs-root", str(tree), "--json", "inventory")
+    _, replayed, err = _cli("--host", f"capture:{out}", "--json", "inventory")
+    assert json.loads(replayed) == json.loads(live), err
+
+
+@pytest.mark.parametrize("argv", [["capture", "-o", "x.json", "--program", "nvidia-smi"],
+                                  ["capture", "-o", "x.json", "--program", "rm=/bin/rm"]])
+def test_a_bad_program_option_is_refused_in_one_line(argv: list[str], tmp_path: Path) -> None:
+    rc, _, err = _cli("--host", "sim:t4x2", *argv[:2], str(tmp_path / "x.json"), *argv[3:])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "program" in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_sysfs_root_with_a_capture_host_is_refused(tmp_path: Path) -> None:
+    path = _capture_file(_frozen("t4x2"), tmp_path)
+    rc, _, err = _cli("--host", f"capture:{path}", "--sysfs-root", str(tmp_path), "inventory")
+    assert rc == 2 and "no --sysfs-root with a capture: host" in err
