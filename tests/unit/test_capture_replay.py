@@ -188,3 +188,13 @@ def test_sysfs_root_with_a_capture_host_is_refused(tmp_path: Path) -> None:
     path = _capture_file(_frozen("t4x2"), tmp_path)
     rc, _, err = _cli("--host", f"capture:{path}", "--sysfs-root", str(tmp_path), "inventory")
     assert rc == 2 and "no --sysfs-root with a capture: host" in err
+
+
+def test_a_path_reached_through_another_link_is_answered_from_the_capture(tmp_path: Path) -> None:
+    """A reader that reaches a device by another sysfs path than the readers of the capture did (the mdev bus's
+    link instead of the PCI bus's) reads what the live host gives."""
+    live = _frozen("t4x2")
+    replay = ReplayHost(_capture_file(live, tmp_path))
+    patterns = ["/sys/class/mdev_bus/*/vendor", "/sys/class/mdev_bus/*/driver", "/sys/class/mdev_bus/*/numa_node"]
+    got = replay.read(patterns)
+    assert len(got) == 6 and got == live.read(patterns)

@@ -18,6 +18,7 @@ import errno
 import gzip
 import json
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,11 +87,39 @@ class ReplayFs:
             parts = p.split("/")
             for i in range(1, len(parts)):
                 self._children.setdefault("/".join(parts[:i]) or "/", set()).add(parts[i])
+        # sysfs reaches one device by several paths (/sys/bus/pci/devices/X, /sys/class/mdev_bus/X, both links to
+        # /sys/devices/.../X): where a link leads -> the captured links that lead there
+        self._aliases: dict[str, list[str]] = {}
+        for p, e in self._entries.items():
+            if e[0] == "l" and e[1]:
+                self._aliases.setdefault(posixpath.normpath(posixpath.join(posixpath.dirname(p), e[1])), []).append(p)
         self._programs = {_argv_key(r["argv"]): r for r in data.get("programs", [])}
         self._nvml = {(str(r["call"]), _argv_key(r["args"])): r["result"] for r in data.get("nvml", [])}
 
+    def _held(self, path: str) -> bool:
+        return path in self._entries or path in self._children
+
+    def _find(self, path: str) -> str:
+        """``path`` as the capture holds it: itself, or the same file reached through another captured link to
+        the same directory (a reader asking ``/sys/class/mdev_bus/X/vendor`` where the capture read
+        ``/sys/bus/pci/devices/X/vendor``). The last component is never followed, as the agent's reads."""
+        if self._held(path):
+            return path
+        parts = path.split("/")
+        for i in range(len(parts) - 1, 1, -1):
+            prefix, rest = "/".join(parts[:i]), "/".join(parts[i:])
+            e = self._entries.get(prefix)
+            if e is None or e[0] != "l" or not e[1]:
+                continue
+            where = posixpath.normpath(posixpath.join(posixpath.dirname(prefix), e[1]))
+            for other in (where, *self._aliases.get(where, ())):
+                if other != prefix and self._held(f"{other}/{rest}"):
+                    return f"{other}/{rest}"
+        return path
+
     # ---- what the agent reads with
     def read_entry(self, path: str) -> list[Any] | None:
+        path = self._find(path)
         e = self._entries.get(path)
         if e is None:
             return ["d", None, None] if path in self._children else None
@@ -98,18 +127,20 @@ class ReplayFs:
         return [kind, value if kind in ("f", "l") else None, code]
 
     def kind(self, path: str) -> str | None:
+        path = self._find(path)
         e = self._entries.get(path)
         if e is not None:
             return "f" if e[0] == "e" else str(e[0])
         return "d" if path in self._children else None
 
     def listdir(self, path: str) -> list[str]:
-        names = self._children.get(path.rstrip("/") or "/")
+        names = self._children.get(self._find(path.rstrip("/") or "/"))
         if names is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         return sorted(names)
 
     def read(self, path: str) -> str:
+        path = self._find(path)
         e = self._entries.get(path)
         if e is None:
             code = errno.EISDIR if path in self._children else errno.ENOENT
@@ -121,7 +152,7 @@ class ReplayFs:
         return str(e[1])
 
     def readlink(self, path: str) -> str:
-        e = self._entries.get(path)
+        e = self._entries.get(self._find(path))
         if e is None or e[0] != "l":
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
         return str(e[1])
