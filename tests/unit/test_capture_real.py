@@ -102,3 +102,16 @@ def test_the_redacted_h100_capture_hides_serial_and_uuid_and_still_replays(tmp_p
     assert redacted_inv["gpus"][0]["nvidia"]["uuid"] == out.replaced[UUID[4:]].join(("GPU-", ""))
     inv["gpus"][0]["nvidia"]["uuid"] = redacted_inv["gpus"][0]["nvidia"]["uuid"]
     assert redacted_inv == inv
+
+
+def test_the_fixture_is_what_the_converter_makes_of_the_transcript() -> None:
+    """The capture file is the transcript, converted: nothing added or edited by hand since."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("hostdata_to_capture", repo / "scripts" / "hostdata_to_capture.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    source = repo.parent / "shared" / "hostdata" / "real-h100-580"
+    assert mod.convert(source) == json.loads(CAPTURE.read_text())
