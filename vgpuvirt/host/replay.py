@@ -19,7 +19,7 @@ import gzip
 import json
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, ReadOnlyHost
@@ -238,7 +238,7 @@ class ReplayHost(BaseHost):
         return response
 
     def apply(self, ops: Sequence[Op], *, lock: bool = True, on_error: str = "stop",
-              reads_after: Any = ()) -> BatchResult:
+              reads_after: Iterable[str] = ()) -> BatchResult:
         changing = [op for op in ops if op.mutates]
         if changing:
             raise self._refuse(changing[0].describe() + (f" and {len(changing) - 1} more change(s)"
