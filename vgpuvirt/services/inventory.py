@@ -115,7 +115,7 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     lgi: OpResult | None = None
     lgip: OpResult | None = None
     if nvidia_smi and static is not None:
-        return _with_static(host, static, domains)
+        return _with_static(host, static, domains, nvml_report)
     if nvidia_smi:
         # One exec: nvidia-smi first, then the sysfs reads, in the same agent request. A missing
         # nvidia-smi (ENOENT, rc 127) is normal; lock=False because nothing is changed.
@@ -133,7 +133,8 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
                            mig_lgip=lgip, kernel_log=dmesg)
 
 
-def _with_static(host: Host, static: StaticFacts, domains: Iterable[tuple[str, str]] | None) -> Inventory:
+def _with_static(host: Host, static: StaticFacts, domains: Iterable[tuple[str, str]] | None,
+                 nvml_report: NvmlReport | None) -> Inventory:
     """:func:`inventory` with ``--query-gpu`` in the round trip, and ``-q -x`` only when ``static`` says so."""
     now = time.time()
     fresh = static.fresh(host.name, now)
@@ -149,8 +150,8 @@ def _with_static(host: Host, static: StaticFacts, domains: Iterable[tuple[str, s
     health = health_inputs(smi if readings is None else None, dmesg)
     if readings is not None:
         health = replace(health, readings=readings)
-    return build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=smi, mig_lgi=lgi,
-                           mig_lgip=lgip, kernel_log=dmesg, health=health)
+    return build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=smi, nvml=nvml_report,
+                           mig_lgi=lgi, mig_lgip=lgip, kernel_log=dmesg, health=health)
 
 
 def _no_sysfs_tree(host: Host, snap: Snapshot) -> None:

@@ -1,9 +1,12 @@
 """Collect a metrics snapshot: ONE round trip per host per collection, whatever the number of GPUs and vGPUs.
 
-One ``host.apply`` carries four read-only programs and the inventory's sysfs reads:
+One ``host.apply`` carries the read-only programs and the inventory's sysfs reads:
 
-* ``nvidia-smi -q -x``: per GPU utilisation, temperature, power, clocks, ECC, retired pages / remapped rows,
-  PCIe link (:mod:`.nvsmi_readings`), and what the inventory takes from it (mode, MIG);
+* ``nvidia-smi --query-gpu``: per GPU utilisation, temperature, power, clocks, ECC, retired pages / remapped
+  rows, PCIe link, identity and MIG mode (:mod:`.query_gpu`);
+* ``nvidia-smi -q -x``: what only it gives the inventory (virtualization, host vGPU and heterogeneous modes),
+  on a host's first collection and when :class:`~.nvidia_static.StaticFacts` says the kept one is stale (it
+  also gives the readings where ``--query-gpu`` fails);
 * ``nvidia-smi mig -lgi``: the GPU instances (MIG-backed capacity);
 * ``nvidia-smi vgpu -q``: every active vGPU with its VM, framebuffer, utilisation, encoder statistics and
   frame rate limit (:mod:`.vgpu_query`);
