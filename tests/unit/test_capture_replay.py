@@ -198,3 +198,10 @@ def test_a_path_reached_through_another_link_is_answered_from_the_capture(tmp_pa
     patterns = ["/sys/class/mdev_bus/*/vendor", "/sys/class/mdev_bus/*/driver", "/sys/class/mdev_bus/*/numa_node"]
     got = replay.read(patterns)
     assert len(got) == 6 and got == live.read(patterns)
+
+
+def test_a_capture_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "dir.json").mkdir()                 # the output names a directory: os.replace fails
+    rc, _, err = _cli("--host", "sim:t4x2", "capture", "-o", str(tmp_path / "dir.json"))
+    assert rc == 2 and "a file that can be written" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json"]

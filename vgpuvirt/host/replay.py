@@ -14,6 +14,7 @@ The file is JSON (gzip-compressed when its name ends in ``.gz``); :data:`CAPTURE
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import json
@@ -65,9 +66,14 @@ def save_capture(data: Mapping[str, Any], path: str) -> None:
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     tmp = f"{path}.tmp{os.getpid()}"
     opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(tmp, "wt", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)        # a failed write leaves nothing behind, not even half a file
+        raise
 
 
 def _argv_key(argv: Sequence[str]) -> tuple[str, ...]:
