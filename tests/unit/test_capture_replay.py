@@ -205,3 +205,20 @@ def test_a_capture_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None
     rc, _, err = _cli("--host", "sim:t4x2", "capture", "-o", str(tmp_path / "dir.json"))
     assert rc == 2 and "a file that can be written" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json"]
+
+
+_KEYS = ['"rc": 0', '"f"', '"l"', '"version": 1', '"entries"', '"argv"', '"stdout": "', '"ok": true', '"call"',
+         '"host"', '"args"', '"result"', '"errno": null', '"programs"', '"nvml"']
+_VALUES = ["5", "null", "[]", "{}", "true", '"x"', '"stdout": 5, "y": "', "-1", '"\\u0000"']
+
+
+def test_an_edited_capture_is_refused_or_replayed_never_a_traceback(tmp_path: Path) -> None:
+    """Every key of a real capture given every kind of JSON value: the CLI answers, or refuses in one line."""
+    text = json.dumps(capture(_frozen("t4x2")))
+    path = tmp_path / "edited.json"
+    for key in _KEYS:
+        for value in _VALUES:
+            path.write_text(text.replace(key, value, 1))
+            for verb in (["inventory"], ["scheduler", "show"], ["metrics"]):
+                rc, _, err = _cli("--host", f"capture:{path}", "--json", *verb)
+                assert "Traceback" not in err and (rc == 0 or len(err.strip().splitlines()) == 1), (key, value, err)

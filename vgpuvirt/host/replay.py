@@ -50,15 +50,48 @@ def load_capture(path: str) -> dict[str, Any]:
     if data.get("version") != CAPTURE_VERSION:
         raise InvalidSpec("capture file", path, f"capture version {CAPTURE_VERSION} (this one has "
                                                 f"{data.get('version')!r}: written by another vgpuvirt)")
-    entries = data.get("entries")
-    if not isinstance(entries, dict) or not all(
-            isinstance(p, str) and p.startswith("/") and isinstance(e, list) and len(e) == 3 and e[0] in _KINDS
-            for p, e in entries.items()):
-        raise InvalidSpec("capture file", path, "\"entries\": {host path: [kind, text or target, errno]}")
-    for key in ("programs", "nvml"):
-        if not isinstance(data.get(key, []), list):
-            raise InvalidSpec("capture file", path, f"\"{key}\" as a list")
+    problem = _problem(data)
+    if problem:
+        raise InvalidSpec("capture file", path, f"a vgpuvirt capture: {problem}")
     return data
+
+
+def _opt(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return value is None or (isinstance(value, kind) and not isinstance(value, bool) if kind is int
+                             else isinstance(value, kind))
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)
+
+
+def _problem(data: Mapping[str, Any]) -> str | None:
+    """What makes ``data`` no capture (every value a replay hands on is checked here, once), or None."""
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        return '"entries" is not an object'
+    for p, e in entries.items():
+        if not (isinstance(p, str) and p.startswith("/") and isinstance(e, list) and len(e) == 3 and e[0] in _KINDS
+                and (_opt(e[1], str) if e[0] in ("f", "l") else e[1] is None) and _opt(e[2], int)):
+            return f"entry {str(p)[:80]!r} is not [kind, text or target, errno]"
+    programs, nvml = data.get("programs", []), data.get("nvml", [])
+    if not isinstance(programs, list) or not isinstance(nvml, list):
+        return '"programs" and "nvml" must be lists'
+    for r in programs:
+        if not (isinstance(r, dict) and _strings(r.get("argv")) and r["argv"] and _opt(r.get("rc"), int)
+                and isinstance(r.get("stdout", ""), str) and isinstance(r.get("stderr", ""), str)
+                and _opt(r.get("errno"), int) and _opt(r.get("error"), str)):
+            return "a program record is not {argv, rc, stdout, stderr, errno}"
+    for c in nvml:
+        res = c.get("result") if isinstance(c, dict) else None
+        if not (isinstance(c, dict) and isinstance(c.get("call"), str) and _strings(c.get("args"))
+                and isinstance(res, dict) and isinstance(res.get("ok"), bool) and _opt(res.get("rc"), int)
+                and _opt(res.get("stdout"), str) and _opt(res.get("errno"), int) and _opt(res.get("error"), str)):
+            return "an NVML record is not {call, args, result: {ok, rc, stdout, errno, error}}"
+    for key in ("host", "sysfs_root"):
+        if not _opt(data.get(key), str):
+            return f'"{key}" is not text'
+    return None
 
 
 def save_capture(data: Mapping[str, Any], path: str) -> None:
@@ -195,12 +228,28 @@ class ReplayFs:
         call, args = str(op.get("value")), _argv_key(op.get("argv") or ())
         got = self._nvml.get((call, args))
         if got is not None:
-            return dict(got)
+            return _readable(dict(got))
         everything = self._nvml.get((call, ("all",)))
         if everything is None or len(args) != 1:
             return {"ok": False, "errno": None, "rc": 9, "error": f"NVML {call} {' '.join(args)} was not recorded "
                                                                   "in this capture"}
-        return _one_from_all(everything, args[0])
+        try:
+            return _one_from_all(everything, args[0])
+        except (ValueError, TypeError, AttributeError, InvalidSpec):
+            return _UNREADABLE
+
+
+#: the answer to an NVML call whose record cannot be what the agent answered (a capture edited by hand)
+_UNREADABLE = {"ok": False, "errno": None, "rc": 999, "error": "the capture's NVML answer is unreadable"}
+
+
+def _readable(answer: dict[str, Any]) -> dict[str, Any]:
+    if answer.get("ok"):
+        try:
+            json.loads(answer.get("stdout") or "null")
+        except ValueError:
+            return dict(_UNREADABLE)
+    return answer
 
 
 def _one_from_all(everything: Mapping[str, Any], bus_id: str) -> dict[str, Any]:
