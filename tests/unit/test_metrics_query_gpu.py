@@ -119,3 +119,41 @@ def test_an_inventory_with_kept_facts_reads_query_gpu_and_answers_alike(profile:
     kept = h.run(list(QX)).ok
     assert [QX in b for b in h.batches] == [True, True, not kept]
     assert second == first == plain
+
+
+LGI, LGIP = ("nvidia-smi", "mig", "-lgi"), ("nvidia-smi", "mig", "-lgip")
+
+
+def test_with_mig_off_everywhere_the_mig_listings_are_left_out_too() -> None:
+    h = _host("t4x2")                        # no MIG on a T4: -lgi has nothing to say
+    c = Collector(clock=lambda: 1000.0)
+    first = c.collect(h)
+    second = c.collect(h)
+    assert [(QX in b, LGI in b) for b in h.batches] == [(True, True), (False, False)]
+    assert _same(second) == _same(first)
+
+
+def test_mig_switched_on_between_two_reads_reads_the_listings_again() -> None:
+    h = _host("a30-mig")
+    for argv in (["nvidia-smi", "mig", "-dgi"], ["nvidia-smi", "-i", "0", "-mig", "0"]):
+        assert h.run(argv).ok
+    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.nvidia_static import StaticFacts
+
+    c, static = Collector(clock=lambda: 1000.0), StaticFacts()
+    c.collect(h)
+    inventory(h, static=static)
+    c.collect(h)
+    inventory(h, static=static)
+    assert [(QX in b, LGI in b) for b in h.batches] == [(True, True), (True, True), (False, False), (False, False)]
+    for argv in (["nvidia-smi", "-i", "0", "-mig", "1"], ["nvidia-smi", "mig", "-cgi", "1g.6gb", "-C"]):
+        assert h.run(argv).ok
+    h.batches.clear()
+    m = c.collect(h)
+    inv = inventory(h, static=static).to_dict()
+    # the MIG mode in --query-gpu differs from the kept -q -x: one more round trip reads -q -x and the listings
+    assert m.round_trips == 2 and [(QX in b, LGI in b) for b in h.batches] == [(False, False), (True, True)] * 2
+    assert LGIP in h.batches[3]
+    assert _same(m) == _same(Collector().collect(h)) and m.gpus[0].mode == "mig"
+    assert inv == inventory(h).to_dict()
+    assert [g["profile"] for g in inv["gpus"][0]["nvidia"]["gpu_instances"]] == ["1g.6gb"]

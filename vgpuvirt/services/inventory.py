@@ -138,15 +138,25 @@ def _with_static(host: Host, static: StaticFacts, domains: Iterable[tuple[str, s
     """:func:`inventory` with ``--query-gpu`` in the round trip, and ``-q -x`` only when ``static`` says so."""
     now = time.time()
     fresh = static.fresh(host.name, now)
-    argvs = [QUERY_GPU_ARGV, *(a for a in INVENTORY_ARGVS if not (fresh and a == NVIDIA_SMI_ARGV))]
+    left_out: set[tuple[str, ...]] = {NVIDIA_SMI_ARGV} if fresh else set()
+    mig = {NVIDIA_SMI_LGI_ARGV, NVIDIA_SMI_LGIP_ARGV}
+    if fresh and static.mig_off(host.name):
+        left_out |= mig
+    argvs = [QUERY_GPU_ARGV, *(a for a in INVENTORY_ARGVS if a not in left_out)]
     batch = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in argvs], lock=False,
                        on_error="continue", reads_after=INVENTORY_GLOBS)
-    query, *rest = batch.results
-    smi = None if fresh else rest.pop(0)
-    lgi, lgip, dmesg = rest
+    got = dict(zip(argvs, batch.results, strict=True))
     _no_sysfs_tree(host, batch.after)
-    smi, readings = static.resolve(host.name, query, smi, now, lambda: host.apply(
-        [Op.exec(NVIDIA_SMI_ARGV, timeout=60.0, read_only=True)], lock=False, on_error="continue")[0])
+
+    def read_again() -> OpResult:
+        # -q -x no longer describes the GPUs: read it, with the MIG listings left out (MIG may be on now)
+        again = [NVIDIA_SMI_ARGV, *(a for a in INVENTORY_ARGVS if a in left_out and a != NVIDIA_SMI_ARGV)]
+        b = host.apply([Op.exec(a, timeout=60.0, read_only=True) for a in again], lock=False, on_error="continue")
+        got.update(zip(again, b.results, strict=True))
+        return got[NVIDIA_SMI_ARGV]
+
+    smi, readings = static.resolve(host.name, got[QUERY_GPU_ARGV], got.get(NVIDIA_SMI_ARGV), now, read_again)
+    lgi, lgip, dmesg = got.get(NVIDIA_SMI_LGI_ARGV), got.get(NVIDIA_SMI_LGIP_ARGV), got[DMESG_ARGV]
     health = health_inputs(smi if readings is None else None, dmesg)
     if readings is not None:
         health = replace(health, readings=readings)

@@ -121,14 +121,25 @@ class Collector:
         rt0 = host.round_trips
         nvml = self._nvml(host)
         fresh = self.static.fresh(host.name, started)
-        argvs = [a for a in METRICS_ARGVS if not (fresh and a == NVIDIA_SMI_ARGV)]
+        left_out: set[tuple[str, ...]] = {NVIDIA_SMI_ARGV} if fresh else set()
+        if fresh and self.static.mig_off(host.name):
+            left_out.add(NVIDIA_SMI_LGI_ARGV)     # no MIG anywhere: the GPU-instance table has nothing to say
+        argvs = [a for a in METRICS_ARGVS if a not in left_out]
         try:
             batch = host.apply(_ops(self.programs, argvs), lock=False, on_error="continue",
                                reads_after=METRICS_GLOBS)
-            query, *rest = batch.results
-            smi: OpResult | None = None if fresh else rest.pop(0)
-            lgi, vq, dmesg = rest
-            smi, readings = self.static.resolve(host.name, query, smi, started, lambda: self._read_xml(host))
+            got = dict(zip(argvs, batch.results, strict=True))
+
+            def read_again() -> OpResult:
+                # -q -x no longer describes the GPUs: read it, and what was left out with it (MIG may be on now)
+                again = [NVIDIA_SMI_ARGV, *(a for a in METRICS_ARGVS if a in left_out and a != NVIDIA_SMI_ARGV)]
+                b = host.apply(_ops(self.programs, again), lock=False, on_error="continue")
+                got.update(zip(again, b.results, strict=True))
+                return got[NVIDIA_SMI_ARGV]
+
+            smi, readings = self.static.resolve(host.name, got[QUERY_GPU_ARGV], got.get(NVIDIA_SMI_ARGV), started,
+                                                read_again)
+            lgi, vq, dmesg = got.get(NVIDIA_SMI_LGI_ARGV), got[VGPU_QUERY_ARGV], got[DMESG_ARGV]
         except (VgpuvirtError, OSError) as exc:
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
@@ -155,9 +166,6 @@ class Collector:
         return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
                                   sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
                                   round_trips=host.round_trips - rt0, nvml=nvml, readings=health.readings)
-
-    def _read_xml(self, host: Host) -> OpResult:
-        return host.apply(_ops(self.programs, [NVIDIA_SMI_ARGV]), lock=False, on_error="continue").results[0]
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
                      workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:

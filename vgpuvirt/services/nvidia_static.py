@@ -60,6 +60,14 @@ class StaticFacts:
             e = self._entries.get(host)
         return e is not None and 0 <= now - e.at < self.max_age_s
 
+    def mig_off(self, host: str) -> bool:
+        """Whether the kept ``-q -x`` shows no GPU with MIG enabled, current or pending: then the MIG listings
+        (``mig -lgi``, ``-lgip``: 33 ms each on an H100) have nothing to say, and a GPU switching MIG on changes
+        the fingerprint, which reads everything again."""
+        with self._lock:
+            e = self._entries.get(host)
+        return e is not None and not any("Enabled" in (cur, pending) for _, _, cur, pending in e.fingerprint[1])
+
     def keep(self, host: str, smi: OpResult, now: float) -> None:
         """Remember a ``-q -x`` answer (a failed one is not kept: the next collection reads it again)."""
         with self._lock:
