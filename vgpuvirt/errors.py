@@ -17,6 +17,7 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   ├── AuthenticationFailed          the SSH server refused every key offered (never retried)
     │   │   └── KeyFileRefused            a private key file unreadable or readable by group/others
     │   ├── RemoteRequirementMissing      e.g. no python3, no sudo or a sudo that wants a password
+    │   ├── ReadOnlyHost                  a change asked of a read-only host (a capture replay)
     │   └── LockTimeout                   the host-side lock could not be taken in time
     ├── DeviceError                       about one device on one host (carries .host, .device)
     │   ├── DeviceNotFound
@@ -112,6 +113,10 @@ class KeyFileRefused(AuthenticationFailed):
 
 class RemoteRequirementMissing(HostError):
     pass
+
+
+class ReadOnlyHost(HostError):
+    """A change (write, mutating program, lock, audit) asked of a host that can only be read: a capture's replay."""
 
 
 class LockTimeout(HostError):

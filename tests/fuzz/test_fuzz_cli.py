@@ -9,6 +9,7 @@ file appeared in the working directory.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,8 +176,17 @@ VERBS["scheduler set"] = cat(host, st.just(["scheduler", "set"]), st.lists(pci, 
                              kv("--timeslice-us", num), opt(st.sampled_from([["--adaptive"], ["--no-adaptive"]])),
                              flag("--persist"), flag("--dry-run"), json_flag)
 
-READ_ONLY = {"inventory", "types", "mdev list", "sriov show", "iommu check", "xml build", "xml lint", "xml devices",
-             "plan", "sim list", "sim show", "global", "scheduler show"}
+VERBS["capture"] = cat(host, st.just(["capture", "-o"]), st.sampled_from(["@N", "@N", "@M/c.json", "@N.gz"])
+                       .map(lambda v: [v]), flag("--redact"),
+                       kv("--program", one_of_or_junk(["nvidia-smi=/nonexistent/nvidia-smi", "dmesg=/bin/true"])),
+                       json_flag)
+# a replay of a (fuzzed) capture file: any reading verb, and a change it must refuse
+VERBS["capture replay"] = cat(st.just(["--host", "capture:@F"]), st.sampled_from(
+    [["inventory"], ["types"], ["mig", "show"], ["scheduler", "show"], ["metrics"], ["layout", "export"],
+     ["mdev", "create", "--parent", "0000:3b:00.0", "--type", "nvidia-231"]]), json_flag)
+
+READ_ONLY = {"capture replay", "inventory", "types", "mdev list", "sriov show", "iommu check", "xml build", "xml lint",
+             "xml devices", "plan", "sim list", "sim show", "global", "scheduler show"}
 
 # file contents: domain XML, JSON records, YAML profiles (a shipped one with one value replaced), junk
 PROFILE_TEXT = (Path(__file__).resolve().parents[2] / "vgpuvirt" / "sim" / "profiles" / "t4x2.yaml").read_text()
@@ -192,6 +202,24 @@ file_content = st.one_of(
     .map(lambda t: PROFILE_TEXT.replace(t[0], t[1].replace("\n", " ").replace('"', "'"), 1)
          .encode("utf-8", "surrogateescape")),
 )
+def _capture_text() -> str:
+    from vgpuvirt.services.capture import capture
+    from vgpuvirt.sim import SimHost
+    return json.dumps(capture(SimHost.from_profile("t4x2")))
+
+
+# a real capture (of t4x2), whole or with one value replaced: what `--host capture:FILE` must survive
+CAPTURE_TEXT = _capture_text()
+file_content = st.one_of(
+    file_content,
+    st.just(CAPTURE_TEXT.encode()),
+    st.tuples(st.sampled_from(['"rc": 0', '"f"', '"l"', "nvidia-231", '"version": 1', '"entries"', '"argv"',
+                               '"stdout": "', "0000:3b:00.0", '"ok": true', '"call"', '"host"', '[\\"all\\"]']),
+              st.one_of(junk_text(30),           # JSON-valid replacements too, so that the file still parses
+                        st.sampled_from(['5', 'null', '[]', '{}', 'true', '"x"', '"stdout": 5, "y": "', '-1']),
+                        junk_text(20).map(lambda j: json.dumps(j)[1:-1])))
+    .map(lambda t: CAPTURE_TEXT.replace(t[0], t[1], 1).encode("utf-8", "surrogateescape")),
+)
 pid_content = junk_text(20).filter(lambda s: not s.strip().lstrip("+-").isdigit())
 
 
@@ -204,7 +232,9 @@ def _materialize(argv: list[str], work: Path, content: bytes, pid_text: str, n: 
     p.write_text(pid_text, errors="surrogateescape")
     out = []
     for w in argv:
-        w = w.replace("sim:@F", f"sim:{f}")
+        w = w.replace("sim:@F", f"sim:{f}").replace("capture:@F", f"capture:{f}")
+        if w == "@N.gz":
+            w = f"new-{n}.json.gz"
         if w == "@F":
             w = str(f)
         elif w == "@N":

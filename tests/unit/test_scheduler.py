@@ -269,3 +269,27 @@ def test_registry_path_rerun_converges_with_adaptive():
     apply_schedulers(host, plan_schedulers(host, {GPU0: want}))
     again = plan_schedulers(host, {GPU0: want})
     assert [c.via for c in again.changes] == ["none"] and again.ops == ()
+
+
+@pytest.mark.parametrize("profile", ["desktop", "t4x2", "mixed"])
+def test_the_all_gpus_read_answers_each_gpu_as_its_own_call_does(profile: str) -> None:
+    """The agent builds NVML's ``all`` answer from one call per GPU NVML sees; the simulator must list the same
+    GPUs (a board without vGPU too, with its own NOT_SUPPORTED) so that both reads agree."""
+    import json
+
+    from vgpuvirt.host.base import Op
+    from vgpuvirt.model import PciAddress
+    from vgpuvirt.services.vgpu_scheduler import nvidia_gpus
+
+    h = SimHost.from_profile(profile)
+    gpus = nvidia_gpus(h)
+    (everything,) = h.apply([Op.nvml("vgpu_scheduler_get", ["all"], read_only=True)], lock=False).results
+    listed = {str(PciAddress.from_nvml(e["gpu"])): e for e in json.loads(everything.stdout)}
+    one_by_one = h.apply([Op.nvml("vgpu_scheduler_get", [PciAddress.parse(g).nvml_bus_id], read_only=True)
+                          for g in gpus], lock=False, on_error="continue").results
+    for g, r in zip(gpus, one_by_one, strict=True):
+        if r.rc == 6:          # NVML does not see it (bound to vfio-pci): not listed either
+            assert g not in listed
+            continue
+        assert g in listed, f"{g} answers {r.rc} {r.error} alone but is missing from the all-GPUs read"
+        assert (listed[g]["ok"], listed[g]["rc"], listed[g]["error"]) == (r.ok, r.rc if not r.ok else 0, r.error)

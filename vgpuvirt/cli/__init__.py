@@ -48,6 +48,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("exporter", "vgpuvirt.cli.exporter", "serve Prometheus metrics of one or several hosts"),
     ("top", "vgpuvirt.cli.top", "live view of GPUs, vGPUs and their VMs (q quits)"),
     ("scheduler", "vgpuvirt.cli.scheduler", "show or set the vGPU scheduler policy of NVIDIA GPUs"),
+    ("capture", "vgpuvirt.cli.capture", "record a host read-only into FILE; replay it with --host capture:FILE"),
     ("completion", "vgpuvirt.cli.completion", "print a shell completion script (bash or zsh)"),
 )
 

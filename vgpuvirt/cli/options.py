@@ -24,7 +24,8 @@ from vgpuvirt.errors import InvalidSpec
 GLOBALS: dict[str, tuple[tuple[str, ...], str, dict[str, Any]]] = {
     "hosts": (("--host",), "list", dict(
         action="append", metavar="HOST",
-        help="local (default), ssh://[user@]host[:port], sim:PROFILE or sim:PROFILE@NAME; repeat for several "
+        help="local (default), ssh://[user@]host[:port], sim:PROFILE, sim:PROFILE@NAME or capture:FILE (a "
+             "read-only replay); repeat for several "
              "hosts (provision, plan, teardown work on all of them; other verbs take one)")),
     "sysfs_root": (("--sysfs-root",), "value", dict(
         metavar="DIR", help="read/write sysfs below this directory (local and ssh hosts)")),

@@ -1,9 +1,12 @@
 """Collect a metrics snapshot: ONE round trip per host per collection, whatever the number of GPUs and vGPUs.
 
-One ``host.apply`` carries four read-only programs and the inventory's sysfs reads:
+One ``host.apply`` carries the read-only programs and the inventory's sysfs reads:
 
-* ``nvidia-smi -q -x``: per GPU utilisation, temperature, power, clocks, ECC, retired pages / remapped rows,
-  PCIe link (:mod:`.nvsmi_readings`), and what the inventory takes from it (mode, MIG);
+* ``nvidia-smi --query-gpu``: per GPU utilisation, temperature, power, clocks, ECC, retired pages / remapped
+  rows, PCIe link, identity and MIG mode (:mod:`.query_gpu`);
+* ``nvidia-smi -q -x``: what only it gives the inventory (virtualization, host vGPU and heterogeneous modes),
+  on a host's first collection and when :class:`~.nvidia_static.StaticFacts` says the kept one is stale (it
+  also gives the readings where ``--query-gpu`` fails);
 * ``nvidia-smi mig -lgi``: the GPU instances (MIG-backed capacity);
 * ``nvidia-smi vgpu -q``: every active vGPU with its VM, framebuffer, utilisation, encoder statistics and
   frame rate limit (:mod:`.vgpu_query`);
@@ -32,10 +35,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host, Op, OpResult
 from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
 from vgpuvirt.services.inventory_build import SysfsCache
 from vgpuvirt.services.inventory_health import health_inputs
@@ -43,15 +47,19 @@ from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
+from vgpuvirt.services.nvidia_static import StaticFacts
 from vgpuvirt.services.nvml import load_pynvml
 from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
+from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
 from vgpuvirt.services.sysfs import PCI
 from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
 
 __all__ = ["METRICS_ARGVS", "METRICS_GLOBS", "Collector", "collect", "collect_many"]
 
 #: The programs of one collection, in order (all read-only; ``mig -lgi`` exits 6 when there is no GI).
-METRICS_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV, DMESG_ARGV)
+#: ``--query-gpu`` gives the readings every time; ``-q -x`` runs only when :class:`StaticFacts` says so.
+METRICS_ARGVS: tuple[tuple[str, ...], ...] = (QUERY_GPU_ARGV, NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV,
+                                              DMESG_ARGV)
 
 #: PCI attributes the inventory reads that nothing in a snapshot depends on (NUMA, CPUs, reset, subsystem ids,
 #: driver_override, boot VGA): a collection leaves them out, 1,629 of the 11,164 files of the `large` profile.
@@ -64,10 +72,10 @@ METRICS_GLOBS: tuple[str, ...] = tuple(g for g in INVENTORY_GLOBS if g not in _N
 Domains = Iterable[tuple[str, str]]
 
 
-def _ops(programs: Mapping[str, str]) -> list[Op]:
+def _ops(programs: Mapping[str, str], argvs: Sequence[tuple[str, ...]] = METRICS_ARGVS) -> list[Op]:
     return [Op.exec((programs.get(argv[0], argv[0]), *argv[1:]), timeout=60.0, read_only=True,
                     ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
-            for argv in METRICS_ARGVS]
+            for argv in argvs]
 
 
 class Collector:
@@ -91,6 +99,8 @@ class Collector:
         # ``nvml_module`` injects a pynvml stand-in (tests).
         self.use_nvml = use_nvml
         self.nvml_module = nvml_module
+        # per host: the last `nvidia-smi -q -x` (the facts only it gives), re-read when stale (see StaticFacts)
+        self.static = StaticFacts()
 
     def _nvml(self, host: Host) -> NvmlMetrics | None:
         from vgpuvirt.host.local import LocalHost
@@ -110,15 +120,35 @@ class Collector:
         t0 = time.perf_counter()
         rt0 = host.round_trips
         nvml = self._nvml(host)
+        fresh = self.static.fresh(host.name, started)
+        left_out: set[tuple[str, ...]] = {NVIDIA_SMI_ARGV} if fresh else set()
+        if fresh and self.static.mig_off(host.name):
+            left_out.add(NVIDIA_SMI_LGI_ARGV)     # no MIG anywhere: the GPU-instance table has nothing to say
+        argvs = [a for a in METRICS_ARGVS if a not in left_out]
         try:
-            batch = host.apply(_ops(self.programs), lock=False, on_error="continue", reads_after=METRICS_GLOBS)
+            batch = host.apply(_ops(self.programs, argvs), lock=False, on_error="continue",
+                               reads_after=METRICS_GLOBS)
+            got = dict(zip(argvs, batch.results, strict=True))
+
+            def read_again() -> OpResult:
+                # -q -x no longer describes the GPUs: read it, and what was left out with it (MIG may be on now)
+                again = [NVIDIA_SMI_ARGV, *(a for a in METRICS_ARGVS if a in left_out and a != NVIDIA_SMI_ARGV)]
+                b = host.apply(_ops(self.programs, again), lock=False, on_error="continue")
+                got.update(zip(again, b.results, strict=True))
+                return got[NVIDIA_SMI_ARGV]
+
+            smi, readings = self.static.resolve(host.name, got[QUERY_GPU_ARGV], got.get(NVIDIA_SMI_ARGV), started,
+                                                read_again)
+            lgi, vq, dmesg = got.get(NVIDIA_SMI_LGI_ARGV), got[VGPU_QUERY_ARGV], got[DMESG_ARGV]
         except (VgpuvirtError, OSError) as exc:
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
                                error=f"{type(exc).__name__}: {exc}")
-        smi, lgi, vq, dmesg = batch.results
         doms = list(domains) if domains is not None else None
-        health = health_inputs(smi, dmesg)   # parsed once: the inventory's health and the metrics share it
+        # parsed once: the inventory's health and the metrics share it (--query-gpu's readings when it answered)
+        health = health_inputs(smi if readings is None else None, dmesg)
+        if readings is not None:
+            health = replace(health, readings=readings)
         with self._lock:
             cache = self._sysfs.setdefault(host.name, SysfsCache())
         inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,

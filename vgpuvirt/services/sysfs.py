@@ -17,6 +17,8 @@ IOMMU_GROUPS = "/sys/kernel/iommu_groups"
 IOMMU_CLASS = "/sys/class/iommu"
 NVIDIA_VERSION = "/sys/module/nvidia/version"
 PROC_CMDLINE = "/proc/cmdline"
+#: The NVIDIA driver's own procfs directory (version, loaded module parameters, registry, one folder per GPU).
+PROC_NVIDIA = "/proc/driver/nvidia"
 
 
 def pci(device: object, attr: str = "") -> str:

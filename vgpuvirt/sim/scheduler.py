@@ -144,9 +144,9 @@ class SimScheduler:
             return {"ok": False, "errno": None, "rc": FUNCTION_NOT_FOUND,
                     "error": "NVML has no nvmlDeviceGetVgpuSchedulerState (driver too old)"}
         if call == "vgpu_scheduler_get" and args[:1] == ["all"]:
-            # every GPU the nvidia driver has (NVML's device list), each answered as a call of its own
-            seen = sorted(a for a, d in self.model.devices.items()
-                          if d.driver == "nvidia" and d.physfn is None and d.gpu is not None)
+            # every GPU the nvidia driver has (NVML's device list), each answered as a call of its own: the same
+            # devices a per-GPU call finds (a board without vGPU is listed, with its own NOT_SUPPORTED)
+            seen = sorted(a for a, d in self.model.devices.items() if d.driver == "nvidia" and d.physfn is None)
             out_all = []
             for a in seen:
                 bus = PciAddress.parse(a).nvml_bus_id

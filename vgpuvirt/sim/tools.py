@@ -23,6 +23,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.devices import gpu_uuid
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
+from vgpuvirt.sim.nvsmi_query import query_gpu
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
 Outcome = tuple[int, str, str]
@@ -69,6 +70,14 @@ def _driver_major(model: SimModel) -> int:
 
 
 def _xml(model: SimModel) -> str:
+    body = ET.tostring(_xml_root(model), encoding="unicode")
+    # the DTD's name: v13 on R580 (real), v12 on the R535-R575 samples (tests/fixtures/nvidia-smi)
+    dtd = "nvsmi_device_v13.dtd" if _driver_major(model) >= 580 else "nvsmi_device_v12.dtd"
+    return f'<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "{dtd}">\n' + body + "\n"
+
+
+def _xml_root(model: SimModel) -> ET.Element:
+    """The ``nvidia-smi -q -x`` document of this moment (``--query-gpu`` reads its fields off it too)."""
     # Elements in the order a real R580 prints them (tests/fixtures/real/h100-580/raw/nvidia-smi-q.xml); the
     # simulator prints the ones vgpuvirt reads, a subset, and nothing a real driver does not print.
     gpus = nvidia_gpus(model)
@@ -134,10 +143,7 @@ def _xml(model: SimModel) -> str:
         for tag, mib in (("total", total), ("reserved", reserved), ("used", 0), ("free", total - reserved)):
             ET.SubElement(fb, tag).text = f"{mib} MiB"
         add_gpu_readings(model, d, e)
-    body = ET.tostring(root, encoding="unicode")
-    # the DTD's name: v13 on R580 (real), v12 on the R535-R575 samples (tests/fixtures/nvidia-smi)
-    dtd = "nvsmi_device_v13.dtd" if _driver_major(model) >= 580 else "nvsmi_device_v12.dtd"
-    return f'<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "{dtd}">\n' + body + "\n"
+    return root
 
 
 def _bus_key(text: str) -> tuple[int, int, int, int] | None:
@@ -182,6 +188,8 @@ def _nvidia_smi(model: SimModel, args: list[str]) -> Outcome:
     if args[:1] == ["vgpu"] and not any(d.gpu is not None and d.gpu.vgpu_host for d in gpus):
         # every `vgpu` query on a driver that is not the vGPU host driver (real H100/H200, R580: -q -s -c -ss)
         return 0, "No supported devices in vGPU mode\n", ""
+    if len(args) == 2 and args[0].startswith("--query-gpu=") and args[1].startswith("--format="):
+        return query_gpu(_xml_root(model), args[0].split("=", 1)[1].split(","), args[1].split("=", 1)[1])
     if args == ["vgpu", "-q"]:
         return 0, vgpu_query(model, gpus), ""
     if args == ["-L"]:
