@@ -39,12 +39,32 @@ def _proc_files(text: str) -> dict[str, str]:
     return out
 
 
+def _empty_dirs(listing: str) -> list[str]:
+    """The folders ``ls -la`` shows with nothing but ``.`` and ``..`` (/sys/kernel/iommu_groups on a guest)."""
+    found = []
+    lines = listing.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if not (line.startswith("/") and line.endswith(":") and lines[i + 1].startswith("total ")):
+            continue
+        names = []
+        for entry in lines[i + 2:]:
+            if not re.match(r"[-dlcbps][-rwxsStT]{9}", entry):     # the listing of this folder ends
+                break
+            names.append(entry.rsplit(" ", 1)[-1])
+        if names == [".", ".."]:
+            found.append(line[:-1])
+    return found
+
+
 def convert(src: Path) -> dict[str, object]:
     snap = json.loads((src / "vgpuvirt" / "snapshot.json").read_text())
     entries = {p: [KINDS[k], target if k == "link" else text, code] for p, (k, text, target, code)
                in snap["entries"].items()}
     for path, body in _proc_files((src / "raw" / "proc-driver-nvidia.txt").read_text()).items():
         entries[path] = ["f", body, None]
+    for path in _empty_dirs((src / "raw" / "sys-ls.txt").read_text()):
+        # the snapshot predates reading these folders themselves; the listing shows them present and empty
+        entries.setdefault(path, ["d", None, None])
     programs = [{"argv": _argv(r["op"]), "rc": r["rc"], "stdout": r["stdout"], "stderr": r["stderr"],
                  "errno": r["errno"], **({"error": r["error"]} if r["errno"] is not None else {})}
                 for r in snap["programs"]]

@@ -1,12 +1,11 @@
-"""The real H100 (driver 580, read-only transcript in ../shared/hostdata/real-h100-580), turned into a capture
+"""The real H100 (driver 580, read-only transcript in tests/fixtures/real/h100-580), turned into a capture
 file by scripts/hostdata_to_capture.py (kept in tests/fixtures/real/h100-580/capture/ with the outputs vgpuvirt
-printed on that machine): its replay answers as vgpuvirt answered there.
+printed on that machine, at commit 97383fc): its replay answers as vgpuvirt answered there, except where that
+vgpuvirt was wrong (issue #22's findings, fixed since) and where the sources differ.
 
 vgpuvirt ran there as ``--host local`` with pynvml installed, so its inventory and metrics took the GPU facts
-from NVML; a replay (like any remote host) takes them from nvidia-smi. Where the two sources disagree on that
-driver (issue #22 findings 1 and 4: NVML leaves out brand and architecture and counts reserved framebuffer as
-used; nvidia-smi's R560+ power element is not parsed yet) the replay must say what the recorded nvidia-smi
-output says; everything else must be equal."""
+from NVML; a replay (like any remote host) takes them from nvidia-smi. Each difference from the recorded output
+is named below with the value the host's own transcript gives; everything else must be equal."""
 
 from __future__ import annotations
 
@@ -38,9 +37,28 @@ def _recorded(name: str) -> Any:
     return json.loads((HERE / f"recorded-{name}.json").read_text())
 
 
-@pytest.mark.parametrize("verb", ["types", "mig show", "scheduler show"])
-def test_replay_prints_what_vgpuvirt_printed_on_the_h100(verb: str) -> None:
-    assert _cli_json(*verb.split()) == _recorded(verb.replace(" ", "-"))
+def test_types_replay_prints_what_vgpuvirt_printed_on_the_h100() -> None:
+    assert _cli_json("types") == _recorded("types")
+
+
+def test_mig_show_replays_with_the_boards_profiles_while_mig_is_off() -> None:
+    """Finding 2: the recorded output threw the 7 profiles ``mig -lgip`` lists with MIG off away."""
+    replay, recorded = _cli_json("mig", "show"), _recorded("mig-show")
+    (r_gpu,), (l_gpu,) = replay["gpus"], recorded["gpus"]
+    assert l_gpu.pop("profiles") == []
+    assert [(p["id"], p["name"], p["free"], p["total"]) for p in r_gpu.pop("profiles")] == [
+        (19, "1g.10gb", 7, 7), (20, "1g.10gb+me", 1, 1), (15, "1g.20gb", 4, 4), (14, "2g.20gb", 3, 3),
+        (9, "3g.40gb", 2, 2), (5, "4g.40gb", 1, 1), (0, "7g.80gb", 1, 1)]
+    assert replay == recorded
+
+
+def test_scheduler_show_replays_with_the_loaded_policy_from_proc() -> None:
+    """Finding 3: the loaded registry keys are in /proc/driver/nvidia/params (RegistryDwords empty: the
+    driver's default policy, best effort); the recorded output read a sysfs file a real driver does not have."""
+    (replay,), (recorded,) = _cli_json("scheduler", "show"), _recorded("scheduler-show")
+    assert recorded.pop("current") is None
+    assert replay.pop("current") == {"policy": "best-effort", "timeslice_us": None, "adaptive": None}
+    assert replay == recorded
 
 
 def test_layout_export_replays_exactly() -> None:
@@ -63,6 +81,13 @@ def test_inventory_replays_with_nvidia_smi_in_place_of_nvml() -> None:
     assert r_facts == l_facts        # name, UUID, 81559 MiB, Pass-Through, MIG Disabled/Disabled, ...
     assert r_gpu.pop("health") == {"healthy": True, "reasons": [], "warnings": []}   # from -q -x and dmesg
     l_gpu.pop("health")
+    # finding 6: a guest is named as one, and an IOMMU folder that is there but empty is called empty
+    assert l_gpu.pop("notes") == []
+    (note,) = r_gpu.pop("notes")
+    assert note.startswith("this OS is a VM guest") and "not a vGPU host driver" in note
+    (r_iommu, r_guest), (l_iommu,) = replay.pop("warnings"), recorded.pop("warnings")
+    assert "/sys/kernel/iommu_groups is empty" in r_iommu and "empty" not in l_iommu
+    assert r_guest.startswith("this OS is a VM guest (nvidia-smi: Virtualization Mode Pass-Through)")
     assert replay.pop("sources") == {"sysfs": "ok", "nvidia_smi": "ok", "nvml": "not used", "kernel_log": "ok"}
     recorded.pop("sources")
     assert replay == recorded
@@ -72,10 +97,12 @@ def test_metrics_replay_with_the_readings_of_the_capture_moment() -> None:
     replay, recorded = _cli_json("metrics"), _recorded("metrics")
     (r_host,), (l_host,) = replay.pop("hosts"), recorded.pop("hosts")
     (r_gpu,), (l_gpu,) = r_host.pop("gpus"), l_host.pop("gpus")
-    # a separate collection a moment later, through NVML: its own temperature, NVML's reserved-inclusive FB used
-    # (480 MiB) and NVML's power (nvidia-smi's R560+ instant/average power are finding 1, not parsed yet)
-    assert (r_gpu.pop("temperature_c"), r_gpu.pop("fb_used_mib"), r_gpu.pop("power_w")) == (41.0, 0, None)
-    for k in ("temperature_c", "fb_used_mib", "power_w"):
+    # a separate collection a moment later, through NVML: its own temperature and power; FB used has one meaning
+    # now (finding 4: 0 used, the 480 MiB reserved apart, where NVML v1 counted them as used) and R580's
+    # average_power_draw is read (finding 1: the recorded nvidia-smi path had no power at all)
+    assert (r_gpu.pop("temperature_c"), r_gpu.pop("power_w")) == (41.0, 71.41)
+    assert (r_gpu.pop("fb_used_mib"), r_gpu.pop("fb_reserved_mib"), l_gpu.pop("fb_used_mib")) == (0, 480, 480)
+    for k in ("temperature_c", "power_w"):
         l_gpu.pop(k)
     assert r_gpu == l_gpu
     assert r_host.pop("sources").pop("nvml") == "not used" and l_host.pop("sources").pop("nvml") == "ok"
@@ -83,6 +110,9 @@ def test_metrics_replay_with_the_readings_of_the_capture_moment() -> None:
         d.pop("collected_at")
     r_host.pop("duration_s")
     l_host.pop("duration_s")
+    (r_iommu, r_guest), (l_iommu,) = r_host.pop("warnings"), l_host.pop("warnings")
+    assert "/sys/kernel/iommu_groups is empty" in r_iommu and "empty" not in l_iommu
+    assert r_guest.startswith("this OS is a VM guest")
     assert (replay, r_host) == (recorded, l_host)
 
 
@@ -113,5 +143,5 @@ def test_the_fixture_is_what_the_converter_makes_of_the_transcript() -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    source = repo.parent / "shared" / "hostdata" / "real-h100-580"
+    source = repo / "tests" / "fixtures" / "real" / "h100-580"     # the transcript, copied in whole
     assert mod.convert(source) == json.loads(CAPTURE.read_text())

@@ -985,10 +985,11 @@ def _part(encoded: "Optional[Any]", name: str) -> "Optional[Any]":
 # The host decides what is recorded: which ops change something (by what they do, not by the request's
 # word), where the log is (its own configuration), and each batch's id. A request cannot steer any of it.
 
-#: programs an exec may run without being a mutation: name -> argument lists (a "BUSID" word is a PCI bus id)
+#: programs an exec may run without being a mutation: name -> argument lists (a "BUSID" word is a PCI bus id,
+#: "QUERY" a ``--query-gpu=`` field list, "FORMAT" a ``--format=csv...`` word)
 READ_ONLY_PROGRAMS = {
     "nvidia-smi": (("-q", "-x"), ("mig", "-lgi"), ("mig", "-lgip"), ("mig", "-lgipp"), ("mig", "-lci"),
-                   ("vgpu", "-q"), ("mig", "-i", "BUSID", "-lgi")),
+                   ("vgpu", "-q"), ("mig", "-i", "BUSID", "-lgi"), ("QUERY", "FORMAT")),
     "dmesg": ((),),
 }  # type: Dict[str, Any]
 #: NVML calls that read
@@ -996,6 +997,21 @@ READ_ONLY_NVML = ("vgpu_scheduler_get",)
 #: ops that only look (their results say what they saw)
 LOOKING_OPS = ("check_int", "check_absent", "wait")
 _BUS_ID_CHARS = set("0123456789abcdefABCDEF:.")
+_QUERY_FIELD_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789._,")
+_CSV_OPTIONS = ("csv", "noheader", "nounits")
+
+
+def _word_fits(word, shape):
+    # type: (str, str) -> bool
+    if shape == "BUSID":
+        return bool(word) and set(word) <= _BUS_ID_CHARS
+    if shape == "QUERY":     # --query-gpu only reads (fields: lower-case names, dots, commas)
+        fields = word[len("--query-gpu="):]
+        return word.startswith("--query-gpu=") and bool(fields) and set(fields) <= _QUERY_FIELD_CHARS
+    if shape == "FORMAT":
+        opts = word[len("--format="):].split(",")
+        return word.startswith("--format=") and opts[0] == "csv" and all(o in _CSV_OPTIONS for o in opts)
+    return word == shape
 
 
 def _trusted_program(path: str) -> bool:
@@ -1020,9 +1036,8 @@ def _reads_only(argv: "Any") -> bool:
         return False
     for shape in READ_ONLY_PROGRAMS[name]:
         args = argv[1:]
-        if len(args) == len(shape) and all(  # (no zip(strict=): the agent runs on Python 3.6 too)
-                args[i] == w or (w == "BUSID" and args[i] and set(args[i]) <= _BUS_ID_CHARS)
-                for i, w in enumerate(shape)):
+        # (no zip(strict=): the agent runs on Python 3.6 too)
+        if len(args) == len(shape) and all(_word_fits(args[i], w) for i, w in enumerate(shape)):
             return True
     return False
 

@@ -84,6 +84,7 @@ def parse_query_gpu(text: str | None) -> QueryGpuReport:
         readings[address] = GpuReadings(
             address=address, name=v["name"], uuid=v["uuid"],
             fb_total_mib=integer(v["memory.total"]), fb_used_mib=integer(v["memory.used"]),
+            fb_reserved_mib=integer(v["memory.reserved"]),
             sm_util_pct=number(v["utilization.gpu"]), memory_util_pct=number(v["utilization.memory"]),
             encoder_util_pct=number(v["utilization.encoder"]), decoder_util_pct=number(v["utilization.decoder"]),
             temperature_c=number(v["temperature.gpu"]), power_w=number(v["power.draw"]),

@@ -44,12 +44,36 @@ _FIELDS: dict[str, tuple[str, str]] = {
 }
 _SPELLED = {"N/A": "[N/A]", "Not Supported": "[Not Supported]"}
 
+#: ``power.draw`` is the 1 s average where the document has one (R560+ print ``average_power_draw`` and no
+#: ``power_draw``; a real H100 on R580 answers power.draw with the average), the older element otherwise.
+_POWER_DRAW = ("gpu_power_readings/average_power_draw", "gpu_power_readings/instant_power_draw",
+               "gpu_power_readings/power_draw")
+#: R555+ documents split ECC counts by memory (sram/dram); ``--query-gpu``'s ``.total`` is their sum (a real
+#: H100 on R580: every part 0, total 0).
+_ECC_PARTS = {"corrected": ("sram_correctable", "dram_correctable"),
+              "uncorrected": ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_uncorrectable",
+                              "dram_uncorrectable")}
+
+
+def _ecc_total(gpu: ET.Element, name: str) -> str | None:
+    _ecc, _errors, kind, side, _total = name.split(".")
+    el = gpu.find(f"ecc_errors/{side}")
+    if el is None or el.find("single_bit") is not None:
+        return None                                   # the pre-R555 path in _FIELDS answers
+    parts = [(el.findtext(tag) or "").strip() for tag in _ECC_PARTS[kind]]
+    numbers = [int(p) for p in parts if p.isdigit()]
+    return str(sum(numbers)) if numbers else "N/A"
+
 
 def _value(root: ET.Element, gpu: ET.Element, index: int, name: str, units: bool) -> str:
     if name == "index":
         return str(index)
     path, unit = _FIELDS[name]
     text = gpu.get("id") if path == "@id" else root.findtext(path[1:]) if path[0] == "^" else gpu.findtext(path)
+    if name == "power.draw":
+        text = next((v for v in (gpu.findtext(p) for p in _POWER_DRAW) if v and v.strip() != "N/A"), text)
+    elif name.startswith("ecc.errors.") and name.endswith(".total"):
+        text = _ecc_total(gpu, name) or text
     t = (text or "N/A").strip()
     if t in _SPELLED or not t:
         return _SPELLED.get(t, "[N/A]")
