@@ -15,8 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from vgpuvirt.cli import main as cli_main
 from vgpuvirt.host.replay import ReplayHost, save_capture
 from vgpuvirt.services.capture_redact import redact
