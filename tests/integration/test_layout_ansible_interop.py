@@ -21,7 +21,7 @@ from vgpuvirt.host.local import LocalHost
 from vgpuvirt.layout import verbs
 from vgpuvirt.layout.interop import import_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 T4 = EXAMPLES.parent / "layouts" / "nvidia" / "vgpu-dm-t4.yaml"
 
 
