@@ -530,6 +530,7 @@ LOOP_PLAYBOOK = """
         state: defined
         gpus: [{min_framebuffer_mib: 2048, series: Q}]
         memory_mib: 512
+        domain_options: "{{ vdi_domain_options }}"
         uri: "{{ vgpu_uri }}"
         sysfs_root: "{{ vgpu_sysfs_root }}"
         host_name: "{{ vgpu_host_name }}"

@@ -257,3 +257,16 @@ def test_each_member_gets_its_own_disk(conn: Any) -> None:
     xml = {d.name: d.xml for d in conn.domains() if d.name.startswith("vdi-")}
     for n in pool.shares["hv1"]:
         assert f"/srv/vdi/{n}.qcow2" in xml[n]
+
+
+def test_a_domain_runs_the_same_pre_flight_and_takes_a_linked_clone(conn: Any) -> None:
+    """vgpu_domain too: a missing network or storage pool is refused before anything is made."""
+    h1 = sim("t4x2", "hv1")
+    run = Runner("vgpu_domain", h1, conn)
+    base = {"name": "desk", "uri": "test:///default", "state": "defined", "gpus": [{"type": "nvidia-231"}],
+            "memory_mib": 512, "host_name": "hv1"}
+    res = run(**base, domain_options={"virtio_nics": [{"kind": "network", "source": "no-such-net"}]})
+    assert res["failed"] is True and res["error"] == "PreflightFailed" and "no-such-net" in res["msg"], res
+    res = run(**base, clone={"golden": "/var/lib/libvirt/images/golden.qcow2", "pool": "no-such-pool"})
+    assert res["failed"] is True and "no-such-pool" in res["msg"], res
+    assert not mdevs(h1) and not conn.exists("desk")

@@ -15,6 +15,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
     from vgpuvirt.ansible_support import run_module as _run_module
+    from vgpuvirt.provision.disks import ClonedDisk
 except ImportError:
     HAS_VGPUVIRT = False
     VGPUVIRT_IMPORT_ERROR = traceback.format_exc()
@@ -40,6 +41,25 @@ GPU_REQUEST_SPEC = dict(
     with_audio=dict(type="bool", default=True),
     **NEED_SPEC,
 )
+
+
+#: A linked clone of a golden image as a VM's disk (vgpu_domain's and vgpu_pool's ``clone``).
+CLONE_SPEC = dict(
+    golden=dict(type="str", required=True),
+    pool=dict(type="str", required=True),
+    name=dict(type="str", default="{name}.qcow2"),
+    capacity_gib=dict(type="int"),
+)
+
+
+def disk_request(params):
+    """The VM's disk as vgpuvirt's VmRequest takes it: the ``disk`` path (``{name}`` is the VM's name), a
+    ``clone`` of a golden image, or None."""
+    c = params.get("clone")
+    if c:
+        return ClonedDisk(c["pool"], c["golden"], name=c.get("name") or "{name}.qcow2",
+                          capacity_gib=c.get("capacity_gib"))
+    return params.get("disk")
 
 
 def gpu_requests(gpus):

@@ -6,22 +6,16 @@ request from it, so what the controller places is what the host applies."""
 from __future__ import annotations
 
 from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    CLONE_SPEC,
     GPU_REQUEST_SPEC,
     HAS_VGPUVIRT,
+    disk_request,
     gpu_requests,
 )
 
 if HAS_VGPUVIRT:  # else the module fails in Ansible's words, the action plugin names the controller
     from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.provision import VgpuRequest, VmRequest
-    from vgpuvirt.provision.disks import ClonedDisk
-
-CLONE_SPEC = dict(
-    golden=dict(type="str", required=True),
-    pool=dict(type="str", required=True),
-    name=dict(type="str", default="{name}.qcow2"),
-    capacity_gib=dict(type="int"),
-)
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -43,19 +37,10 @@ ARGUMENT_SPEC = dict(
 MODULE_KWARGS = dict(supports_check_mode=True, mutually_exclusive=[("disk", "clone")])
 
 
-def member_disk(p):
-    """The members' disk: a path (``{name}`` is the member's name), a linked clone, or none."""
-    c = p.get("clone")
-    if c:
-        return ClonedDisk(c["pool"], c["golden"], **({"name": c["name"]} if c.get("name") else {}),
-                          capacity_gib=c.get("capacity_gib"))
-    return p.get("disk")
-
-
 def member_request(p, name):
     """One member's VmRequest from the task's validated options."""
     gpus = tuple(VgpuRequest(**g) for g in gpu_requests(p["gpus"]))
     if not gpus:
         raise InvalidSpec("gpus", p["gpus"], f"at least one GPU for the members of pool {p['name']!r}")
     return VmRequest(name=name, gpus=gpus, template=p["template"], memory_mib=p["memory_mib"], vcpus=p["vcpus"],
-                     disk=member_disk(p), start=p["state"] == "running", options=dict(p["domain_options"] or {}))
+                     disk=disk_request(p), start=p["state"] == "running", options=dict(p["domain_options"] or {}))

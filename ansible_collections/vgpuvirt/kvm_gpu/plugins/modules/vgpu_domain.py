@@ -19,6 +19,9 @@ description:
     that name not made by vgpuvirt is refused and left alone.
   - V(absent) destroys and undefines the domain and removes the vGPUs vgpuvirt created for it (disks are kept
     unless O(remove_storage=true)).
+  - Before anything changes, the same pre-flight as C(vgpuvirt provision) runs - the libvirt networks the
+    template names, storage pools and golden images, firmware, hugepages, CPUs - and reports every problem at
+    once.
   - Check mode computes the plan and reports it (C(plan), C(changed), the diff) without touching the host or
     libvirt.
 version_added: "0.1.0"
@@ -60,8 +63,33 @@ options:
     description: Pin the vCPUs to these host CPUs (a cpulist such as C(2-5)).
     type: str
   disk:
-    description: Path of the VM's disk image on the target (kept on O(state=absent) unless O(remove_storage)).
+    description:
+      - Path of the VM's disk image on the target (kept on O(state=absent) unless O(remove_storage)). A path
+        inside an active storage pool's directory must be a volume of that pool (the pre-flight checks).
+      - Mutually exclusive with O(clone).
     type: path
+  clone:
+    description:
+      - Give the VM a qcow2 linked clone of a golden image, created as a volume of a libvirt storage pool (the
+        pre-flight checks the pool is active and the golden image is a volume libvirt knows). Mutually
+        exclusive with O(disk).
+    type: dict
+    suboptions:
+      golden:
+        description: The golden image's path on the target (a volume of a storage pool).
+        type: str
+        required: true
+      pool:
+        description: The libvirt storage pool the clone is created in.
+        type: str
+        required: true
+      name:
+        description: The clone's volume name, C({name}) standing for the VM's name.
+        type: str
+        default: "{name}.qcow2"
+      capacity_gib:
+        description: The guest disk's size in GiB (default - the golden image's).
+        type: int
   domain_options:
     description:
       - Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), C(tpm), C(hugepages),
@@ -186,8 +214,10 @@ diff:
 """
 
 from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    CLONE_SPEC,
     GPU_REQUEST_SPEC,
     HAS_VGPUVIRT,
+    disk_request,
     gpu_requests,
     new_module,
     run_module,
@@ -212,6 +242,7 @@ ARGUMENT_SPEC = dict(
     vcpus=dict(type="int", default=2),
     host_cpus=dict(type="str"),
     disk=dict(type="path"),
+    clone=dict(type="dict", options=CLONE_SPEC),
     domain_options=dict(type="dict"),
     policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
     remove_storage=dict(type="bool", default=False),
@@ -219,7 +250,7 @@ ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),
     host_name=dict(type="str"),
 )
-MODULE_KWARGS = dict(supports_check_mode=True)
+MODULE_KWARGS = dict(supports_check_mode=True, mutually_exclusive=[("disk", "clone")])
 
 
 def own_domains(conn, host_name):
@@ -256,7 +287,7 @@ def vm_request(p, start):
     if not gpus:
         raise InvalidSpec("gpus", p["gpus"], f"at least one GPU to create domain {p['name']!r}")
     return VmRequest(name=p["name"], gpus=tuple(gpus), template=p["template"], memory_mib=p["memory_mib"],
-                     vcpus=p["vcpus"], host_cpus=p["host_cpus"], disk=p["disk"], start=start,
+                     vcpus=p["vcpus"], host_cpus=p["host_cpus"], disk=disk_request(p), start=start,
                      options=dict(p["domain_options"] or {}))
 
 
@@ -269,7 +300,8 @@ def present(module, host, conn, found):
     else:
         req = vm_request(p, start=p["state"] == "running")
     inv = inventory(host, domains=pairs, use_nvml=False)
-    pl = plan([inv], [req], domains={host.name: pairs}, policy=p["policy"])
+    # the CLI's pre-flight: networks, storage pools and golden images, firmware, hugepages, CPUs
+    pl = plan([inv], [req], domains={host.name: pairs}, policy=p["policy"], libvirt={host.name: conn.facts()})
     steps = [s.describe() for s in pl.steps]
     if pl.steps and not module.check_mode:
         apply(pl, host, conn)
