@@ -509,3 +509,29 @@ def test_domain_options_unknown_or_of_a_wrong_type_fail_cleanly(conn: Any, optio
     assert res["failed"] is True and fragment in res["msg"] and res.get("error") == "InvalidSpec", res
     assert "TypeError" not in res["msg"]
     assert not conn.exists("opts") and mdevs(host) == {}
+
+
+# ------------------------------------------------------------------------------------------ vgpu_layout
+
+
+@pytest.mark.parametrize("profile,layout", [
+    ("t4x2", {"version": "v1", "configs": {"day": [{"devices": ["Tesla T4"], "mode": "vgpu",
+                                                   "vgpu-devices": {"T4-2Q": 8}}]}}),
+    ("t4x2", {"version": "v1", "configs": {"day": [{"devices": [0], "mode": "vgpu", "vgpu-devices": {"T4-4Q": 2}},
+                                                  {"devices": [1], "mode": "passthrough"}]}}),
+])
+def test_layout_check_mode_diff_after_is_the_layout_the_apply_makes(profile: str, layout: dict[str, Any]) -> None:
+    """Issue 28 item 10: check mode's diff "after" was a comment ("# planned: ..."), not a layout; now it is the
+    layout the host exports once applied (explicit counts here; a "fill" stays "fill"), in the form of "before"."""
+    from vgpuvirt.layout import parse_layout
+
+    host = sim(profile)
+    run = Runner("vgpu_layout", host)
+    dry = run(check=True, layout=layout, config="day")
+    assert dry["changed"] is True and not mdevs(host), dry
+    predicted = dry["diff"]["after"]
+    assert parse_layout(predicted, "after").config("day").entries   # a layout, not a comment
+    real = run(layout=layout, config="day")
+    assert real["changed"] is True, real
+    assert predicted == real["diff"]["after"]
+    assert dry["diff"]["before"] == real["diff"]["before"] != predicted

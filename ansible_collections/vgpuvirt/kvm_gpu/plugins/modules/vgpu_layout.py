@@ -128,7 +128,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.layout import dump_layout, verbs
     from vgpuvirt.layout.drain import apply_with_drain
     from vgpuvirt.layout.interop import read_any as parse_layout  # mig-parted / vGPU DM files work as they are
-    from vgpuvirt.layout.model import Layout
+    from vgpuvirt.layout.model import GpuEntry, Layout, Selector
 
 ARGUMENT_SPEC = dict(
     layout=dict(type="raw"),
@@ -172,6 +172,17 @@ def governed(host, layout: Layout, name):
     return dump_layout(Layout.single(cfg.name, entries, exported.source))
 
 
+def predicted(host, layout, name):
+    """The governed GPUs as the config declares them, one entry per GPU by its address (the form of the diff's
+    before, which the host exports by address): check mode's after. It is what the host exports once applied,
+    except where the config says ``fill`` (the host then reports the count that fitted)."""
+    cfg = layout.config(name)
+    dummy, gpus = verbs.read_gpus(host)
+    wanted = cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])
+    entries = [GpuEntry((Selector("address", str(a)),), e.layout) for a, e in sorted(wanted.items())]
+    return dump_layout(Layout.single(cfg.name, entries, layout.source))
+
+
 def run(module, host):
     p = module.params
     layout = the_layout(p)
@@ -186,7 +197,7 @@ def run(module, host):
     if module.check_mode or not differences:
         plan = verbs.plan(host, cfg)
         steps = [s.text for s in plan.phase(1) + plan.phase(2)] + [f"then: {x}" for x in plan.pending]
-        after = before if not differences else "# planned:\n" + "".join(f"#   {d.format()}\n" for d in plan.diffs)
+        after = predicted(host, layout, p["config"]) if differences else before
         return dict(changed=bool(differences), differences=differences, steps=steps,
                     diff=dict(before=before, after=after))
     conns = None
