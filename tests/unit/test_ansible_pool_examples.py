@@ -6,7 +6,8 @@ suboption filled with None).
 Check mode on two local hosts (a T4 box and an L40S vGPU 17+ box, materialized simulator trees; libvirt's test
 driver), so nothing needs root: the action plugin validates and places, the module validates again and plans.
 Only the connection options come from module_defaults; an example that names a host's own resources (the golden
-image and storage pool of a linked clone) must get as far as the pre-flight, which names what is missing.
+image and storage pool of a linked clone) must get as far as the plan, which names the missing pool. One
+ansible-playbook run serves every example (check mode changes nothing: they cannot disturb one another).
 """
 
 from __future__ import annotations
@@ -38,48 +39,57 @@ def ansible_playbook() -> str:
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """One ansible-playbook run for all the examples (check mode changes nothing, so they cannot disturb one
+    another): each example's registered result per host, in EXAMPLES order."""
     from vgpuvirt.sim.materialize import materialize
 
-    out = {}
+    tmp = tmp_path_factory.mktemp("pool-examples")
+    hosts = {}
     for name, profile in (("hv-t4", "t4x2"), ("hv-l40s", "l40s-vgpu17")):
-        root = tmp_path_factory.mktemp(name)
-        materialize(profile, str(root))
-        out[name] = root
-    return out
-
-
-def run_example(tmp: Path, hosts: dict[str, Path], task: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        hosts[name] = tmp / name
+        materialize(profile, str(hosts[name]))
     py = tmp / "py"
     py.mkdir()
     (py / "vgpuvirt").symlink_to(REPO / "vgpuvirt", target_is_directory=True)   # vgpuvirt, not the collection
     inv = {"all": {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                                  "vgpu_sysfs_root": str(root)} for h, root in hosts.items()}}}
     (tmp / "inventory.json").write_text(json.dumps(inv))
+    tasks: list[dict[str, Any]] = [
+        {"vgpuvirt.kvm_gpu.vgpu_info": {"survey": True, "host_name": "{{ inventory_hostname }}"}}]
+    tasks += [{**t, "check_mode": True, "ignore_errors": True, "register": f"example{i}"}
+              for i, t in enumerate(EXAMPLES)]
+    # the last task's result is what the tree callback keeps: every example's, gathered
+    tasks.append({"ansible.builtin.set_fact": {"examples": "{{ [" + ", ".join(
+        f"example{i}" for i in range(len(EXAMPLES))) + "] }}"}})
     play = [{"hosts": "all", "gather_facts": False,
              "module_defaults": {"group/vgpuvirt.kvm_gpu.all": {"sysfs_root": "{{ vgpu_sysfs_root }}",
                                                                 "uri": "test:///default"}},
-             "tasks": [{"vgpuvirt.kvm_gpu.vgpu_info": {"survey": True, "host_name": "{{ inventory_hostname }}"}},
-                       {**task, "check_mode": True}]}]
+             "tasks": tasks}]
     (tmp / "play.yml").write_text(yaml.safe_dump(play))
     env = dict(os.environ, PYTHONPATH=str(py), ANSIBLE_COLLECTIONS_PATH=str(REPO), ANSIBLE_HOME=str(tmp / "home"),
                ANSIBLE_LOCAL_TEMP=str(tmp / "tmp"), ANSIBLE_NOCOLOR="1",
-               # the tree callback writes each host's last result (the example's) as JSON
                ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tmp / "tree"))
-    return subprocess.run([ansible_playbook(), "-i", str(tmp / "inventory.json"), str(tmp / "play.yml")],
+    proc = subprocess.run([ansible_playbook(), "-i", str(tmp / "inventory.json"), str(tmp / "play.yml")],
                           capture_output=True, text=True, env=env, cwd=tmp, check=False)
+    out = {}
+    for h in hosts:
+        tree = tmp / "tree" / h
+        assert tree.is_file(), proc.stdout[-3000:] + proc.stderr[-2000:]
+        out[h] = json.loads(tree.read_text())["ansible_facts"]["examples"]
+        assert len(out[h]) == len(EXAMPLES), proc.stdout[-3000:]
+    return out
 
 
-@pytest.mark.parametrize("task", EXAMPLES, ids=[t["name"][:40] for t in EXAMPLES])
-def test_documented_example_runs_through_the_action_plugin(tmp_path: Path, hosts: dict[str, Path],
-                                                          task: dict[str, Any]) -> None:
-    proc = run_example(tmp_path, hosts, task)
-    results = {h: json.loads((tmp_path / "tree" / h).read_text()) for h in hosts}
-    assert set(results) == set(hosts), proc.stdout[-3000:]
+@pytest.mark.parametrize("index", range(len(EXAMPLES)), ids=[t["name"][:40] for t in EXAMPLES])
+def test_documented_example_runs_through_the_action_plugin(results: dict[str, list[dict[str, Any]]],
+                                                          index: int) -> None:
+    task = EXAMPLES[index]
     args = task["vgpuvirt.kvm_gpu.vgpu_pool"]
     allowed = next((v for k, v in NEEDS_HOST_RESOURCES.items() if k in args), None)
-    for host, res in results.items():
-        failed = res.get("failed") or "error" in res   # the tree callback's record of a failure has no "failed"
+    mine = {h: r[index] for h, r in results.items()}
+    for host, res in mine.items():
+        failed = res.get("failed")
         if allowed and failed:
             assert re.search(allowed, f"{res.get('error')} {res['msg']}"), (host, res)
             continue
@@ -88,7 +98,7 @@ def test_documented_example_runs_through_the_action_plugin(tmp_path: Path, hosts
         if args.get("state", "defined") != "absent":
             assert res["fleet"]["count"] == args["count"], res
     if args.get("state", "defined") != "absent" and not allowed:
-        placed = [n for res in results.values() for n in res["members"]]
+        placed = [n for res in mine.values() for n in res["members"]]
         assert sorted(placed) == [f"{args['name']}-{i:02d}" for i in range(1, args["count"] + 1)]
 
 
