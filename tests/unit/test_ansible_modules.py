@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -535,3 +536,14 @@ def test_layout_check_mode_diff_after_is_the_layout_the_apply_makes(profile: str
     assert real["changed"] is True, real
     assert predicted == real["diff"]["after"]
     assert dry["diff"]["before"] == real["diff"]["before"] != predicted
+
+
+def test_playbooks_and_docs_call_the_modules_by_their_fqcn() -> None:
+    """A short name (vgpu_pool:) resolves only where a library/ directory holds the module, which is gone."""
+    short = re.compile(r"^\s*(?:-\s+)?(" + "|".join(MODULES) + r"):", re.M)
+    files = [*sorted((REPO / "examples" / "ansible").glob("*.yml")), REPO / "README.md",
+             *sorted((REPO / "docs").glob("*.md")), COLLECTION / "README.md"]
+    assert len(files) > 10
+    bad = [f"{f.relative_to(REPO)}: {m[1]}" for f in files for m in short.finditer(f.read_text())]
+    assert not bad, bad
+    assert all(f"{FQCN}." in f.read_text() for f in (REPO / "examples" / "ansible").glob("*.yml"))
