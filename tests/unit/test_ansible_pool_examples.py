@@ -105,3 +105,36 @@ def test_documented_example_runs_through_the_action_plugin(results: dict[str, li
 def test_every_documented_example_is_covered() -> None:
     assert len(EXAMPLES) >= 4
     assert any("series" not in g for t in EXAMPLES for g in t["vgpuvirt.kvm_gpu.vgpu_pool"].get("gpus", []))
+
+
+def test_a_limited_play_holds_back_what_it_cannot_see(tmp_path: Path) -> None:
+    """Hosts a --limit leaves out are not in the play at all: their members must not be taken for missing."""
+    from vgpuvirt.sim.materialize import materialize
+
+    root = tmp_path / "hv-t4"
+    materialize("t4x2", str(root))
+    py = tmp_path / "py"
+    py.mkdir()
+    (py / "vgpuvirt").symlink_to(REPO / "vgpuvirt", target_is_directory=True)
+    inv = {"all": {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                 "vgpu_sysfs_root": str(root)} for h in ("hv-t4", "hv-other")}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inv))
+    play = [{"hosts": "all", "gather_facts": False,
+             "module_defaults": {"group/vgpuvirt.kvm_gpu.all": {"sysfs_root": "{{ vgpu_sysfs_root }}",
+                                                                "uri": "test:///default"}},
+             "tasks": [{"vgpuvirt.kvm_gpu.vgpu_info": {"survey": True, "host_name": "{{ inventory_hostname }}"}},
+                       {"vgpuvirt.kvm_gpu.vgpu_pool": {"name": "vdi", "count": 2, "gpus": [{"type": "nvidia-231"}]},
+                        "check_mode": True}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = dict(os.environ, PYTHONPATH=str(py), ANSIBLE_COLLECTIONS_PATH=str(REPO),
+               ANSIBLE_HOME=str(tmp_path / "home"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tmp_path / "tree"))
+    proc = subprocess.run([ansible_playbook(), "-i", str(tmp_path / "inventory.json"), "--limit", "hv-t4",
+                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    res = json.loads((tmp_path / "tree" / "hv-t4").read_text())
+    assert res["changed"] is False and res["members"] == {}, res
+    assert res["fleet"]["held"] == ["vdi-01", "vdi-02"] and "--limit hv-t4" in res["fleet"]["unreachable"][0]
+    said = " ".join(proc.stderr.split()) + " ".join(proc.stdout.split())
+    assert "the hosts outside --limit hv-t4: what they hold is unknown" in said and "did not answer" not in said

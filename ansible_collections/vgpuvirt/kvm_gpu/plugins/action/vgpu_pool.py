@@ -9,7 +9,8 @@ the host in one run: one SSH session per host, whatever the count.
 
 A host of the play that has left it (unreachable, or its survey failed) is unknown, not empty: the members
 missing from the other hosts may be on it, so they are held back, not created elsewhere (vgpuvirt's
-``place_pool(unreachable=...)``), and the task says so in a warning and in ``fleet``.
+``place_pool(unreachable=...)``), and the task says so in a warning and in ``fleet``. So are the hosts a
+``--limit`` leaves out of the play.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.pool import (
 
 SURVEY_FACT = "vgpuvirt_survey"
 MODULE = "vgpuvirt.kvm_gpu.vgpu_pool"
+LIMITED = "the hosts outside --limit "
 
 
 class ActionModule(ActionBase):
@@ -54,9 +56,12 @@ class ActionModule(ActionBase):
         if fleet is not None:
             result["fleet"] = fleet
             if fleet["unreachable"]:
+                silent = [h for h in fleet["unreachable"] if not h.startswith(LIMITED)]
+                why = ([f"host(s) {', '.join(silent)} did not answer"] if silent else []) + [
+                    h for h in fleet["unreachable"] if h.startswith(LIMITED)]
                 result.setdefault("warnings", []).append(
-                    f"vgpu_pool {params['name']}: host(s) {', '.join(fleet['unreachable'])} did not answer: what "
-                    f"they hold is unknown, so no member was re-created elsewhere"
+                    f"vgpu_pool {params['name']}: {'; '.join(why)}: what they hold is unknown, so no member was "
+                    f"re-created elsewhere"
                     + (f" ({', '.join(fleet['held'])} held back until they answer)" if fleet["held"] else ""))
         return result
 
@@ -71,6 +76,9 @@ class ActionModule(ActionBase):
         hosts = list(task_vars.get("ansible_play_hosts") or [me])
         # hosts the play started with that have left it (unreachable, or a failed survey): unknown, not empty
         gone = [h for h in task_vars.get("ansible_play_hosts_all") or hosts if h not in hosts]
+        if task_vars.get("ansible_limit"):
+            # --limit leaves the pool's other hosts out of the play altogether: as unknown as a silent one
+            gone.append(f"{LIMITED}{task_vars['ansible_limit']}")
         hostvars = task_vars.get("hostvars", {})
         try:
             surveys = []

@@ -21,7 +21,8 @@ description:
     undone when a step fails.
   - A host of the play that cannot be reached (or whose survey failed) is unknown, not empty - members missing
     from the other hosts may be on it, so none is created elsewhere until it answers again (the task warns and
-    lists them in C(fleet.held)); when it is back, the next run finds its members where they are.
+    lists them in C(fleet.held)); when it is back, the next run finds its members where they are. A play run
+    with C(--limit) is treated the same way - the hosts it leaves out may hold members.
   - The controller needs the C(vgpuvirt) package too (the action plugin imports it to place the pool).
   - V(absent) needs no survey - each host removes the members it holds. Without O(host_name) the members are
     found by the host name their ownership records (vgpuvirt's domain metadata) carry; when the libvirt daemon
