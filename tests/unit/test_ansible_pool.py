@@ -270,3 +270,28 @@ def test_a_domain_runs_the_same_pre_flight_and_takes_a_linked_clone(conn: Any) -
     res = run(**base, clone={"golden": "/var/lib/libvirt/images/golden.qcow2", "pool": "no-such-pool"})
     assert res["failed"] is True and "no-such-pool" in res["msg"], res
     assert not mdevs(h1) and not conn.exists("desk")
+
+
+def test_the_pool_gives_each_member_a_linked_clone_of_the_golden_image(conn: Any) -> None:
+    """clone: a qcow2 overlay per member in the storage pool, backed by the golden image (the test driver's
+    pool holds a golden volume made for the test)."""
+    from vgpuvirt.xml.storage import Volume
+
+    golden = conn.create_volume("default-pool", Volume("golden-pooltest.qcow2", capacity_bytes=1 << 30))
+    try:
+        h1 = sim("t4x2", "hv1")
+        pool = place_pool(surveys([h1]), "vdi", 2, TEMPLATE)
+        clone = {"golden": golden, "pool": "default-pool"}
+        dry = _pool(h1, conn, check=True, count=2, placed=pool.shares["hv1"], clone=clone)
+        assert dry.get("failed") is not True, dry
+        volumes = [s for s in dry["plan"] if "linked clone of " + golden in s]
+        assert len(volumes) == 2 and all(n in " ".join(volumes) for n in pool.shares["hv1"]), dry["plan"]
+        res = _pool(h1, conn, count=2, placed=pool.shares["hv1"], clone=clone)
+        assert res.get("failed") is not True and res["changed"] is True, res
+        for n in pool.shares["hv1"]:
+            vol = conn.volume(f"/default-pool/{n}.qcow2")
+            assert vol.backing == golden
+        assert _pool(h1, conn, state="absent")["changed"] is True
+    finally:
+        for path in ("golden-pooltest.qcow2", "vdi-01.qcow2", "vdi-02.qcow2"):
+            conn.delete_volume("default-pool", path)
