@@ -1,5 +1,6 @@
-"""What the Ansible modules in examples/ansible/library share: opening the target and libvirt, and
-main()'s way of running a task and reporting its failure.
+"""What the modules of the Ansible collection vgpuvirt.kvm_gpu share on the library side: opening the target and
+libvirt, and main()'s way of running a task and reporting its failure (the collection's module_utils hold the
+Ansible side: the guarded import of vgpuvirt and the argument spec of a GPU request).
 
 It lives in the package because the modules need vgpuvirt on the target anyway (AnsiballZ ships
 only the module file). It never imports ansible: a module passes in its AnsibleModule and

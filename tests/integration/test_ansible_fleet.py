@@ -18,12 +18,15 @@ recorded for another host.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from conftest import require_part  # type: ignore[import-not-found]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "ansible"
+COLLECTION_SRC = REPO / "ansible_collections" / "vgpuvirt" / "kvm_gpu"
 # One profile per host: mdev (T4), vGPU 17+ VFs (L40S), and a mixed box.
 PROFILES = ("t4x2", "l40s-vgpu17", "mixed")
 VDI_COUNT = 6          # across the three hosts (spread: 2 each); the grown pool has 12
@@ -60,6 +64,41 @@ def require_fleet_parts() -> None:
 def _has_module(name: str) -> bool:
     import importlib.util
     return importlib.util.find_spec(name) is not None
+
+
+# ------------------------------------------------------------------------------------------ the collection
+
+
+@functools.cache
+def installed_collections() -> Path:
+    """The collection as users get it: ``ansible-galaxy collection build``, then ``install`` into a temporary
+    path, once per test process. The playbooks run from there (collections_path), never from the source tree,
+    so a file the build leaves out fails them."""
+    exe = ansible_bin("ansible-galaxy")
+    require_part("ansible-galaxy", exe is not None, "installed with ansible-core (the dev extra)")
+    assert exe is not None
+    top = Path(tempfile.mkdtemp(prefix="vgpuvirt-collection-"))
+    atexit.register(shutil.rmtree, top, True)
+    env = dict(os.environ, ANSIBLE_HOME=str(top / "home"), ANSIBLE_LOCAL_TEMP=str(top / "tmp"),
+               PYTHONPATH=str(vgpuvirt_path()))
+    subprocess.run([exe, "collection", "build", "--output-path", str(top / "dist"), str(COLLECTION_SRC)],
+                   check=True, capture_output=True, text=True, env=env)
+    (tarball,) = (top / "dist").glob("vgpuvirt-kvm_gpu-*.tar.gz")
+    subprocess.run([exe, "collection", "install", "--offline", "-p", str(top / "collections"), str(tarball)],
+                   check=True, capture_output=True, text=True, env=env)
+    assert (top / "collections" / "ansible_collections" / "vgpuvirt" / "kvm_gpu" / "MANIFEST.json").is_file()
+    return top / "collections"
+
+
+@functools.cache
+def vgpuvirt_path() -> Path:
+    """A PYTHONPATH entry that gives this checkout's vgpuvirt and nothing else. Not the repository root: Ansible
+    takes an ``ansible_collections`` directory on sys.path for installed collections, so the root would make
+    every run load the collection's source instead of the installed copy (and ``install`` skip it)."""
+    top = Path(tempfile.mkdtemp(prefix="vgpuvirt-pythonpath-"))
+    atexit.register(shutil.rmtree, top, True)
+    (top / "vgpuvirt").symlink_to(REPO / "vgpuvirt", target_is_directory=True)
+    return top
 
 
 # ------------------------------------------------------------------------------------------ ansible runs
@@ -112,7 +151,7 @@ class Ansible:
 home = {self.workdir}/home
 local_tmp = {self.workdir}/local_tmp
 remote_tmp = {self.workdir}/remote_tmp
-library = {EXAMPLES}/library
+collections_path = {installed_collections()}
 inventory = {self.inventory}
 forks = 10
 host_key_checking = True
@@ -130,8 +169,9 @@ pipelining = True
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(PYTHONPATH=str(REPO), ANSIBLE_CONFIG=str(self.cfg), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-                   ANSIBLE_HOME=str(self.workdir / "home"), ANSIBLE_LOCAL_TEMP=str(self.workdir / "local_tmp"))
+        env.update(PYTHONPATH=str(vgpuvirt_path()), ANSIBLE_CONFIG=str(self.cfg), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_FORCE_COLOR="0", ANSIBLE_HOME=str(self.workdir / "home"),
+                   ANSIBLE_LOCAL_TEMP=str(self.workdir / "local_tmp"))
         return env
 
     def playbook(self, playbook: Path, *args: str, extra: dict[str, Any] | None = None) -> PlaybookRun:
@@ -196,6 +236,9 @@ def write_inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any], kno
             "vdi_prefix": prefix + "vdi",
             "vdi_policy": "spread",
             "vdi_memory_mib": 512,
+            # the pool runs the CLI's pre-flight: the vdi template's libvirt network "default" does not exist on
+            # the testbed's libvirtd, so the desktops get a user-mode NIC
+            "vdi_domain_options": {"virtio_nics": [{"kind": "user"}]},
         },
     }}
     path.write_text(json.dumps({"all": {"children": inv}}, indent=1))
@@ -205,7 +248,7 @@ def repo_python(where: Path) -> Path:
     """A wrapper around this venv's Python that imports THIS checkout's vgpuvirt on the targets (a
     worktree is not what the venv has installed; sshd passes no PYTHONPATH along)."""
     exe = where / "python-repo"
-    exe.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} "$@"\n')
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH={vgpuvirt_path()} exec {sys.executable} "$@"\n')
     exe.chmod(0o755)
     return exe
 
@@ -260,6 +303,7 @@ class Fleet:
     workdir: Path
     known_hosts: str
     stop_host: Callable[[int], None] = lambda n: None   # scripts/testbed.sh host-down N
+    start_hosts: Callable[[int], Any] = lambda n: None  # scripts/testbed.sh hosts-up N
     bind: str = "127.0.0.1"                              # this test's source address
 
     def ansible(self, hosts: list[FleetHost], tag: str) -> Ansible:
@@ -273,7 +317,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     require_fleet_parts()
-    # three hosts that stay up, and a fourth whose sshd test_fleet_one_host_down_fails_alone stops
+    # three hosts that stay up, and a fourth whose sshd test_journey_a_pool_with_a_host_down_and_back stops
     extra = testbed.extra_hosts(len(PROFILES) + 1)   # scripts/testbed.sh hosts-up 4 (idempotent: restarts h4)
     env = dict(testbed.env, hosts=[{"ssh_host": h.ssh_host, "ssh_port": h.ssh_port, "mnt_dir": h.mnt_dir,
                                     "sshd_log": h.sshd_log} for h in extra])
@@ -289,7 +333,8 @@ def fleet(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
             hosts.append(FleetHost(f"fleet{tag}-h{i}", th["ssh_host"], int(th["ssh_port"]), profile, mp, pid_file,
                                    th["sshd_log"]))
         bind = f"127.0.3.{int(tag, 16) % 250 + 2}"
-        yield Fleet(hosts, env, f"fleet{tag}-", workdir, env["known_hosts"], testbed.stop_extra_host, bind)
+        yield Fleet(hosts, env, f"fleet{tag}-", workdir, env["known_hosts"], testbed.stop_extra_host,
+                    testbed.extra_hosts, bind)
     finally:
         if "env" in locals():
             undefine_all(env["libvirt_uri"], f"fleet{tag}-")
@@ -416,54 +461,83 @@ def test_fleet_pool_check_apply_converge_grow_teardown(fleet: Fleet) -> None:
     assert run.rc == 0 and all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
 
 
-def test_fleet_one_host_down_fails_alone(fleet: Fleet) -> None:
+def test_journey_a_pool_with_a_host_down_and_back(fleet: Fleet) -> None:
+    """The Ansible engineer's journey (issue 28): a pool across three hosts, one host goes down
+    (scripts/testbed.sh host-down), the playbook again in check mode with a diff and for real: the host that
+    does not answer is unknown, not empty, so none of its desktops is re-created on the others (before the fix:
+    all of them were, and stayed duplicated); the host comes back (hosts-up), the playbook converges with no
+    change, every desktop exists once, and every host holds exactly the vGPUs its desktops record."""
     up, down = fleet.hosts[:2], fleet.hosts[3]
-    ans = fleet.ansible([*up, down], "down")
+    hosts = [*up, down]
     uri = fleet.env["libvirt_uri"]
-    start = {h.name: host_snapshot(h) for h in [*up, down]}
+    count = 9
+    extra = {"vdi_count": count, "vdi_prefix": fleet.prefix + "jvdi"}
+    start = {h.name: host_snapshot(h) for h in hosts}
 
-    # the host answers first (so the failure below is the stop, not a broken setup) ...
-    run = ans.playbook(EXAMPLES / "vgpu_info.yml", extra={"target": down.name})
-    assert run.rc == 0 and run.recap[down.name].ok >= 1, run.explain()
+    # 1. the pool across the three hosts
+    run = fleet.ansible(hosts, "journey").playbook(EXAMPLES / "fleet_vdi.yml", extra=extra)
+    assert run.rc == 0, run.explain()
+    placed = pool_members(run)
+    assert placed[down.name] and sum(len(v) for v in placed.values()) == count, run.explain()
+    doms = fleet_domains(uri, fleet.prefix + "jvdi")
+    after_apply = {h.name: host_snapshot(h) for h in hosts}
 
-    # ... then its sshd stops (the testbed's own stop; the next hosts-up brings it back)
+    # 2. one host goes down (its sshd stops; the next hosts-up brings it back)
     fleet.stop_host(4)
-    # a fresh control_path_dir: the ControlPersist master of the run above would still reach the host
-    ans = fleet.ansible([*up, down], "down-after-stop")
+    try:
+        # a fresh control_path_dir each time: a ControlPersist master would still reach the stopped host
+        run = fleet.ansible(hosts, "journey-down-check").playbook(EXAMPLES / "fleet_vdi.yml", "--check", "--diff",
+                                                                  extra=extra)
+        assert run.recap[down.name].unreachable == 1, run.explain()
+        for h in up:
+            r = run.recap[h.name]
+            assert r.failed == 0 and r.changed == 0, run.explain()   # nothing re-created elsewhere
+        assert not re.search(r"^\+\s+\S+-jvdi-\d+: defined$", run.stdout, re.M), run.explain()
+        held = sorted(placed[down.name])
+        warned = " ".join((run.stdout + run.stderr).split())   # Ansible's warnings: stderr, folded
+        assert f"{down.name} did not answer" in warned and all(n in warned for n in held), run.explain()
+        run = fleet.ansible(hosts, "journey-down").playbook(EXAMPLES / "fleet_vdi.yml", extra=extra)
+        assert run.recap[down.name].unreachable == 1, run.explain()
+        assert all(run.recap[h.name].changed == 0 and run.recap[h.name].failed == 0 for h in up), run.explain()
+        assert pool_members(run) == {h.name: placed[h.name] for h in up}, run.explain()
+        assert fleet_domains(uri, fleet.prefix + "jvdi") == doms
+        assert all(host_snapshot(h) == after_apply[h.name] for h in hosts)
+    finally:
+        # 3. the host comes back
+        fleet.start_hosts(len(PROFILES) + 1)
 
-    run = ans.playbook(EXAMPLES / "fleet_vdi.yml")
-    assert run.rc != 0, run.explain()
-    assert run.recap[down.name].unreachable == 1 and run.recap[down.name].changed == 0, run.explain()
-    members = pool_members(run)
-    for h in up:
-        assert run.recap[h.name].failed == 0 and run.recap[h.name].unreachable == 0, run.explain()
-    # the hosts that answered hold the whole pool between them
-    assert sum(len(members.get(h.name, {})) for h in up) == VDI_COUNT, run.explain()
-    assert host_snapshot(down) == start[down.name], "the unreachable host was changed"
-    assert not any(d.get("host") == down.name for d in fleet_domains(uri, fleet.prefix).values())
+    run = fleet.ansible(hosts, "journey-back").playbook(EXAMPLES / "fleet_vdi.yml", extra=extra)
+    assert run.rc == 0, run.explain()
+    assert all(run.recap[h.name].changed == 0 for h in hosts), run.explain()
+    assert pool_members(run) == placed, run.explain()
+    assert fleet_domains(uri, fleet.prefix + "jvdi") == doms
+    for h in hosts:   # no orphan: each host holds exactly the vGPUs its desktops record
+        recorded = sorted(g.get("uuid") or g.get("vf") for n, m in doms.items() if n in placed[h.name]
+                          for g in m["gpus"])
+        assert vgpus_on(h) == recorded, h.name
 
-    run = ans.playbook(EXAMPLES / "fleet_teardown.yml")
-    assert run.recap[down.name].unreachable == 1, run.explain()
-    for h in up:
-        assert run.recap[h.name].failed == 0, run.explain()
-        assert host_snapshot(h) == start[h.name]
-    assert fleet_domains(uri, fleet.prefix) == {}
+    run = fleet.ansible(hosts, "journey-teardown").playbook(EXAMPLES / "fleet_teardown.yml",
+                                                            extra={"vdi_prefix": extra["vdi_prefix"]})
+    assert run.rc == 0, run.explain()
+    assert all(host_snapshot(h) == start[h.name] for h in hosts)
+    assert fleet_domains(uri, fleet.prefix + "jvdi") == {}
 
 
 LOOP_PLAYBOOK = """
 - hosts: hypervisors
   gather_facts: false
   tasks:
-    - vgpu_domain:
+    - vgpuvirt.kvm_gpu.vgpu_domain:
         name: "{{ vdi_prefix }}-loop-{{ item }}"
         state: defined
         gpus: [{min_framebuffer_mib: 2048, series: Q}]
         memory_mib: 512
+        domain_options: "{{ vdi_domain_options }}"
         uri: "{{ vgpu_uri }}"
         sysfs_root: "{{ vgpu_sysfs_root }}"
         host_name: "{{ vgpu_host_name }}"
       loop: "{{ range(1, n + 1) | list }}"
-    - vgpu_domain:
+    - vgpuvirt.kvm_gpu.vgpu_domain:
         name: "{{ vdi_prefix }}-loop-{{ item }}"
         state: absent
         uri: "{{ vgpu_uri }}"

@@ -18,6 +18,7 @@ from test_ansible_fleet import (  # type: ignore[import-not-found]
     FleetHost,
     host_snapshot,
     mount_sim,
+    repo_python,
     require_fleet_parts,
     unmount_sim,
 )
@@ -46,11 +47,8 @@ def test_vgpu_layout_example_playbook(tmp_path: Path) -> None:
 
 
 def _inventory(path: Path, hosts: list[FleetHost], env: dict[str, Any]) -> None:
-    import sys
     # the targets' python imports this checkout's vgpuvirt (the venv may hold another tree's)
-    interp = path.parent / "python"
-    interp.write_text(f"#!/bin/sh\nPYTHONPATH={EXAMPLES.parents[1]} exec {sys.executable} \"$@\"\n")
-    interp.chmod(0o755)
+    interp = repo_python(path.parent)
     inv = {"hypervisors": {
         "hosts": {h.name: {"ansible_host": h.ssh_host, "ansible_port": h.ssh_port, "vgpu_sysfs_root": h.sysfs_root,
                            "vgpu_host_name": h.name} for h in hosts},

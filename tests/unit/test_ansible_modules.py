@@ -1,9 +1,10 @@
 """The Ansible modules' logic, run in-process: main() with patched module args against a SimHost
 (and libvirt's test driver), plus their documentation checked against their argument specs.
 
-The modules are loaded from examples/ansible/library by path, as Ansible would ship them. The
-host a module opens is replaced by a simulated one (the module's ``open_host`` hook), so every
-call of one test sees the same simulated kernel state.
+The modules are loaded by path from the collection's source (ansible_collections/vgpuvirt/kvm_gpu), with
+its module_utils imported by their collection names, as AnsiballZ ships them. The host a module opens is
+replaced by a simulated one (the module's ``open_host`` hook), so every call of one test sees the same
+simulated kernel state.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,8 +34,14 @@ from vgpuvirt.provision.plan import mdev_uuid_for
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 
-LIBRARY = Path(__file__).resolve().parents[2] / "examples" / "ansible" / "library"
+REPO = Path(__file__).resolve().parents[2]
+COLLECTION = REPO / "ansible_collections" / "vgpuvirt" / "kvm_gpu"
+LIBRARY = COLLECTION / "plugins" / "modules"
+FQCN = "vgpuvirt.kvm_gpu"
 MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain", "vgpu_pool", "vgpu_layout")
+# the collection's own imports (ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils...) resolve from here
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def load(name: str) -> Any:
@@ -116,13 +125,20 @@ def drivers(host: SimHost) -> dict[str, str | None]:
 # ------------------------------------------------------------------------------------------ documentation
 
 
-def _doc(name: str) -> dict[str, Any]:
+def _doc(name: str, tmp: Path) -> dict[str, Any]:
     exe = shutil.which("ansible-doc", path=str(Path(sys.executable).parent)) or shutil.which("ansible-doc")
     require_part("ansible-doc", exe is not None, "installed with ansible-core (the dev extra)")
     assert exe is not None
-    out = subprocess.run([exe, "-M", str(LIBRARY), "--json", name], capture_output=True, text=True, check=True)
-    doc: dict[str, Any] = json.loads(out.stdout)[name]
+    out = subprocess.run([exe, "--json", f"{FQCN}.{name}"], capture_output=True, text=True, check=True,
+                         env=doc_env(tmp))
+    doc: dict[str, Any] = json.loads(out.stdout)[f"{FQCN}.{name}"]
     return doc
+
+
+def doc_env(tmp: Path) -> dict[str, str]:
+    """ansible-doc reading the collection from this checkout, writing nothing outside ``tmp``."""
+    return dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO), ANSIBLE_HOME=str(tmp / "home"),
+                ANSIBLE_LOCAL_TEMP=str(tmp / "tmp"))
 
 
 def _compare_options(documented: dict[str, Any], spec: dict[str, Any], where: str) -> None:
@@ -140,8 +156,8 @@ def _compare_options(documented: dict[str, Any], spec: dict[str, Any], where: st
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_ansible_doc_renders_and_matches_the_argument_spec(name: str) -> None:
-    doc = _doc(name)
+def test_ansible_doc_renders_and_matches_the_argument_spec(name: str, tmp_path: Path) -> None:
+    doc = _doc(name, tmp_path)
     assert doc["doc"]["module"] == name
     assert doc["doc"]["short_description"]
     assert doc["examples"].strip() and doc["return"]
@@ -154,10 +170,11 @@ def test_examples_use_only_documented_options(name: str) -> None:
     mod = load(name)
     tasks = yaml.safe_load(mod.EXAMPLES)
     assert tasks, "no examples"
-    used = [t for t in tasks if name in t]
-    assert used, f"no example task calls {name}"
+    assert not [t for t in tasks if name in t], "examples call modules by their FQCN"
+    used = [t for t in tasks if f"{FQCN}.{name}" in t]
+    assert used, f"no example task calls {FQCN}.{name}"
     for t in used:
-        args = t[name] or {}
+        args = t[f"{FQCN}.{name}"] or {}
         unknown = set(args) - set(mod.ARGUMENT_SPEC)
         assert not unknown, f"example {t.get('name')!r} uses undocumented options {unknown}"
         for k, spec in mod.ARGUMENT_SPEC.items():
@@ -165,11 +182,12 @@ def test_examples_use_only_documented_options(name: str) -> None:
                 assert k in args, f"example {t.get('name')!r} lacks required option {k}"
 
 
-def test_render_plain_text_for_humans() -> None:
+def test_render_plain_text_for_humans(tmp_path: Path) -> None:
     exe = shutil.which("ansible-doc", path=str(Path(sys.executable).parent)) or shutil.which("ansible-doc")
     require_part("ansible-doc", exe is not None, "installed with ansible-core (the dev extra)")
     assert exe is not None
-    out = subprocess.run([exe, "-M", str(LIBRARY), "vgpu_mdev"], capture_output=True, text=True, check=True)
+    out = subprocess.run([exe, f"{FQCN}.vgpu_mdev"], capture_output=True, text=True, check=True,
+                         env=doc_env(tmp_path))
     assert "persistent" in out.stdout and "EXAMPLES" in out.stdout and "RETURN VALUES" in out.stdout
 
 
@@ -178,7 +196,8 @@ def test_render_plain_text_for_humans() -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_missing_vgpuvirt_fails_with_missing_required_lib(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for mod in [m for m in sys.modules if m == "vgpuvirt" or m.startswith("vgpuvirt.")]:
+    # the guard lives in the collection's module_utils, imported once: forget it too, so it runs again
+    for mod in [m for m in sys.modules if m == "vgpuvirt" or m.startswith(("vgpuvirt.", "ansible_collections."))]:
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "vgpuvirt", None)  # import vgpuvirt -> ImportError
     mod = load(name)
@@ -491,3 +510,40 @@ def test_domain_options_unknown_or_of_a_wrong_type_fail_cleanly(conn: Any, optio
     assert res["failed"] is True and fragment in res["msg"] and res.get("error") == "InvalidSpec", res
     assert "TypeError" not in res["msg"]
     assert not conn.exists("opts") and mdevs(host) == {}
+
+
+# ------------------------------------------------------------------------------------------ vgpu_layout
+
+
+@pytest.mark.parametrize("profile,layout", [
+    ("t4x2", {"version": "v1", "configs": {"day": [{"devices": ["Tesla T4"], "mode": "vgpu",
+                                                   "vgpu-devices": {"T4-2Q": 8}}]}}),
+    ("t4x2", {"version": "v1", "configs": {"day": [{"devices": [0], "mode": "vgpu", "vgpu-devices": {"T4-4Q": 2}},
+                                                  {"devices": [1], "mode": "passthrough"}]}}),
+])
+def test_layout_check_mode_diff_after_is_the_layout_the_apply_makes(profile: str, layout: dict[str, Any]) -> None:
+    """Issue 28 item 10: check mode's diff "after" was a comment ("# planned: ..."), not a layout; now it is the
+    layout the host exports once applied (explicit counts here; a "fill" stays "fill"), in the form of "before"."""
+    from vgpuvirt.layout import parse_layout
+
+    host = sim(profile)
+    run = Runner("vgpu_layout", host)
+    dry = run(check=True, layout=layout, config="day")
+    assert dry["changed"] is True and not mdevs(host), dry
+    predicted = dry["diff"]["after"]
+    assert parse_layout(predicted, "after").config("day").entries   # a layout, not a comment
+    real = run(layout=layout, config="day")
+    assert real["changed"] is True, real
+    assert predicted == real["diff"]["after"]
+    assert dry["diff"]["before"] == real["diff"]["before"] != predicted
+
+
+def test_playbooks_and_docs_call_the_modules_by_their_fqcn() -> None:
+    """A short name (vgpu_pool:) resolves only where a library/ directory holds the module, which is gone."""
+    short = re.compile(r"^\s*(?:-\s+)?(" + "|".join(MODULES) + r"):", re.M)
+    files = [*sorted((REPO / "examples" / "ansible").glob("*.yml")), REPO / "README.md",
+             *sorted((REPO / "docs").glob("*.md")), COLLECTION / "README.md"]
+    assert len(files) > 10
+    bad = [f"{f.relative_to(REPO)}: {m[1]}" for f in files for m in short.finditer(f.read_text())]
+    assert not bad, bad
+    assert all(f"{FQCN}." in f.read_text() for f in (REPO / "examples" / "ansible").glob("*.yml"))

@@ -7,15 +7,15 @@ option of each module is in :data:`DECISIONS`, so a new option fails this test u
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-LIBRARY = Path(__file__).resolve().parents[2] / "examples" / "ansible" / "library"
+pytest.importorskip("ansible")
+from test_ansible_modules import load  # type: ignore[import-not-found]
+
 MODULES = ("vgpu_domain", "vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_pool")
 
 # option (suboptions as parent.child) -> no_log. Nothing these modules take is a secret: libvirt URIs carry no
@@ -29,6 +29,8 @@ DECISIONS: dict[str, bool] = {
     "addresses": False, "binding": False, "domain": False, "timeout": False,
     # issue 16: the fleet pool (vgpu_pool) and vgpu_info's survey for it
     "count": False, "placed": False, "survey": False,
+    # issue 28: the pool's disks (a path, or linked clones of a golden image)
+    "clone": False, **{f"clone.{k}": False for k in ("golden", "pool", "name", "capacity_gib")},
     **{f"{p}.{k}": False for p in ("gpus", "need") for k in (
         "type", "min_framebuffer_mib", "min_heads", "series", "min_resolution", "mig_backed", "vendor", "mode",
         "display", "with_audio")},
@@ -41,11 +43,7 @@ EXPLICIT = {"uri"}
 
 
 def _spec(module: str) -> dict[str, Any]:
-    spec = importlib.util.spec_from_file_location(f"_nolog_{module}", LIBRARY / f"{module}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    arg_spec: dict[str, Any] = mod.ARGUMENT_SPEC
+    arg_spec: dict[str, Any] = load(module).ARGUMENT_SPEC
     return arg_spec
 
 

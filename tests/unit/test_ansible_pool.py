@@ -166,3 +166,132 @@ def test_teardown_on_a_shared_libvirt_ignores_another_hosts_domain_on_the_same_v
     res = Runner("vgpu_domain", h1, conn)(name="a", state="absent", uri="test:///default", host_name="hv1")
     assert res.get("failed") is not True and res["changed"] is True, res
     assert not conn.exists("a") and conn.exists("b")
+
+
+# ------------------------------------------------------------------------------------------ issues 27 and 28
+
+
+def test_a_host_that_did_not_answer_is_unknown_not_empty() -> None:
+    """Issue 28 item 5: the members missing from the hosts that answered may be on the one that did not; none
+    is placed elsewhere (no duplicate when it returns), the members found stay, and the plan says so."""
+    hosts = fleet()
+    first = place_pool(surveys(hosts), "vdi", 6, TEMPLATE, policy="spread")
+    assert all(first.shares[h.name] for h in hosts)
+    # hv1 and hv2 hold their shares (as their next surveys would show); hv3 does not answer
+    held_by = {h: list(first.shares[h]) for h in ("hv1", "hv2")}
+    pairs = {h: [(n, _member_xml(n, h)) for n in names] for h, names in held_by.items()}
+    up = [s for s in surveys(hosts, pairs) if s.host != "hv3"]
+    pool = place_pool(up, "vdi", 8, TEMPLATE, policy="spread", unreachable=["hv3"])
+    assert pool.unreachable == ["hv3"]
+    assert pool.shares == held_by                      # kept where they are, nothing new anywhere
+    assert pool.held == sorted(set(members("vdi", 8)) - {n for v in held_by.values() for n in v})
+    assert pool.plan is not None and not pool.plan.steps
+    assert pool.to_dict()["held"] == pool.held and pool.to_dict()["unreachable"] == ["hv3"]
+    # every host answers again: hv3's members are found where they are, the rest is placed once
+    pairs["hv3"] = [(n, _member_xml(n, "hv3")) for n in first.shares["hv3"]]
+    back = place_pool(surveys(hosts, pairs), "vdi", 8, TEMPLATE, policy="spread")
+    assert not back.held and not back.unreachable
+    assert back.shares["hv3"][:len(first.shares["hv3"])] == first.shares["hv3"]
+    placed = [n for v in back.shares.values() for n in v]
+    assert sorted(placed) == members("vdi", 8) and len(placed) == len(set(placed))
+
+
+def _member_xml(name: str, host: str) -> str:
+    """A pool member as vgpuvirt defines it (its metadata names its host), with no GPU: placement keeps it."""
+    from vgpuvirt.provision.plan import domain_meta
+
+    xml = (f"<domain type='kvm'><name>{name}</name><metadata><vgpuvirt:provision xmlns:vgpuvirt="
+           f"'https://vgpuvirt.dev/xmlns/provision/1' host='{host}'/></metadata></domain>")
+    assert domain_meta(xml) is not None and domain_meta(xml).get("host") == host, "the metadata form changed"
+    return xml
+
+
+def test_absent_without_host_name_finds_the_members_by_their_ownership_records(conn: Any) -> None:
+    """Issue 27 item 5: the pool was made with host_name hv1; a teardown task without host_name (the module
+    then names the host by its hostname) removed nothing and said ok."""
+    h1 = sim("t4x2", "hv1")
+    pool = place_pool(surveys([h1]), "vdi", 2, TEMPLATE)
+    assert _pool(h1, conn, count=2, placed=pool.shares["hv1"])["changed"] is True
+    # without host_name the module names the target by its hostname (open_local_host): here "box-7", a view
+    # of the same simulated machine under that name
+    box = sim("t4x2", "box-7")
+    box.model, box.fs = h1.model, h1.fs
+    res = Runner("vgpu_pool", box, conn)(name="vdi", uri="test:///default", state="absent")
+    assert res.get("failed") is not True and res["changed"] is True, res
+    assert sorted(res["diff"]["before"]["members"]) == pool.shares["hv1"]
+    assert not mdevs(h1) and not [d for d in conn.domains() if d.name.startswith("vdi-")]
+
+
+def test_absent_without_host_name_refuses_when_members_of_several_hosts_share_the_libvirt(conn: Any) -> None:
+    h1, h2 = sim("t4x2", "hv1"), sim("t4x2", "hv2")
+    pool = place_pool(surveys([h1, h2]), "vdi", 2, TEMPLATE, policy="spread")
+    for h in (h1, h2):
+        assert _pool(h, conn, count=2, placed=pool.shares[h.name])["changed"] is True
+    res = Runner("vgpu_pool", h1, conn)(name="vdi", uri="test:///default", state="absent")
+    assert res["failed"] is True and res["error"] == "InvalidSpec", res
+    assert "hv1, hv2" in res["msg"] and "host_name" in res["msg"]
+    assert len([d for d in conn.domains() if d.name.startswith("vdi-")]) == 2 and len(mdevs(h1)) == 1
+
+
+def test_the_pool_runs_the_cli_pre_flight_before_defining_anything(conn: Any) -> None:
+    """Issue 28 item 6: 20 desktops were defined on a network and disks that did not exist."""
+    h1 = sim("t4x2", "hv1")
+    pool = place_pool(surveys([h1]), "vdi", 2, TEMPLATE)
+    nics = {"virtio_nics": [{"kind": "network", "source": "no-such-net"}]}
+    res = _pool(h1, conn, count=2, placed=pool.shares["hv1"], domain_options=nics)
+    assert res["failed"] is True and res["error"] == "PreflightFailed", res
+    assert "no-such-net" in res["msg"]
+    res = _pool(h1, conn, count=2, placed=pool.shares["hv1"],
+                clone={"golden": "/var/lib/libvirt/images/golden.qcow2", "pool": "no-such-pool"})
+    assert res["failed"] is True and res["error"] == "PreflightFailed" and "no-such-pool" in res["msg"], res
+    assert not mdevs(h1) and not [d for d in conn.domains() if d.name.startswith("vdi-")]
+    res = _pool(h1, conn, count=2, placed=pool.shares["hv1"], disk="/srv/a.qcow2", clone={"golden": "/g", "pool": "p"})
+    assert res["failed"] is True and "mutually exclusive" in res["msg"]
+
+
+def test_each_member_gets_its_own_disk(conn: Any) -> None:
+    h1 = sim("t4x2", "hv1")
+    pool = place_pool(surveys([h1]), "vdi", 2, TEMPLATE)
+    res = _pool(h1, conn, count=2, placed=pool.shares["hv1"], disk="/srv/vdi/{name}.qcow2")
+    assert res.get("failed") is not True and res["changed"] is True, res
+    xml = {d.name: d.xml for d in conn.domains() if d.name.startswith("vdi-")}
+    for n in pool.shares["hv1"]:
+        assert f"/srv/vdi/{n}.qcow2" in xml[n]
+
+
+def test_a_domain_runs_the_same_pre_flight_and_takes_a_linked_clone(conn: Any) -> None:
+    """vgpu_domain too: a missing network or storage pool is refused before anything is made."""
+    h1 = sim("t4x2", "hv1")
+    run = Runner("vgpu_domain", h1, conn)
+    base = {"name": "desk", "uri": "test:///default", "state": "defined", "gpus": [{"type": "nvidia-231"}],
+            "memory_mib": 512, "host_name": "hv1"}
+    res = run(**base, domain_options={"virtio_nics": [{"kind": "network", "source": "no-such-net"}]})
+    assert res["failed"] is True and res["error"] == "PreflightFailed" and "no-such-net" in res["msg"], res
+    res = run(**base, clone={"golden": "/var/lib/libvirt/images/golden.qcow2", "pool": "no-such-pool"})
+    assert res["failed"] is True and "no-such-pool" in res["msg"], res
+    assert not mdevs(h1) and not conn.exists("desk")
+
+
+def test_the_pool_gives_each_member_a_linked_clone_of_the_golden_image(conn: Any) -> None:
+    """clone: a qcow2 overlay per member in the storage pool, backed by the golden image (the test driver's
+    pool holds a golden volume made for the test)."""
+    from vgpuvirt.xml.storage import Volume
+
+    golden = conn.create_volume("default-pool", Volume("golden-pooltest.qcow2", capacity_bytes=1 << 30))
+    try:
+        h1 = sim("t4x2", "hv1")
+        pool = place_pool(surveys([h1]), "vdi", 2, TEMPLATE)
+        clone = {"golden": golden, "pool": "default-pool"}
+        dry = _pool(h1, conn, check=True, count=2, placed=pool.shares["hv1"], clone=clone)
+        assert dry.get("failed") is not True, dry
+        volumes = [s for s in dry["plan"] if "linked clone of " + golden in s]
+        assert len(volumes) == 2 and all(n in " ".join(volumes) for n in pool.shares["hv1"]), dry["plan"]
+        res = _pool(h1, conn, count=2, placed=pool.shares["hv1"], clone=clone)
+        assert res.get("failed") is not True and res["changed"] is True, res
+        for n in pool.shares["hv1"]:
+            vol = conn.volume(f"/default-pool/{n}.qcow2")
+            assert vol.backing == golden
+        assert _pool(h1, conn, state="absent")["changed"] is True
+    finally:
+        for path in ("golden-pooltest.qcow2", "vdi-01.qcow2", "vdi-02.qcow2"):
+            conn.delete_volume("default-pool", path)

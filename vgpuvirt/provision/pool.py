@@ -120,19 +120,27 @@ class PoolPlan:
     shares: dict[str, list[str]] = field(default_factory=dict)     # host -> member names it must hold
     surplus: dict[str, list[str]] = field(default_factory=dict)    # host -> members beyond ``count`` to remove
     plan: Plan | None = None
+    unreachable: list[str] = field(default_factory=list)           # hosts that could not be surveyed
+    held: list[str] = field(default_factory=list)                  # members not placed: maybe on those hosts
 
     def to_dict(self) -> dict[str, Any]:
         return {"pool": self.prefix, "count": self.count, "shares": self.shares, "surplus": self.surplus,
                 "per_host": {h: len(v) for h, v in self.shares.items()},
+                "unreachable": self.unreachable, "held": self.held,
                 "steps": [s.describe() for s in self.plan.steps] if self.plan else [],
                 "assignments": self.plan.to_dict()["assignments"] if self.plan else []}
 
 
 def place_pool(surveys: Sequence[Survey], prefix: str, count: int, template: VmRequest, *,
-               policy: Policy = "binpack") -> PoolPlan:
+               policy: Policy = "binpack", unreachable: Sequence[str] = ()) -> PoolPlan:
     """Place ``count`` members across the surveyed hosts. ``template`` is one member's request (its name is
     replaced). Members that exist are kept where they are; the missing ones are placed fleet-wide; members
-    beyond ``count`` are listed as surplus on the host that holds them. Pure: touches no host."""
+    beyond ``count`` are listed as surplus on the host that holds them. Pure: touches no host.
+
+    ``unreachable``: hosts of the pool that could not be surveyed. What they hold is unknown, not nothing:
+    a member missing from the surveyed hosts may be running there, so it is ``held`` (not placed anywhere)
+    until every host answers again; the members found stay where they are and the surplus found is removed.
+    Placing them elsewhere would leave two desktops of one name when the host comes back."""
     from dataclasses import replace
 
     from vgpuvirt.services.inventory_build import build_inventory
@@ -141,17 +149,24 @@ def place_pool(surveys: Sequence[Survey], prefix: str, count: int, template: VmR
     if not surveys:
         raise InvalidSpec("pool hosts", [], "at least one surveyed host")
     hosts = [s.host for s in surveys]
+    gone = sorted(set(unreachable) - set(hosts))
     dup = sorted({h for h in hosts if hosts.count(h) > 1})
     if dup:
         raise InvalidSpec("pool hosts", dup, "distinct host names (set host_name per host)")
     invs = {s.host: build_inventory(s.snapshot, host=s.host, domains=s.domains) for s in surveys}
     domains = {s.host: list(s.domains) for s in surveys}
-    out = PoolPlan(prefix, count, {h: [] for h in hosts}, {h: [] for h in hosts})
+    out = PoolPlan(prefix, count, {h: [] for h in hosts}, {h: [] for h in hosts}, unreachable=gone)
+    found: set[str] = set()
     for s in surveys:
         for name, _ in s.domains:
             i = member_index(prefix, name)
             if i is not None and i > count:
                 out.surplus[s.host].append(name)
+            elif i is not None:
+                found.add(name)
+    if gone:
+        out.held = [n for n in names if n not in found]
+        names = [n for n in names if n in found]
     reqs = [replace(template, name=n) for n in names]
     try:
         p = plan(invs, reqs, domains=domains, policy=policy)

@@ -21,7 +21,7 @@ description:
   - Check mode reports what would be bound or released, with a diff of the drivers; it changes nothing.
 version_added: "0.1.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt (on the target host)
@@ -78,18 +78,18 @@ attributes:
 notes:
   - A vGPU 17+ VF keeps its C(nvidia) driver (libvirt uses it with C(managed='no')); it is never rebound.
 seealso:
-  - module: vgpu_info
-  - module: vgpu_domain
+  - module: vgpuvirt.kvm_gpu.vgpu_info
+  - module: vgpuvirt.kvm_gpu.vgpu_domain
 """
 
 EXAMPLES = r"""
 - name: Can the GPU and its audio function go to one VM?
-  vgpu_passthrough:
+  vgpuvirt.kvm_gpu.vgpu_passthrough:
     addresses: ["0000:01:00.0", "0000:01:00.1"]
   register: check
 
 - name: Bind them to vfio-pci (the check runs first and fails with its report)
-  vgpu_passthrough:
+  vgpuvirt.kvm_gpu.vgpu_passthrough:
     addresses: ["0000:01:00.0", "0000:01:00.1"]
     state: prepared
     uri: qemu:///system
@@ -97,7 +97,7 @@ EXAMPLES = r"""
   register: prep
 
 - name: Later, give them back to exactly the drivers they had
-  vgpu_passthrough:
+  vgpuvirt.kvm_gpu.vgpu_passthrough:
     addresses: ["0000:01:00.0", "0000:01:00.1"]
     state: released
     binding: "{{ prep.binding }}"
@@ -151,23 +151,19 @@ diff:
   type: dict
 """
 
-import traceback
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    HAS_VGPUVIRT,
+    new_module,
+    run_module,
+)
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and domain_pairs stay names of this module: unit tests replace them
-    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import NotAssignable
     from vgpuvirt.model import PciAddress
     from vgpuvirt.services import iommu, sysfs
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
     addresses=dict(type="list", elements="str", required=True),
@@ -222,11 +218,9 @@ def run(module, host):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
+    module = new_module(ARGUMENT_SPEC, **MODULE_KWARGS)
     # A refused pre-flight returns its whole report with the failure.
-    run_module(module, missing_required_lib, open_host, run, carried=(NotAssignable,))
+    run_module(module, open_host, run, carried=(NotAssignable,))
 
 
 if __name__ == "__main__":

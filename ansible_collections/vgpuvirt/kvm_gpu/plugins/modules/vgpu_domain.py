@@ -19,11 +19,14 @@ description:
     that name not made by vgpuvirt is refused and left alone.
   - V(absent) destroys and undefines the domain and removes the vGPUs vgpuvirt created for it (disks are kept
     unless O(remove_storage=true)).
+  - Before anything changes, the same pre-flight as C(vgpuvirt provision) runs - the libvirt networks the
+    template names, storage pools and golden images, firmware, hugepages, CPUs - and reports every problem at
+    once.
   - Check mode computes the plan and reports it (C(plan), C(changed), the diff) without touching the host or
     libvirt.
 version_added: "0.1.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt with its libvirt extra (C(pip install vgpuvirt[libvirt])) on the target host
@@ -48,49 +51,6 @@ options:
         NUMA-local), or the path of your own template on the target.
     type: str
     default: vdi
-  gpus:
-    description:
-      - The GPUs of the VM, one entry each. Each is a vGPU by type or by need, a whole GPU (O(gpus[].mode=passthrough))
-        or a plain SR-IOV VF (O(gpus[].mode=vf)).
-      - Required to create the domain; ignored when it already exists.
-    type: list
-    elements: dict
-    suboptions:
-      type:
-        description: A type id, number or name (C(nvidia-231), C(231), C(GRID T4-2Q)).
-        type: str
-      min_framebuffer_mib:
-        description: At least this much framebuffer.
-        type: int
-      min_heads:
-        description: At least this many display heads.
-        type: int
-      series:
-        description: The NVIDIA series letter.
-        type: str
-        choices: [Q, B, A, C]
-      min_resolution:
-        description: At least this maximum resolution, C(WIDTHxHEIGHT).
-        type: str
-      mig_backed:
-        description: Require (or refuse) a MIG-backed type.
-        type: bool
-      vendor:
-        description: C(nvidia), C(intel) or C(amd).
-        type: str
-      mode:
-        description: C(vgpu), C(passthrough) (a whole GPU with its other functions) or C(vf).
-        type: str
-        choices: [vgpu, passthrough, vf]
-        default: vgpu
-      display:
-        description: Whether this vGPU drives the VM's display (the first one that does gets ramfb).
-        type: bool
-        default: true
-      with_audio:
-        description: With O(gpus[].mode=passthrough), pass the GPU's other functions (HDMI audio) along.
-        type: bool
-        default: true
   memory_mib:
     description: Memory of the VM in MiB.
     type: int
@@ -103,8 +63,33 @@ options:
     description: Pin the vCPUs to these host CPUs (a cpulist such as C(2-5)).
     type: str
   disk:
-    description: Path of the VM's disk image on the target (kept on O(state=absent) unless O(remove_storage)).
+    description:
+      - Path of the VM's disk image on the target (kept on O(state=absent) unless O(remove_storage)). A path
+        inside an active storage pool's directory must be a volume of that pool (the pre-flight checks).
+      - Mutually exclusive with O(clone).
     type: path
+  clone:
+    description:
+      - Give the VM a qcow2 linked clone of a golden image, created as a volume of a libvirt storage pool (the
+        pre-flight checks the pool is active and the golden image is a volume libvirt knows). Mutually
+        exclusive with O(disk).
+    type: dict
+    suboptions:
+      golden:
+        description: The golden image's path on the target (a volume of a storage pool).
+        type: str
+        required: true
+      pool:
+        description: The libvirt storage pool the clone is created in.
+        type: str
+        required: true
+      name:
+        description: The clone's volume name, C({name}) standing for the VM's name.
+        type: str
+        default: "{name}.qcow2"
+      capacity_gib:
+        description: The guest disk's size in GiB (default - the golden image's).
+        type: int
   domain_options:
     description:
       - Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), C(tpm), C(hugepages),
@@ -143,15 +128,17 @@ attributes:
   diff_mode:
     support: full
     description: Before and after show the domain's state and its GPUs.
+extends_documentation_fragment:
+  - vgpuvirt.kvm_gpu.gpu_request
 seealso:
-  - module: vgpu_info
-  - module: vgpu_mdev
-  - module: vgpu_passthrough
+  - module: vgpuvirt.kvm_gpu.vgpu_info
+  - module: vgpuvirt.kvm_gpu.vgpu_mdev
+  - module: vgpuvirt.kvm_gpu.vgpu_passthrough
 """
 
 EXAMPLES = r"""
 - name: A VDI desktop with a 2 GiB Q-series vGPU (the smallest type that fits), running
-  vgpu_domain:
+  vgpuvirt.kvm_gpu.vgpu_domain:
     name: desk-001
     gpus:
       - min_framebuffer_mib: 2048
@@ -161,14 +148,14 @@ EXAMPLES = r"""
     disk: /var/lib/libvirt/images/desk-001.qcow2
 
 - name: A pool of desktops by type, defined but not started
-  vgpu_domain:
+  vgpuvirt.kvm_gpu.vgpu_domain:
     name: "{{ item }}"
     state: defined
     gpus: [{type: GRID T4-2Q}]
   loop: "{{ query('sequence', 'start=1 end=8 format=vdi-%03d') }}"
 
 - name: A gaming VM with a whole GPU and its HDMI audio, pinned CPUs and hugepages
-  vgpu_domain:
+  vgpuvirt.kvm_gpu.vgpu_domain:
     name: gaming-01
     template: gaming
     gpus: [{mode: passthrough}]
@@ -177,12 +164,12 @@ EXAMPLES = r"""
     domain_options: {hugepages: true}
 
 - name: Power a desktop off
-  vgpu_domain:
+  vgpuvirt.kvm_gpu.vgpu_domain:
     name: desk-001
     state: stopped
 
 - name: Remove it with its vGPU (the disk is kept)
-  vgpu_domain:
+  vgpuvirt.kvm_gpu.vgpu_domain:
     name: desk-001
     state: absent
 """
@@ -226,47 +213,36 @@ diff:
   type: dict
 """
 
-import traceback
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    CLONE_SPEC,
+    GPU_REQUEST_SPEC,
+    HAS_VGPUVIRT,
+    disk_request,
+    gpu_requests,
+    new_module,
+    run_module,
+)
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and open_libvirt stay names of this module: unit tests replace them
-    from vgpuvirt.ansible_support import open_libvirt, run_module
+    from vgpuvirt.ansible_support import open_libvirt
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
     from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, teardown
     from vgpuvirt.provision.plan import domain_meta, mdev_uuid_for
     from vgpuvirt.services.inventory import inventory
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
 
-GPU_SPEC = dict(
-    type=dict(type="str"),
-    min_framebuffer_mib=dict(type="int"),
-    min_heads=dict(type="int"),
-    series=dict(type="str", choices=["Q", "B", "A", "C"]),
-    min_resolution=dict(type="str"),
-    mig_backed=dict(type="bool"),
-    vendor=dict(type="str"),
-    mode=dict(type="str", choices=["vgpu", "passthrough", "vf"], default="vgpu"),
-    display=dict(type="bool", default=True),
-    with_audio=dict(type="bool", default=True),
-)
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     state=dict(type="str", choices=["defined", "running", "stopped", "absent"], default="running"),
     template=dict(type="str", default="vdi"),
-    gpus=dict(type="list", elements="dict", options=GPU_SPEC),
+    gpus=dict(type="list", elements="dict", options=GPU_REQUEST_SPEC),
     memory_mib=dict(type="int", default=4096),
     vcpus=dict(type="int", default=2),
     host_cpus=dict(type="str"),
     disk=dict(type="path"),
+    clone=dict(type="dict", options=CLONE_SPEC),
     domain_options=dict(type="dict"),
     policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
     remove_storage=dict(type="bool", default=False),
@@ -274,7 +250,7 @@ ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),
     host_name=dict(type="str"),
 )
-MODULE_KWARGS = dict(supports_check_mode=True)
+MODULE_KWARGS = dict(supports_check_mode=True, mutually_exclusive=[("disk", "clone")])
 
 
 def own_domains(conn, host_name):
@@ -292,7 +268,7 @@ def describe(name, found):
     """The diff view of a domain: its state and the GPUs vgpuvirt recorded for it."""
     if found is None:
         return dict(name=name, state="absent", gpus=[])
-    _, xml, active = found
+    dummy, xml, active = found
     meta = domain_meta(xml) or {}
     return dict(name=name, state="running" if active else "defined", gpus=meta.get("gpus", []))
 
@@ -307,27 +283,25 @@ def gpu_record(a):
 
 
 def vm_request(p, start):
-    gpus = []
-    for g in p["gpus"] or []:
-        g = {k: v for k, v in g.items() if v is not None}
-        gpus.append(VgpuRequest(**g))
+    gpus = [VgpuRequest(**g) for g in gpu_requests(p["gpus"])]
     if not gpus:
         raise InvalidSpec("gpus", p["gpus"], f"at least one GPU to create domain {p['name']!r}")
     return VmRequest(name=p["name"], gpus=tuple(gpus), template=p["template"], memory_mib=p["memory_mib"],
-                     vcpus=p["vcpus"], host_cpus=p["host_cpus"], disk=p["disk"], start=start,
+                     vcpus=p["vcpus"], host_cpus=p["host_cpus"], disk=disk_request(p), start=start,
                      options=dict(p["domain_options"] or {}))
 
 
 def present(module, host, conn, found):
     p = module.params
-    pairs = [(n, x) for n, x, _ in own_domains(conn, host.name)]
+    pairs = [(n, x) for n, x, dummy in own_domains(conn, host.name)]
     if found is not None:
         # Converge an existing domain; its GPUs come from its metadata, not from the request.
         req = VmRequest(name=p["name"], start=p["state"] == "running")
     else:
         req = vm_request(p, start=p["state"] == "running")
     inv = inventory(host, domains=pairs, use_nvml=False)
-    pl = plan([inv], [req], domains={host.name: pairs}, policy=p["policy"])
+    # the CLI's pre-flight: networks, storage pools and golden images, firmware, hugepages, CPUs
+    pl = plan([inv], [req], domains={host.name: pairs}, policy=p["policy"], libvirt={host.name: conn.facts()})
     steps = [s.describe() for s in pl.steps]
     if pl.steps and not module.check_mode:
         apply(pl, host, conn)
@@ -365,11 +339,9 @@ def run(module, host, conn):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
+    module = new_module(ARGUMENT_SPEC, **MODULE_KWARGS)
     # A failed apply returns what it had done and what its rollback undid.
-    run_module(module, missing_required_lib, open_host, run, open_libvirt=open_libvirt, carried=(ProvisioningError,))
+    run_module(module, open_host, run, open_libvirt=open_libvirt, carried=(ProvisioningError,))
 
 
 if __name__ == "__main__":

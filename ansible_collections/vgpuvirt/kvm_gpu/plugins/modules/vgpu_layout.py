@@ -17,7 +17,7 @@ description:
   - Check mode plans and reports what would change, with a diff, and changes nothing. A rerun reports no change.
 version_added: "0.1.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt (on the target host)
@@ -80,13 +80,13 @@ attributes:
 notes:
   - One round trip per phase (read, prepare, re-read, devices), whatever the number of GPUs; see docs/layouts.md.
 seealso:
-  - module: vgpu_info
-  - module: vgpu_mdev
+  - module: vgpuvirt.kvm_gpu.vgpu_info
+  - module: vgpuvirt.kvm_gpu.vgpu_mdev
 """
 
 EXAMPLES = r"""
 - name: The lab's day layout
-  vgpu_layout:
+  vgpuvirt.kvm_gpu.vgpu_layout:
     layout: "{{ lookup('file', 'layouts/lab.yaml') }}"
     config: day
     uri: qemu:///system
@@ -114,25 +114,21 @@ unfit:
   type: dict
 """
 
-import traceback
 from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    HAS_VGPUVIRT,
+    new_module,
+    run_module,
+)
 
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.ansible_support import open_local_host as open_host
-    from vgpuvirt.ansible_support import run_module
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
     from vgpuvirt.layout import dump_layout, verbs
     from vgpuvirt.layout.drain import apply_with_drain
     from vgpuvirt.layout.interop import read_any as parse_layout  # mig-parted / vGPU DM files work as they are
-    from vgpuvirt.layout.model import Layout
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
+    from vgpuvirt.layout.model import GpuEntry, Layout, Selector
 
 ARGUMENT_SPEC = dict(
     layout=dict(type="raw"),
@@ -170,10 +166,21 @@ def governed(host, layout: Layout, name):
     """The host's state as a layout, limited to the GPUs the config governs (the diff's before/after)."""
     cfg = layout.config(name)
     exported = verbs.export(host)
-    _, gpus = verbs.read_gpus(host)
+    dummy, gpus = verbs.read_gpus(host)
     mine = {str(a) for a in cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])}
     entries = [e for e in exported.config().entries if str(e.devices[0].value) in mine]
     return dump_layout(Layout.single(cfg.name, entries, exported.source))
+
+
+def predicted(host, layout, name):
+    """The governed GPUs as the config declares them, one entry per GPU by its address (the form of the diff's
+    before, which the host exports by address): check mode's after. It is what the host exports once applied,
+    except where the config says ``fill`` (the host then reports the count that fitted)."""
+    cfg = layout.config(name)
+    dummy, gpus = verbs.read_gpus(host)
+    wanted = cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])
+    entries = [GpuEntry((Selector("address", str(a)),), e.layout) for a, e in sorted(wanted.items())]
+    return dump_layout(Layout.single(cfg.name, entries, layout.source))
 
 
 def run(module, host):
@@ -190,7 +197,7 @@ def run(module, host):
     if module.check_mode or not differences:
         plan = verbs.plan(host, cfg)
         steps = [s.text for s in plan.phase(1) + plan.phase(2)] + [f"then: {x}" for x in plan.pending]
-        after = before if not differences else "# planned:\n" + "".join(f"#   {d.format()}\n" for d in plan.diffs)
+        after = predicted(host, layout, p["config"]) if differences else before
         return dict(changed=bool(differences), differences=differences, steps=steps,
                     diff=dict(before=before, after=after))
     conns = None
@@ -216,10 +223,8 @@ def run(module, host):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    run_module(module, missing_required_lib, open_host, run, carried=(ProvisioningError,))
+    module = new_module(ARGUMENT_SPEC, **MODULE_KWARGS)
+    run_module(module, open_host, run, carried=(ProvisioningError,))
 
 
 if __name__ == "__main__":

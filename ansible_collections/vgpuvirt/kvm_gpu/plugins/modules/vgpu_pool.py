@@ -12,17 +12,26 @@ description:
   - Keeps O(count) VMs named C(NAME-01), C(NAME-02), ... across every host of the play - "20 desktops across the
     fleet", not per host. Members that exist stay where they are; the missing ones go where vgpuvirt's placement
     (binpack or spread, over all hosts at once) finds room; members numbered above O(count) are removed.
-  - Runs in two parts. The C(vgpu_pool) action plugin (C(examples/ansible/action_plugins)) runs on the controller,
-    reads each play host's survey (the fact C(vgpuvirt_survey), from C(vgpu_info) with O(vgpu_info#module:survey=true)
-    in an earlier task), places the whole pool, and passes each host its share in O(placed). The module then runs
-    once on each host - one SSH session per host, however many VMs - reads the host again, plans its share and
-    applies it in one batch, with everything it did undone when a step fails.
+  - Runs in two parts. The collection's C(vgpu_pool) action plugin runs on the controller, reads each play host's
+    survey (the fact C(vgpuvirt_survey), from M(vgpuvirt.kvm_gpu.vgpu_info) with
+    O(vgpuvirt.kvm_gpu.vgpu_info#module:survey=true) in an earlier task), places the whole pool, and passes each
+    host its share in O(placed). The module then runs once on each host - one SSH session per host, however many
+    VMs - reads the host again, runs the same pre-flight as C(vgpuvirt provision) (networks, storage pools, the
+    golden image, firmware, hugepages, CPUs), plans its share and applies it in one batch, with everything it did
+    undone when a step fails.
+  - A host of the play that cannot be reached (or whose survey failed) is unknown, not empty - members missing
+    from the other hosts may be on it, so none is created elsewhere until it answers again (the task warns and
+    lists them in C(fleet.held)); when it is back, the next run finds its members where they are. A play run
+    with C(--limit) is treated the same way - the hosts it leaves out may hold members.
   - The controller needs the C(vgpuvirt) package too (the action plugin imports it to place the pool).
-  - V(absent) needs no survey - each host removes the members it holds.
+  - V(absent) needs no survey - each host removes the members it holds. Without O(host_name) the members are
+    found by the host name their ownership records (vgpuvirt's domain metadata) carry; when the libvirt daemon
+    holds members recorded for several hosts, the task refuses and asks for O(host_name).
+  - Every option of a O(gpus) entry is optional, as in M(vgpuvirt.kvm_gpu.vgpu_domain).
   - Check mode plans and reports (C(plan), C(members), the diff) without touching a host or libvirt.
 version_added: "0.2.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt with its libvirt extra on the target hosts, and vgpuvirt on the controller
@@ -50,48 +59,6 @@ options:
     description: C(vdi), C(gaming), C(compute), or the path of your own template on the target.
     type: str
     default: vdi
-  gpus:
-    description:
-      - Each member's GPUs, one entry each (the options of M(vgpu_domain)'s O(vgpu_domain#module:gpus)).
-      - Required unless O(state=absent) or O(count=0).
-    type: list
-    elements: dict
-    suboptions:
-      type:
-        description: A type id, number or name (C(nvidia-231), C(231), C(GRID T4-2Q)).
-        type: str
-      min_framebuffer_mib:
-        description: At least this much framebuffer.
-        type: int
-      min_heads:
-        description: At least this many display heads.
-        type: int
-      series:
-        description: The NVIDIA series letter.
-        type: str
-        choices: [Q, B, A, C]
-      min_resolution:
-        description: At least this maximum resolution, C(WIDTHxHEIGHT).
-        type: str
-      mig_backed:
-        description: Require (or refuse) a MIG-backed type.
-        type: bool
-      vendor:
-        description: C(nvidia), C(intel) or C(amd).
-        type: str
-      mode:
-        description: C(vgpu), C(passthrough) or C(vf).
-        type: str
-        choices: [vgpu, passthrough, vf]
-        default: vgpu
-      display:
-        description: Whether this vGPU drives the VM's display.
-        type: bool
-        default: true
-      with_audio:
-        description: With O(gpus[].mode=passthrough), pass the GPU's other functions along.
-        type: bool
-        default: true
   memory_mib:
     description: Memory of each member in MiB.
     type: int
@@ -100,6 +67,34 @@ options:
     description: vCPUs of each member.
     type: int
     default: 2
+  disk:
+    description:
+      - Each member's disk image on the target, C({name}) standing for the member's name
+        (C(/var/lib/libvirt/images/{name}.qcow2)). Checked by the pre-flight - a path inside an active storage
+        pool's directory must be a volume of that pool. Mutually exclusive with O(clone).
+    type: str
+  clone:
+    description:
+      - Give each member a qcow2 linked clone of a golden image, created as a volume of a libvirt storage pool
+        (the pre-flight checks the pool is active and the golden image is a volume libvirt knows). Mutually
+        exclusive with O(disk).
+    type: dict
+    suboptions:
+      golden:
+        description: The golden image's path on the target (a volume of a storage pool).
+        type: str
+        required: true
+      pool:
+        description: The libvirt storage pool the clones are created in.
+        type: str
+        required: true
+      name:
+        description: The clone's volume name, C({name}) standing for the member's name.
+        type: str
+        default: "{name}.qcow2"
+      capacity_gib:
+        description: The guest disk's size in GiB (default - the golden image's).
+        type: int
   domain_options:
     description: Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), ...).
     type: dict
@@ -120,6 +115,8 @@ options:
   host_name:
     description:
       - The name vgpuvirt records in the domains; the action plugin sets it to the name the host's survey gave.
+      - With O(state=absent), the host whose members are removed (default - the one name the members' records
+        carry on this libvirt daemon).
     type: str
   placed:
     description:
@@ -136,33 +133,51 @@ attributes:
   action:
     support: full
     description: Placement runs on the controller (action plugin C(vgpu_pool)).
+extends_documentation_fragment:
+  - vgpuvirt.kvm_gpu.gpu_request
 seealso:
-  - module: vgpu_info
-  - module: vgpu_domain
+  - module: vgpuvirt.kvm_gpu.vgpu_info
+  - module: vgpuvirt.kvm_gpu.vgpu_domain
 """
 
 EXAMPLES = r"""
 - name: What every hypervisor holds (one SSH session per host)
-  vgpu_info:
+  vgpuvirt.kvm_gpu.vgpu_info:
     survey: true
     host_name: "{{ inventory_hostname }}"
 
 - name: 20 desktops with a 2 GiB Q-series vGPU, across the fleet (one batched apply per host)
-  vgpu_pool:
+  vgpuvirt.kvm_gpu.vgpu_pool:
     name: vdi
     count: 20
     gpus: [{min_framebuffer_mib: 2048, series: Q}]
     host_name: "{{ inventory_hostname }}"
 
 - name: The same pool, started (needs VFIO on the hosts)
-  vgpu_pool:
+  vgpuvirt.kvm_gpu.vgpu_pool:
     name: vdi
     count: 20
     state: running
     gpus: [{min_framebuffer_mib: 2048, series: Q}]
 
+- name: 20 desktops with a Q-series vGPU each, on linked clones of a golden image
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: vdi
+    count: 20
+    gpus: [{series: Q}]
+    clone:
+      golden: /var/lib/libvirt/images/golden-win11.qcow2
+      pool: default
+
+- name: 4 desktops of a given vGPU type, each with its own disk file
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: lab
+    count: 4
+    gpus: [{type: nvidia-231}]
+    disk: /var/lib/libvirt/images/{name}.qcow2
+
 - name: Remove the pool everywhere
-  vgpu_pool:
+  vgpuvirt.kvm_gpu.vgpu_pool:
     name: vdi
     state: absent
 """
@@ -184,7 +199,10 @@ removed:
   type: list
   elements: str
 fleet:
-  description: The fleet-wide placement the action plugin made - members per host, the shares, every assignment.
+  description:
+    - The fleet-wide placement the action plugin made - members per host, the shares, every assignment.
+    - C(unreachable) lists the play's hosts that did not answer, C(held) the members not placed because they may
+      be on those hosts.
   returned: when O(state) is not V(absent)
   type: dict
 diff:
@@ -193,63 +211,37 @@ diff:
   type: dict
 """
 
-import traceback
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    HAS_VGPUVIRT,
+    new_module,
+    run_module,
+)
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.pool import (
+    ARGUMENT_SPEC,
+    MODULE_KWARGS,
+    member_request,
+)
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and open_libvirt stay names of this module: unit tests replace them
-    from vgpuvirt.ansible_support import open_libvirt, run_module
+    from vgpuvirt.ansible_support import open_libvirt
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import InvalidSpec, NoCapacity, ProvisioningError
-    from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, teardown
+    from vgpuvirt.provision import apply, plan, teardown
+    from vgpuvirt.provision.plan import domain_meta
     from vgpuvirt.provision.pool import check_prefix, member_index, own_domains
     from vgpuvirt.services.inventory import inventory
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
-
-GPU_SPEC = dict(
-    type=dict(type="str"),
-    min_framebuffer_mib=dict(type="int"),
-    min_heads=dict(type="int"),
-    series=dict(type="str", choices=["Q", "B", "A", "C"]),
-    min_resolution=dict(type="str"),
-    mig_backed=dict(type="bool"),
-    vendor=dict(type="str"),
-    mode=dict(type="str", choices=["vgpu", "passthrough", "vf"], default="vgpu"),
-    display=dict(type="bool", default=True),
-    with_audio=dict(type="bool", default=True),
-)
-
-ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
-    count=dict(type="int", default=0),
-    state=dict(type="str", choices=["defined", "running", "absent"], default="defined"),
-    template=dict(type="str", default="vdi"),
-    gpus=dict(type="list", elements="dict", options=GPU_SPEC),
-    memory_mib=dict(type="int", default=4096),
-    vcpus=dict(type="int", default=2),
-    domain_options=dict(type="dict"),
-    policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
-    uri=dict(type="str", default="qemu:///system", no_log=False),  # no secret: see docs/ansible.md "Secrets"
-    sysfs_root=dict(type="path", default="/"),
-    host_name=dict(type="str"),
-    placed=dict(type="list", elements="str"),
-)
-MODULE_KWARGS = dict(supports_check_mode=True)
 
 
-def member_request(p, name):
-    """One member's VmRequest from the module's options (the action plugin builds the same one)."""
-    gpus = tuple(VgpuRequest(**{k: v for k, v in g.items() if v is not None}) for g in p["gpus"] or [])
-    if not gpus:
-        raise InvalidSpec("gpus", p["gpus"], f"at least one GPU for the members of pool {p['name']!r}")
-    return VmRequest(name=name, gpus=gpus, template=p["template"], memory_mib=p["memory_mib"], vcpus=p["vcpus"],
-                     start=p["state"] == "running", options=dict(p["domain_options"] or {}))
+def recorded_host(prefix, doms):
+    """The host whose members O(state=absent) removes when no host_name is given: the one name the pool's
+    members on this libvirt daemon record as theirs. Several names (hosts sharing a daemon): refused."""
+    names = sorted({(domain_meta(d.xml) or {}).get("host") for d in doms if member_index(prefix, d.name) is not None}
+                   - {None})
+    if len(names) > 1:
+        raise InvalidSpec("host_name", None, f"the host whose members of pool {prefix} to remove: this libvirt "
+                                             f"holds members recorded for {', '.join(names)}")
+    return names[0] if names else None
 
 
 def run(module, host, conn):
@@ -259,16 +251,18 @@ def run(module, host, conn):
         raise InvalidSpec("count", p["count"], "0 or more members")
     doms = conn.domains()
     active = {d.name: d.active for d in doms}
-    own = own_domains([(d.name, d.xml) for d in doms], host.name)
-    mine = {n: ("running" if active.get(n) else "defined") for n, _ in own if member_index(prefix, n) is not None}
+    owner = host.name     # the name the members' records carry; teardown removes only what they record for it
+    if p["state"] == "absent" and not p["host_name"]:
+        owner = recorded_host(prefix, doms) or owner
+    own = own_domains([(d.name, d.xml) for d in doms], owner)
+    mine = {n: ("running" if active.get(n) else "defined") for n, dummy in own if member_index(prefix, n) is not None}
     before = dict(sorted(mine.items()))
     if p["state"] == "absent":
         wanted, remove = [], sorted(mine)
     else:
         if p["placed"] is None:
-            module.fail_json(msg=f"vgpu_pool {prefix}: no placement (the option placed): run the module through its "
-                                 "action plugin (examples/ansible/action_plugins next to the playbook, or "
-                                 "action_plugins= in ansible.cfg)")
+            module.fail_json(msg=f"vgpu_pool {prefix}: no placement (the option placed): call it as "
+                                 "vgpuvirt.kvm_gpu.vgpu_pool, whose action plugin places the pool")
         wanted = list(p["placed"])
         bad = [n for n in wanted if (member_index(prefix, n) or p["count"] + 1) > p["count"]]
         if bad:
@@ -278,7 +272,8 @@ def run(module, host, conn):
     if wanted:
         reqs = [member_request(p, n) for n in wanted]
         inv = inventory(host, domains=own, use_nvml=False)
-        pl = plan([inv], reqs, domains={host.name: own}, policy=p["policy"])
+        # the CLI's pre-flight: networks, storage pools and golden images, firmware, hugepages, CPUs
+        pl = plan([inv], reqs, domains={host.name: own}, policy=p["policy"], libvirt={host.name: conn.facts()})
         if pl.prep:
             raise NoCapacity(host.name, prefix, "needs SR-IOV first: " + "; ".join(x.describe() for x in pl.prep))
         steps = [s.describe() for s in pl.steps]
@@ -287,7 +282,7 @@ def run(module, host, conn):
         if pl is not None and pl.steps:
             apply(pl, host, conn)        # one batch per phase on this host; a failure rolls back what it did
         if remove:
-            res = teardown(host, conn, remove)
+            res = teardown({owner: host}, conn, remove)
             if res.failed:
                 module.fail_json(msg="; ".join(res.failed), teardown=res.to_dict(), plan=steps)
             removed = res.removed
@@ -303,10 +298,8 @@ def run(module, host, conn):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    run_module(module, missing_required_lib, open_host, run, open_libvirt=open_libvirt, carried=(ProvisioningError,))
+    module = new_module(ARGUMENT_SPEC, **MODULE_KWARGS)
+    run_module(module, open_host, run, open_libvirt=open_libvirt, carried=(ProvisioningError,))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ description:
   - Check mode reports what would change (with a diff) and changes nothing.
 version_added: "0.1.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt (on the target host)
@@ -46,7 +46,8 @@ options:
   name:
     description:
       - A stable label for the mdev (typically the VM it is for). The UUID is derived from it the same way
-        M(vgpu_domain) derives the UUID of a VM's first vGPU, so a domain of that name adopts the device.
+        M(vgpuvirt.kvm_gpu.vgpu_domain) derives the UUID of a VM's first vGPU, so a domain of that name adopts
+        the device.
       - Mutually exclusive with O(uuid) and O(vf).
     type: str
   vf:
@@ -126,37 +127,37 @@ attributes:
 notes:
   - All reads of one run are one batch, all writes one batch under the host-side lock (C(/run/vgpuvirt/lock)).
 seealso:
-  - module: vgpu_info
-  - module: vgpu_domain
+  - module: vgpuvirt.kvm_gpu.vgpu_info
+  - module: vgpuvirt.kvm_gpu.vgpu_domain
 """
 
 EXAMPLES = r"""
 - name: A 2Q vGPU for desk-001 on whichever T4 has room (UUID derived from the name)
-  vgpu_mdev:
+  vgpuvirt.kvm_gpu.vgpu_mdev:
     name: desk-001
     type: GRID T4-2Q
 
 - name: Exactly this UUID on this parent, persistent across reboots
-  vgpu_mdev:
+  vgpuvirt.kvm_gpu.vgpu_mdev:
     uuid: e55bf865-6983-4d53-967f-51e8a3bb0f57
     parent: "0000:3b:00.0"
     type: nvidia-231
     persistent: true
 
 - name: By need - at least 2 GiB, Q series, the smallest type that fits
-  vgpu_mdev:
+  vgpuvirt.kvm_gpu.vgpu_mdev:
     name: cad-07
     need:
       min_framebuffer_mib: 2048
       series: Q
 
 - name: vGPU 17+ - give a VF the L40S-2Q type
-  vgpu_mdev:
+  vgpuvirt.kvm_gpu.vgpu_mdev:
     vf: "0000:41:00.4"
     type: NVIDIA L40S-2Q
 
 - name: Remove it again, unless a libvirt domain still uses it
-  vgpu_mdev:
+  vgpuvirt.kvm_gpu.vgpu_mdev:
     name: desk-001
     state: absent
     uri: qemu:///system
@@ -210,13 +211,16 @@ diff:
   type: dict
 """
 
-import traceback
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    HAS_VGPUVIRT,
+    NEED_SPEC,
+    new_module,
+    run_module,
+)
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and domain_pairs stay names of this module: unit tests replace them
-    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.model import MdevUuid, PciAddress
@@ -226,21 +230,7 @@ try:
     from vgpuvirt.services.inventory import VendorType, inventory
     from vgpuvirt.services.mdev import MdevService
     from vgpuvirt.services.vendor_vgpu import VendorVgpuService
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
 
-NEED_SPEC = dict(
-    min_framebuffer_mib=dict(type="int"),
-    min_heads=dict(type="int"),
-    series=dict(type="str", choices=["Q", "B", "A", "C"]),
-    min_resolution=dict(type="str"),
-    mig_backed=dict(type="bool"),
-    vendor=dict(type="str"),
-)
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -357,10 +347,8 @@ def run(module, host):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, **MODULE_KWARGS)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    run_module(module, missing_required_lib, open_host, run)
+    module = new_module(ARGUMENT_SPEC, **MODULE_KWARGS)
+    run_module(module, open_host, run)
 
 
 if __name__ == "__main__":

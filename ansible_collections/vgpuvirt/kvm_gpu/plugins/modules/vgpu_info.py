@@ -19,7 +19,7 @@ description:
   - It never changes anything, so it always reports C(changed=false), in check mode too.
 version_added: "0.1.0"
 author:
-  - vgpuvirt contributors
+  - vgpuvirt contributors (@vgpuvirt)
 requirements:
   - python >= 3.10
   - vgpuvirt (on the target host)
@@ -70,14 +70,14 @@ notes:
   - The fact is the DESIGN.md inventory contract; fields may be added in later versions, existing names keep their
     meaning.
 seealso:
-  - module: vgpu_mdev
-  - module: vgpu_passthrough
-  - module: vgpu_domain
+  - module: vgpuvirt.kvm_gpu.vgpu_mdev
+  - module: vgpuvirt.kvm_gpu.vgpu_passthrough
+  - module: vgpuvirt.kvm_gpu.vgpu_domain
 """
 
 EXAMPLES = r"""
 - name: Gather the GPU picture of every hypervisor
-  vgpu_info:
+  vgpuvirt.kvm_gpu.vgpu_info:
   register: gpu
 
 - name: Show the vGPU types with free instances
@@ -91,16 +91,16 @@ EXAMPLES = r"""
     key: "iommu_{{ ansible_facts.vgpuvirt.iommu_enabled | default(false) }}"
 
 - name: Survey every hypervisor for vgpu_pool (raw reads and the domains recorded for it)
-  vgpu_info:
+  vgpuvirt.kvm_gpu.vgpu_info:
     survey: true
     host_name: "{{ inventory_hostname }}"
 
 - name: Name the domains that use each mdev (talks to libvirt)
-  vgpu_info:
+  vgpuvirt.kvm_gpu.vgpu_info:
     uri: qemu:///system
 
 - name: Test a playbook against a simulated host
-  vgpu_info:
+  vgpuvirt.kvm_gpu.vgpu_info:
     sysfs_root: /srv/vgpu-sim/t4x2
 """
 
@@ -163,22 +163,19 @@ ansible_facts:
 """
 
 import platform
-import traceback
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
+    HAS_VGPUVIRT,
+    new_module,
+    run_module,
+)
 
-try:
+if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and domain_pairs stay names of this module: unit tests replace them
-    from vgpuvirt.ansible_support import domain_pairs, run_module
+    from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.host.local import LocalHost
     from vgpuvirt.provision.pool import take_survey
     from vgpuvirt.services.inventory import inventory
-except ImportError:
-    HAS_VGPUVIRT = False
-    VGPUVIRT_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    HAS_VGPUVIRT = True
-    VGPUVIRT_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),
@@ -208,10 +205,8 @@ def run(module, host):
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_VGPUVIRT:
-        module.fail_json(msg=missing_required_lib("vgpuvirt"), exception=VGPUVIRT_IMPORT_ERROR)
-    run_module(module, missing_required_lib, open_host, run)
+    module = new_module(ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, open_host, run)
 
 
 if __name__ == "__main__":

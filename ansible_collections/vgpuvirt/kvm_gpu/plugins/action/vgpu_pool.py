@@ -6,27 +6,26 @@ the fleet's state comes from an earlier task (vgpu_info with survey: true, the f
 every host's worker computes the same placement from the same surveys (the play's hosts in play order, the
 library's deterministic placement) and keeps its own share. The module then plans and applies that share on
 the host in one run: one SSH session per host, whatever the count.
+
+A host of the play that has left it (unreachable, or its survey failed) is unknown, not empty: the members
+missing from the other hosts may be on it, so they are held back, not created elsewhere (vgpuvirt's
+``place_pool(unreachable=...)``), and the task says so in a warning and in ``fleet``. So are the hosts a
+``--limit`` leaves out of the play.
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
+from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.pool import (
+    ARGUMENT_SPEC,
+    MODULE_KWARGS,
+    member_request,
+)
 
 SURVEY_FACT = "vgpuvirt_survey"
-
-
-def _module_spec(loader):
-    """The module's own ARGUMENT_SPEC (the file Ansible will ship), so controller and host validate alike."""
-    ctx = loader.find_plugin_with_context("vgpu_pool")
-    if not ctx.resolved:
-        raise AnsibleError("vgpu_pool: the module vgpu_pool was not found next to its action plugin (library/)")
-    spec = importlib.util.spec_from_file_location("_vgpu_pool_module", ctx.plugin_resolved_path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+MODULE = "vgpuvirt.kvm_gpu.vgpu_pool"
+LIMITED = "the hosts outside --limit "
 
 
 class ActionModule(ActionBase):
@@ -35,24 +34,38 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        module = _module_spec(self._shared_loader_obj.module_loader)
-        validation, args = self.validate_argument_spec(argument_spec=module.ARGUMENT_SPEC)
-        args = {k: v for k, v in args.items() if v is not None}
+        # the module's own spec (module_utils/pool.py), so the controller and the host validate alike
+        validation, dummy = self.validate_argument_spec(
+            argument_spec=ARGUMENT_SPEC,
+            mutually_exclusive=MODULE_KWARGS["mutually_exclusive"],
+        )
+        params = validation.validated_parameters
+        # The module gets the task's own arguments, not the validated ones: validation fills every unset
+        # suboption of gpus with None, which the module would check against its choices again.
+        args = dict(self._task.args)
         fleet = None
-        if args["state"] != "absent":
+        if params["state"] != "absent":
             try:
-                fleet, share, host_name = self._place(module, validation.validated_parameters, task_vars)
+                fleet, share, host_name = self._place(params, task_vars)
             except _Refused as exc:
                 result.update(failed=True, msg=str(exc), **exc.fields)
                 return result
             args.update(placed=share, host_name=host_name)
-        out = self._execute_module(module_name="vgpu_pool", module_args=args, task_vars=task_vars)
+        out = self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
         result.update(out)
         if fleet is not None:
             result["fleet"] = fleet
+            if fleet["unreachable"]:
+                silent = [h for h in fleet["unreachable"] if not h.startswith(LIMITED)]
+                why = ([f"host(s) {', '.join(silent)} did not answer"] if silent else []) + [
+                    h for h in fleet["unreachable"] if h.startswith(LIMITED)]
+                result.setdefault("warnings", []).append(
+                    f"vgpu_pool {params['name']}: {'; '.join(why)}: what they hold is unknown, so no member was "
+                    f"re-created elsewhere"
+                    + (f" ({', '.join(fleet['held'])} held back until they answer)" if fleet["held"] else ""))
         return result
 
-    def _place(self, module, params, task_vars):
+    def _place(self, params, task_vars):
         try:
             from vgpuvirt.errors import VgpuvirtError
             from vgpuvirt.provision.pool import Survey, place_pool
@@ -61,6 +74,11 @@ class ActionModule(ActionBase):
                            f"Python ({exc})", error="MissingDependency") from None
         me = task_vars.get("inventory_hostname")
         hosts = list(task_vars.get("ansible_play_hosts") or [me])
+        # hosts the play started with that have left it (unreachable, or a failed survey): unknown, not empty
+        gone = [h for h in task_vars.get("ansible_play_hosts_all") or hosts if h not in hosts]
+        if task_vars.get("ansible_limit"):
+            # --limit leaves the pool's other hosts out of the play altogether: as unknown as a silent one
+            gone.append(f"{LIMITED}{task_vars['ansible_limit']}")
         hostvars = task_vars.get("hostvars", {})
         try:
             surveys = []
@@ -72,14 +90,16 @@ class ActionModule(ActionBase):
                                    f"survey: true on every host of the play first (the fact {SURVEY_FACT})",
                                    error="InvalidSpec")
                 surveys.append(Survey.from_dict(_plain(data), f"{h}'s {SURVEY_FACT}"))
-            template = module.member_request(params, params["name"] + "-01") if params["count"] else None
-            if template is None:
-                mine = next(s.host for h, s in zip(hosts, surveys, strict=True) if h == me)
-                return {"pool": params["name"], "count": 0, "per_host": {}}, [], mine
-            pool = place_pool(surveys, params["name"], params["count"], template, policy=params["policy"])
+            mine = next(s.host for h, s in zip(hosts, surveys, strict=True) if h == me)
+            if not params["count"]:
+                return {"pool": params["name"], "count": 0, "per_host": {}, "unreachable": gone, "held": []}, [], mine
+            template = member_request(params, params["name"] + "-01")
+            pool = place_pool(surveys, params["name"], params["count"], template, policy=params["policy"],
+                              unreachable=gone)
         except VgpuvirtError as exc:
             raise _Refused(str(exc), error=type(exc).__name__) from None
-        mine = next(s.host for h, s in zip(hosts, surveys, strict=True) if h == me)
+        except StopIteration:
+            raise AnsibleError(f"vgpu_pool: {me} is not among the play's hosts") from None
         return pool.to_dict(), pool.shares[mine], mine
 
 
