@@ -24,6 +24,8 @@ from vgpuvirt.sim.scheduler import SimScheduler
 from vgpuvirt.sim.sriov_vfs import SriovVfs
 from vgpuvirt.sim.telemetry import SimTelemetry
 
+DRIVER_VERSION = "550.90.05"
+
 __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 
 # Drivers that implement sriov_configure in this simulation: a PF's own driver, and vfio-pci.
@@ -40,6 +42,10 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.iommu = profile.iommu
         self.boot_id = str(_uuid.uuid4())
         self.boots = 0
+        # What nvidia-smi reports for the whole host: the vGPU manager's version and the GPUs' ECC mode
+        # (a migration needs both equal on the two hosts; tests change them to make the two differ).
+        self.driver_version = DRIVER_VERSION
+        self.ecc_enabled = True
         self._build(boot=False)
         self.version = 0
 

@@ -110,7 +110,8 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
     latency = round(tel.wave(d.addr, "lat", low=2000, high=9000)) if sessions else 0
     _group(e, "encoder_stats", [("session_count", str(sessions)), ("average_fps", str(fps)),
                                 ("average_latency", str(latency))])
-    _group(e, "ecc_mode", [("current_ecc", "Enabled"), ("pending_ecc", "Enabled")])
+    ecc = "Enabled" if model.ecc_enabled else "Disabled"
+    _group(e, "ecc_mode", [("current_ecc", ecc), ("pending_ecc", ecc)])
     errs = ET.SubElement(e, "ecc_errors")
     for side in ("volatile", "aggregate"):
         el = ET.SubElement(errs, side)

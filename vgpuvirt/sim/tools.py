@@ -24,7 +24,6 @@ from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
-DRIVER_VERSION = "550.90.05"
 Outcome = tuple[int, str, str]
 
 # NVML return codes as nvidia-smi reports them (exit status == NVML error code).
@@ -53,7 +52,7 @@ def _xml(model: SimModel) -> str:
     gpus = nvidia_gpus(model)
     root = ET.Element("nvidia_smi_log")
     ET.SubElement(root, "timestamp").text = "Thu Jan  1 00:00:00 2026"
-    ET.SubElement(root, "driver_version").text = DRIVER_VERSION
+    ET.SubElement(root, "driver_version").text = model.driver_version
     ET.SubElement(root, "cuda_version").text = "Not Found"
     ET.SubElement(root, "attached_gpus").text = str(len(gpus))
     for d in gpus:
