@@ -364,7 +364,7 @@ def plan_migration(vm: str, src: HostFacts, dst: HostFacts, *, live: bool | None
         refusals.append(f"{dst.name} is cordoned: {dst.cordon}")
     xml = src.domains[vm]
     moves = _needs(vm, xml, src, refusals)
-    if any(h for h in parse_xml(xml).findall("devices/hostdev")):
+    if parse_xml(xml).findall("devices/hostdev"):
         refusals += domain_blockers(xml, postcopy=postcopy)
         if live:
             for side in (src, dst):
