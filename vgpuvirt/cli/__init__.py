@@ -22,7 +22,7 @@ from vgpuvirt.errors import VgpuvirtError
 # Subcommand modules, in help order. A module that does not exist yet is simply not offered.
 SUBCOMMANDS = ("inventory", "types", "mdev", "sriov", "iommu", "xml", "plan", "provision", "teardown", "gc", "audit",
                "layout", "sim", "mig", "vm", "attach", "detach", "metrics", "exporter", "top", "scheduler",
-               "completion", "migrate")
+               "completion", "migrate", "host")
 
 
 def build_parser() -> argparse.ArgumentParser:

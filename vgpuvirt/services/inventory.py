@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
+from vgpuvirt.services.cordon import CORDON_FILE
 from vgpuvirt.services.host_resources import RESOURCE_GLOBS
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_model import (
@@ -67,6 +68,7 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     NVIDIA_VERSION,
     PROC_CMDLINE,
     *RESOURCE_GLOBS,          # CPUs and free hugepages: the plan's pre-flight
+    CORDON_FILE,              # the host's cordon mark: every controller's placement skips a cordoned host
 )
 
 

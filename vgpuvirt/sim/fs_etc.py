@@ -12,6 +12,7 @@ from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.model import SimModel
 
 MODPROBE_DIR = "/etc/modprobe.d"
+STATE_DIR = "/var/lib/vgpuvirt"
 
 
 class EtcTree:
@@ -31,11 +32,16 @@ class EtcTree:
         return {"nvidia": Dir(lambda: {"parameters": Dir(lambda: params)})}
 
     def replace_file(self, path: str, value: str, mode: int) -> None:
-        """The agent's ``replace_file`` op: only plain file names directly in /etc/modprobe.d exist here."""
+        """The agent's ``replace_file`` op: only plain file names directly in /etc/modprobe.d and in vgpuvirt's
+        state directory exist here."""
         directory, _, name = path.rpartition("/")
-        if directory != MODPROBE_DIR or not name or name.startswith("."):
+        if directory not in (MODPROBE_DIR, STATE_DIR) or not name or name.startswith("."):
             raise oserror(errno.EROFS)
         with self.model.lock:
+            if directory == STATE_DIR:
+                self.model.state_files[name] = value
+                self.model.bump()
+                return
             self.model.sched.modprobe[name] = value
             self.model.bump()
 

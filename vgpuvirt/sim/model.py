@@ -46,6 +46,8 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         # (a migration needs both equal on the two hosts; tests change them to make the two differ).
         self.driver_version = DRIVER_VERSION
         self.ecc_enabled = True
+        # vgpuvirt's own state on the host (/var/lib/vgpuvirt: the cordon mark); on disk, so a reboot keeps it
+        self.state_files: dict[str, str] = {}
         self._build(boot=False)
         self.version = 0
 

@@ -8,6 +8,7 @@ Only what vgpuvirt and its users call is emulated; every answer comes from (and 
 * ``nvidia-smi [-i N] -mig 0|1`` (pending until reset when the GPU is busy), ``nvidia-smi -i N -r``,
   ``nvidia-smi mig -lgip|-lgipp|-lgi|-lci|-cgi|-cci|-dci|-dgi`` (:mod:`vgpuvirt.sim.mig_tools`)
 * ``/usr/lib/nvidia/sriov-manage -e|-d ADDR|ALL``
+* ``mkdir -p -m 0700 /var/lib/vgpuvirt`` (vgpuvirt's state directory, always there)
 Anything else exits 127 ("command not found").
 """
 
@@ -21,6 +22,7 @@ import xml.etree.ElementTree as ET
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
+from vgpuvirt.sim.fs_etc import STATE_DIR
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
 
@@ -229,4 +231,6 @@ def run_tool(model: SimModel, argv: list[str], stdin: str) -> Outcome:
             return _sriov_manage(model, argv[1:])
         if prog == "dmesg" and len(argv) == 1:
             return 0, dmesg(model, nvidia_gpus(model)), ""
+        if prog == "mkdir" and argv[1:] == ["-p", "-m", "0700", STATE_DIR]:
+            return 0, "", ""          # vgpuvirt's state directory always exists on a simulated host
     return 127, "", f"{argv[0]}: command not found\n"

@@ -6,7 +6,6 @@ vGPUs through the capacity model, and the domain XML rewritten for the destinati
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -77,8 +76,7 @@ def _dotted(v: tuple[int, ...]) -> str:
     return ".".join(str(x) for x in v)
 
 
-def read_facts(side: Side, *, cordon: Callable[[Host], str | None] | None = None,
-               vms: tuple[str, ...] = ()) -> HostFacts:
+def read_facts(side: Side, *, vms: tuple[str, ...] = ()) -> HostFacts:
     """One inventory read of the host and one round of libvirt queries (``vms``: also their migratable XML)."""
     lv = side.conn.host_facts()
     infos = side.conn.domains()
@@ -87,15 +85,14 @@ def read_facts(side: Side, *, cordon: Callable[[Host], str | None] | None = None
     migratable = {vm: side.conn.xml(vm, migratable=True, inactive=vm not in active) for vm in vms if vm in domains}
     inv = inventory(side.host, domains=list(domains.items()))
     return HostFacts(side.name, inv, lv["libvirt"], lv["hypervisor"], lv["host_uuid"], domains, active,
-                     cordon(side.host) if cordon else None, migratable)
+                     inv.cordon.reason if inv.cordon is not None else None, migratable)
 
 
-def read_both(source: Side, dest: Side, *, cordon: Callable[[Host], str | None] | None = None,
-              vms: tuple[str, ...] = ()) -> tuple[HostFacts, HostFacts]:
+def read_both(source: Side, dest: Side, *, vms: tuple[str, ...] = ()) -> tuple[HostFacts, HostFacts]:
     """Both hosts' facts, read in parallel."""
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="vgpuvirt-facts") as pool:
-        fs = pool.submit(read_facts, source, cordon=cordon, vms=vms)
-        fd = pool.submit(read_facts, dest, cordon=cordon)
+        fs = pool.submit(read_facts, source, vms=vms)
+        fd = pool.submit(read_facts, dest)
         return fs.result(), fd.result()
 
 

@@ -22,12 +22,10 @@ names the destination's devices, and so does its provenance metadata (the owners
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
-from vgpuvirt.host.base import Host
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.mobility.checks import MigrationPlan, Move, Side, plan_migration, read_both
 from vgpuvirt.provision.mobility.steps import JobProgress, MigrateDomain
@@ -94,8 +92,7 @@ def release_source(side: Side, moves: list[Move], vm: str, *, attempts: int = 5,
 
 def migrate(vm: str, source: Side, dest: Side, *, live: bool | None = None, dry_run: bool = False,
             postcopy: bool = False, max_downtime_ms: int | None = None, bandwidth_mib: int | None = None,
-            peer_uri: str | None = None, on_job: JobProgress | None = None,
-            cordon: Callable[[Host], str | None] | None = None) -> MigrationResult:
+            peer_uri: str | None = None, on_job: JobProgress | None = None) -> MigrationResult:
     """Move ``vm`` from ``source`` to ``dest``. Raises :class:`MigrationRefused` with every reason when a
     pre-check fails, ProvisioningError (with the rollback's report) when the move fails; then the VM is
     still on the source and nothing is reserved on the destination."""
@@ -108,7 +105,7 @@ def migrate(vm: str, source: Side, dest: Side, *, live: bool | None = None, dry_
         raise InvalidSpec("--to", dest.name, "another host than the VM's own")
     t0 = time.monotonic()
     rt0 = {source.name: source.host.round_trips, dest.name: dest.host.round_trips}
-    src, dst = read_both(source, dest, cordon=cordon, vms=(vm,))
+    src, dst = read_both(source, dest, vms=(vm,))
     t_read = time.monotonic()
     plan = plan_migration(vm, src, dst, live=live, postcopy=postcopy, max_downtime_ms=max_downtime_ms,
                           source_uri=source.conn.uri, peer_uri=peer_uri or dest.conn.uri, bandwidth_mib=bandwidth_mib)
