@@ -173,3 +173,34 @@ def test_refusals_come_all_at_once_from_real_hosts(pair: Any) -> None:
         assert c1.is_active(name) and not c2.exists(name) and str(u) in a.model.mdevs
     finally:
         _cleanup(name, c1, c2)
+
+
+def test_host_drain_moves_the_vms_and_they_come_back(pair: Any) -> None:
+    from vgpuvirt.provision.mobility.drain import drain
+    from vgpuvirt.services.cordon import read_cordon, set_cordon
+
+    _m1, _m2, c1, c2 = pair
+    a, b = SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")
+    names = [f"w24-drain{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    try:
+        for n in names:
+            c1.raw.createXML(tiny_vm(n, 128, _reserve(a, n), a.name), 0)
+        res = drain(Side(a, c1), [Side(b, c2)], parallel=2, reason="kernel update")
+        assert [f.fate for f in res.fates] == ["migrated", "migrated"], res.to_dict()
+        c1.close()
+        c2.close()
+        assert all(c2.is_active(n) and not c1.exists(n) for n in names)
+        left = read_cordon(a)
+        assert left is not None and left.reason == "kernel update"         # the drained host stays cordoned
+        assert not a.model.mdevs and len(b.model.mdevs) == 2
+        # nothing lands on a cordoned host: draining b back is refused until a is uncordoned
+        refused = drain(Side(b, c2), [Side(a, c1)], dry_run=True)
+        assert all(m.dest is None and "sim-a is cordoned" in m.refusals["sim-a"][0] for m in refused.plan.moves)
+        set_cordon(a, None)
+        back = drain(Side(b, c2), [Side(a, c1)], parallel=1)
+        assert back.ok, back.to_dict()
+        c1.close()
+        assert all(c1.is_active(n) for n in names) and len(a.model.mdevs) == 2 and not b.model.mdevs
+    finally:
+        for n in names:
+            _cleanup(n, c1, c2)
