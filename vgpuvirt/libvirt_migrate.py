@@ -90,3 +90,14 @@ class MigrationCalls:
         finally:
             done.set()
             watcher.join()
+
+    def managed_save(self, name: str) -> None:
+        """Save a running domain's state to disk and stop it (libvirt's managed save); a start restores it."""
+        dom = self._lookup(name)
+        audit.info("%s: managed save of domain %s", self.uri, name)
+        with audited("managed save domain", self.uri, domain=name):
+            self._once(name, "managed save", lambda: dom.managedSave(0))
+
+    def has_managed_save(self, name: str) -> bool:
+        dom = self._lookup(name)
+        return bool(self._call(name, "query managed save", lambda: dom.hasManagedSaveImage(0)))
