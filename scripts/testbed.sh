@@ -349,7 +349,7 @@ mig_libvirtd_down() {
 }
 
 mig_down() {
-  local d n
+  local d n pidf
   need_root; take_lock
   for d in "$MIG"/m*; do
     [ -d "$d" ] || continue
@@ -370,6 +370,18 @@ mig_down() {
 # libvirt_answers: libvirtd answers an API call on $LIBVIRT_URI (its socket is live, not just its pid).
 libvirt_answers() { virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; }
 
+# root_libvirtd: the pids of libvirtds that are not a migration host's (those run in namespaces of their own
+# and never touch /run/libvirt's sockets); exit 1 when there is none.
+root_libvirtd() {
+  local p f found=1 mine
+  for p in $(pgrep -x libvirtd); do
+    mine=
+    for f in "$MIG"/m*/libvirtd.pid; do [ -s "$f" ] && [ "$(cat "$f")" = "$p" ] && mine=1; done
+    [ -n "$mine" ] || { echo "$p"; found=0; }
+  done
+  return $found
+}
+
 # libvirt_state: where libvirtd stands, read-only:
 #   ours     the libvirtd of our pid file runs and answers      foreign  one we did not start answers
 #   silent   a libvirtd process runs but does not answer (starting up, hung, or on other sockets): a second
@@ -378,7 +390,7 @@ libvirt_answers() { virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; }
 libvirt_state() {
   if libvirt_answers; then
     if alive "$RUN/libvirtd.pid" libvirtd; then echo ours; else echo foreign; fi
-  elif alive "$RUN/libvirtd.pid" libvirtd || pgrep -x libvirtd >/dev/null; then echo silent
+  elif alive "$RUN/libvirtd.pid" libvirtd || root_libvirtd >/dev/null; then echo silent
   else echo none; fi
 }
 
@@ -393,7 +405,7 @@ start_libvirt() {
     log "libvirtd: a libvirtd runs but does not answer on $LIBVIRT_URI; waiting up to $LIBVIRT_WAIT s for it"
     for i in $(seq 1 $((LIBVIRT_WAIT * 10))); do libvirt_answers && break; sleep 0.1; done
     state=$(libvirt_state)
-    [ "$state" != silent ] || die "libvirtd (pid $(pgrep -x libvirtd | tr '\n' ' '| sed 's/ $//')) runs but does not answer on $LIBVIRT_URI: not starting a second one over its sockets; stop it or see $RUN/libvirtd.log" 5
+    [ "$state" != silent ] || die "libvirtd (pid $(root_libvirtd | tr '\n' ' '| sed 's/ $//')) runs but does not answer on $LIBVIRT_URI: not starting a second one over its sockets; stop it or see $RUN/libvirtd.log" 5
   fi
   case $state in
     ours) return 0 ;;
@@ -514,7 +526,7 @@ status() {
   case $(libvirt_state) in
     ours)    echo "libvirtd: running (pid $(cat "$RUN/libvirtd.pid")), answers on $LIBVIRT_URI" ;;
     foreign) echo "libvirtd: one we did not start answers on $LIBVIRT_URI" ;;
-    silent)  echo "libvirtd: runs (pid $(pgrep -x libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
+    silent)  echo "libvirtd: runs (pid $(root_libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
     none)    echo "libvirtd: stopped"; ok=1 ;;
   esac
   show virtlogd "$RUN/virtlogd.pid" virtlogd || true
