@@ -101,8 +101,10 @@ def test_live_migration_there_and_back_moves_the_vgpu_record(pair: Any) -> None:
         _cleanup(name, c1, c2)
 
 
-def test_destination_killed_mid_migration_leaves_vm_on_source_and_nothing_reserved(testbed: Any, pair: Any) -> None:
-    _m1, m2, c1, c2 = pair
+def test_destination_killed_mid_migration_leaves_vm_on_source_and_nothing_reserved(testbed: Any) -> None:
+    # hosts m3 and m4 of their own: killing a libvirtd must not cut another test's migration (parallel workers)
+    m3, m4 = testbed.migration_hosts(4)[2:]
+    c1, c2 = LibvirtConnection(m3.libvirt_uri), LibvirtConnection(m4.libvirt_uri)
     name = f"w24-kill-{uuid.uuid4().hex[:8]}"
     a, b = SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")
     u = _reserve(a, name)
@@ -111,7 +113,7 @@ def test_destination_killed_mid_migration_leaves_vm_on_source_and_nothing_reserv
     def kill_once(stats: dict[str, Any]) -> None:
         # The destination's libvirtd dies while QEMU streams the RAM (some sent, some left).
         if not seen and stats.get("memory_processed", 0) > 0 and stats.get("memory_remaining", 0) > 0:
-            m2.kill_libvirtd()
+            m4.kill_libvirtd()
             seen.append(stats)
 
     try:
@@ -126,11 +128,11 @@ def test_destination_killed_mid_migration_leaves_vm_on_source_and_nothing_reserv
         c1.close()
         assert c1.is_active(name)
         # the destination, back up, holds no trace of the VM
-        testbed.migration_hosts(2)
+        testbed.migration_hosts(4)
         c2.close()
         assert not c2.exists(name)
     finally:
-        testbed.migration_hosts(2)
+        testbed.migration_hosts(4)
         _cleanup(name, c1, c2)
 
 
@@ -204,3 +206,22 @@ def test_host_drain_moves_the_vms_and_they_come_back(pair: Any) -> None:
     finally:
         for n in names:
             _cleanup(n, c1, c2)
+
+
+def test_offline_move_of_a_shut_off_vm(pair: Any) -> None:
+    _m1, _m2, c1, c2 = pair
+    name = f"w24-off-{uuid.uuid4().hex[:8]}"
+    a, b = SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")
+    u = _reserve(a, name)
+    try:
+        c1.define(tiny_vm(name, 128, u, a.name))
+        res = migrate(name, Side(a, c1), Side(b, c2), live=False)
+        assert [s.kind for s in res.plan.steps] == ["create-mdev", "define"]
+        c1.close()
+        c2.close()
+        assert c2.exists(name) and not c2.is_active(name) and not c1.exists(name)
+        assert str(u) in b.model.mdevs and str(u) not in a.model.mdevs
+        prov = Provenance.read(c2.xml(name, inactive=True))
+        assert prov is not None and prov.host == b.name
+    finally:
+        _cleanup(name, c1, c2)
