@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid as _uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,3 +225,63 @@ def test_sim_renders_ecc_and_driver_version_as_nvidia_smi_does() -> None:
     inv = inventory(h)
     assert inv.nvidia_driver_version == "580.65.06"
     assert {g.nvidia.ecc_mode_current for g in inv.gpus if g.nvidia} == {"Disabled"}
+
+
+# -- NVML's own verdict (the agent's nvml op; the simulator answers it as NVML would) ------------------------
+
+
+def _nvml(a: SimHost, b: SimHost, live: bool = True, after_plan: Any = None) -> tuple[list[str], list[str]]:
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.mobility import Side
+    from vgpuvirt.provision.mobility.nvml_check import nvml_verdicts
+
+    u = mdev_on(a, "vm1")
+    src = facts(a, {"vm1": domain("vm1", mdevs=(u,))}, active=("vm1",) if live else ())
+    dst = facts(b, {})
+    plan = plan_migration("vm1", src, dst, live=live)
+    assert plan.ok, plan.refusals
+    if after_plan is not None:
+        after_plan()
+    unused = LibvirtConnection("test:///default")           # never opened: NVML goes through the Host
+    return nvml_verdicts(Side(a, unused), Side(b, unused), dst, plan)
+
+
+def test_nvml_says_live_for_twin_hosts(pair: tuple[SimHost, SimHost]) -> None:
+    assert _nvml(*pair) == ([], [])
+
+
+def test_nvml_refuses_an_older_vgpu_manager_on_the_destination(pair: tuple[SimHost, SimHost]) -> None:
+    a, b = pair
+    def older() -> None:                      # after the plan: only NVML's answer can refuse it here
+        b.model.driver_version = "535.54.06"
+
+    refusals, notes = _nvml(a, b, after_plan=older)
+    assert not notes and len(refusals) == 1
+    assert "NVML allows none migration, not live; limited by host driver (vGPU manager 535.54.06)" in refusals[0]
+
+
+@pytest.mark.parametrize(("side", "reason"), [("source", "NVML_VGPU_VIRTUALIZATION_CAP_MIGRATION is off"),
+                                              ("dest", "NVML_VGPU_PGPU_VIRTUALIZATION_CAP_MIGRATION is off")])
+def test_nvml_capability_bits_refuse(pair: tuple[SimHost, SimHost], side: str, reason: str) -> None:
+    a, b = pair
+    (a if side == "source" else b).model.vgpu_migration = False
+    refusals, _ = _nvml(a, b)
+    assert any(reason in r for r in refusals), refusals
+
+
+def test_a_host_without_nvml_is_noted_not_refused(tmp_path: Path) -> None:
+    """A tree read by the real agent (no libnvidia-ml on this machine): NVML does not answer, nothing refused."""
+    from vgpuvirt.host.local import LocalHost
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.mobility import Side
+    from vgpuvirt.provision.mobility.nvml_check import nvml_verdicts
+    from vgpuvirt.sim import materialize
+
+    a, b = SimHost.from_profile("t4x2", name="src"), SimHost.from_profile("t4x2", name="dst")
+    u = mdev_on(a, "vm1")
+    plan = plan_migration("vm1", facts(a, {"vm1": domain("vm1", mdevs=(u,))}, active=("vm1",)), facts(b, {}))
+    materialize("t4x2", str(tmp_path / "t"))
+    real = LocalHost(sysfs_root=str(tmp_path / "t"))
+    unused = LibvirtConnection("test:///default")
+    refusals, notes = nvml_verdicts(Side(real, unused), Side(b, unused), facts(b, {}), plan)
+    assert refusals == [] and len(notes) == 1 and "compatibility not checked" in notes[0]

@@ -46,6 +46,7 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         # (a migration needs both equal on the two hosts; tests change them to make the two differ).
         self.driver_version = DRIVER_VERSION
         self.ecc_enabled = True
+        self.vgpu_migration = True        # NVML's migration capability bit (a vGPU manager with migration off: False)
         # vgpuvirt's own state on the host (/var/lib/vgpuvirt: the cordon mark); on disk, so a reboot keeps it
         self.state_files: dict[str, str] = {}
         self._build(boot=False)

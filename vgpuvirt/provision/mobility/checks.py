@@ -132,6 +132,7 @@ class MigrationPlan:
     steps: list[Step] = field(default_factory=list)
     absent_before: frozenset[str] = frozenset()
     max_downtime_ms: int | None = None
+    notes: list[str] = field(default_factory=list)      # what was not checked, and why
 
     @property
     def ok(self) -> bool:
@@ -140,6 +141,7 @@ class MigrationPlan:
     def format(self) -> str:
         how = "live" if self.live else "offline"
         lines = [f"migrate {self.vm} ({how}) {self.source} -> {self.dest}:"]
+        lines += [f"  note: {n}" for n in self.notes]
         if self.refusals:
             lines += [f"  refused: {r}" for r in self.refusals]
             return "\n".join(lines)
@@ -152,7 +154,8 @@ class MigrationPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"vm": self.vm, "source": self.source, "dest": self.dest, "live": self.live, "ok": self.ok,
                 "refusals": list(self.refusals), "moves": [m.to_dict() for m in self.moves],
-                "steps": [s.to_dict() for s in self.steps], "max_downtime_ms": self.max_downtime_ms}
+                "steps": [s.to_dict() for s in self.steps], "max_downtime_ms": self.max_downtime_ms,
+                "notes": list(self.notes)}
 
 
 def _machine_version(machine: str | None) -> tuple[int, int] | None:

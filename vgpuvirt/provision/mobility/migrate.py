@@ -106,11 +106,16 @@ def migrate(vm: str, source: Side, dest: Side, *, live: bool | None = None, dry_
     t0 = time.monotonic()
     rt0 = {source.name: source.host.round_trips, dest.name: dest.host.round_trips}
     src, dst = read_both(source, dest, vms=(vm,))
-    t_read = time.monotonic()
     plan = plan_migration(vm, src, dst, live=live, postcopy=postcopy, max_downtime_ms=max_downtime_ms,
                           source_uri=source.conn.uri, peer_uri=peer_uri or dest.conn.uri, bandwidth_mib=bandwidth_mib)
+    if plan.ok:
+        from vgpuvirt.provision.mobility.nvml_check import nvml_verdicts
+        refusals, plan.notes = nvml_verdicts(source, dest, dst, plan)
+        plan.refusals += refusals
     if not plan.ok:
+        plan.steps = []
         raise MigrationRefused(plan)
+    t_read = time.monotonic()
     phases = {"pre-checks": t_read - t0}
     if dry_run:
         return MigrationResult(plan, [], [], time.monotonic() - t0, phases, _rts(source, dest, rt0))
