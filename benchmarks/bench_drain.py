@@ -144,7 +144,8 @@ def main() -> int:
         release = statistics.mean(phases["release"]) * 1000
         orch = pre + reserve + release
         print(f"  {g} vGPU(s) per VM: round trips source {sorted(src_rt)} (read, NVML metadata, release), destination "
-              f"{sorted(dst_rt)} (read, NVML verdict, reservation batch); pre-checks {pre:.1f} ms, reservation {reserve:.1f} ms, "
+              f"{sorted(dst_rt)} (read, NVML verdict, reservation batch); pre-checks {pre:.1f} ms, "
+              f"reservation {reserve:.1f} ms, "
               f"release {release:.1f} ms: orchestration {orch:.1f} ms = {orch / a.transfer_ms:.2f} of the "
               f"{a.transfer_ms} ms migration")
     return 0
