@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _sim_mount import sim_mount  # type: ignore[import-not-found]
+
 from vgpuvirt.provision.plan import plan
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.services.cordon import CORDON_FILE, read_cordon, set_cordon
