@@ -14,7 +14,7 @@
 #   scripts/testbed.sh mig-up N       N migration hosts m1..mN: each its own mount namespace with private libvirt
 #                                     dirs, its own virtlogd + libvirtd (distinct host_uuid, migration_address
 #                                     127.0.3.N) and sshd on 127.0.3.N:2222; writes $SBX/mig/hosts.json
-#   scripts/testbed.sh mig-down       stops the migration hosts (their libvirtd kills the VMs it runs)
+#   scripts/testbed.sh mig-down       stops the migration hosts and the QEMUs they ran (by pid file)
 #   scripts/testbed.sh mig-libvirtd-down N   kills migration host mN's libvirtd only (mig-up restarts it)
 #
 # State lives in $VGPUVIRT_SBX (default /tmp/vgpuvirt-testbed). See docs/testbed.md.
@@ -563,6 +563,6 @@ case "${1:-}" in
   mig-up)                mig_up "${2:-}" ;;
   mig-down)              mig_down ;;
   mig-libvirtd-down)     mig_libvirtd_down "${2:-}" ;;
-  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac
 log "$1 done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"
