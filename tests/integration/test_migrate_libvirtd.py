@@ -225,3 +225,22 @@ def test_offline_move_of_a_shut_off_vm(pair: Any) -> None:
         assert prov is not None and prov.host == b.name
     finally:
         _cleanup(name, c1, c2)
+
+
+def test_suspend_and_resume_on_a_real_libvirtd_keep_the_vgpu(pair: Any) -> None:
+    from vgpuvirt.provision.mobility.suspend import resume, suspend
+
+    _m1, _m2, c1, _c2 = pair
+    name = f"w24-sus-{uuid.uuid4().hex[:8]}"
+    a = SimHost.from_profile("t4x2", name="sim-a")
+    u = _reserve(a, name)
+    try:
+        c1.define(tiny_vm(name, 128, u, a.name))
+        c1.start(name)
+        suspend(Side(a, c1), name)
+        assert not c1.is_active(name) and c1.has_managed_save(name) and str(u) in a.model.mdevs
+        a.reboot()                                   # the host lost its (unpersisted) vGPU meanwhile
+        back = resume(Side(a, c1), name)
+        assert back.recreated == [str(u)] and c1.is_active(name) and not c1.has_managed_save(name)
+    finally:
+        _cleanup(name, c1)

@@ -44,9 +44,17 @@ def suspend(side: Side, vm: str) -> SuspendResult:
         raise InvalidSpec("VM", vm, "a running VM (it is not running: nothing to suspend)")
     if not conn.raw.lookupByName(vm).isPersistent():
         raise InvalidSpec("VM", vm, "a defined (persistent) VM: libvirt keeps a managed save only for those")
-    refs = domain_device_refs(conn.xml(vm))
+    xml = conn.xml(vm)
+    refs = domain_device_refs(xml)
     conn.managed_save(vm)
-    return SuspendResult(vm, "suspended", sorted([*map(str, refs.mdevs), *map(str, refs.pci)]))
+    return SuspendResult(vm, "suspended", sorted({*_owned_mdevs(xml), *map(str, refs.pci)}))
+
+
+def _owned_mdevs(xml: str) -> set[str]:
+    """The VM's mdev vGPUs: those its domain names, and those its ownership record lists (as migrate counts)."""
+    prov = Provenance.of_domain(Domain(parse_xml(xml)))
+    return {str(u) for u in domain_device_refs(xml).mdevs} | {
+        g["uuid"] for g in (prov.gpus if prov else ()) if g.get("kind") == "mdev" and g.get("uuid")}
 
 
 def resume(side: Side, vm: str) -> SuspendResult:
@@ -58,11 +66,11 @@ def resume(side: Side, vm: str) -> SuspendResult:
     if not conn.exists(vm) or not conn.has_managed_save(vm):
         raise InvalidSpec("VM", vm, f"a suspended VM on {side.name} (use `vm start` for one that is shut off)")
     xml = conn.xml(vm, inactive=True)
-    refs = domain_device_refs(xml)
+    owned = _owned_mdevs(xml)
     inv = inventory(side.host)
     present = {str(m.uuid) for m in inv.mdevs}
     prov = Provenance.of_domain(Domain(parse_xml(xml)))
-    missing = sorted(str(u) for u in refs.mdevs if str(u) not in present)
+    missing = sorted(u for u in owned if u not in present)
     steps: list[Step] = []
     for u in missing:
         entry = next((g for g in (prov.gpus if prov else ()) if g.get("kind") == "mdev" and g.get("uuid") == u), None)
@@ -75,7 +83,7 @@ def resume(side: Side, vm: str) -> SuspendResult:
     plan = Plan(steps=steps, kept=[], assignments=[], explain=[], vms=[], hosts=[side.name],
                 absent_before={side.name: frozenset(missing)})
     apply(plan, {side.name: side.host}, {side.name: conn})
-    kept = sorted(str(u) for u in refs.mdevs if str(u) in present)
+    kept = sorted(u for u in owned if u in present)
     return SuspendResult(vm, "resumed", kept, missing)
 
 
