@@ -11,6 +11,11 @@
 #   scripts/testbed.sh hosts-up N     N extra test hosts: sshd on 127.0.2.1..N:2222, each with its own mnt dir
 #   scripts/testbed.sh hosts-down     stops the extra hosts          (netns-up/netns-down are aliases)
 #   scripts/testbed.sh host-down N    stops extra host hN only (a test's "host gone"; hosts-up brings it back)
+#   scripts/testbed.sh mig-up N       N migration hosts m1..mN: each its own mount namespace with private libvirt
+#                                     dirs, its own virtlogd + libvirtd (distinct host_uuid, migration_address
+#                                     127.0.3.N) and sshd on 127.0.3.N:2222; writes $SBX/mig/hosts.json
+#   scripts/testbed.sh mig-down       stops the migration hosts and the QEMUs they ran (by pid file)
+#   scripts/testbed.sh mig-libvirtd-down N   kills migration host mN's libvirtd only (mig-up restarts it)
 #
 # State lives in $VGPUVIRT_SBX (default /tmp/vgpuvirt-testbed). See docs/testbed.md.
 set -euo pipefail
@@ -25,6 +30,8 @@ SSH_DIR=$SBX/ssh
 MNT=$SBX/mnt
 ENV_FILE=$SBX/testbed.json
 EXTRA_NET=127.0.2            # extra host N listens on 127.0.2.N (all of 127/8 is local: no netns needed)
+MIG=$SBX/mig                 # migration hosts: their own known_hosts, wrapper and env file, so that an
+MIG_NET=127.0.3              # older testbed.sh rewriting testbed.json or known_hosts never drops them
 LIBVIRT_URI=${VGPUVIRT_LIBVIRT_URI:-qemu:///system}
 LIBVIRT_WAIT=${VGPUVIRT_LIBVIRT_WAIT:-30}   # seconds `start` waits for a libvirtd that runs but does not answer yet
 export DEBIAN_FRONTEND=noninteractive
@@ -208,9 +215,172 @@ start_sshd() {
   log "sshd $name listening on $addr:$PORT (pid $(cat "$pidfile"))"
 }
 
+# ---------------------------------------------------------------- migration hosts
+# Migration host mN is one mount namespace (private propagation) holding fresh directories bind-mounted
+# over libvirt's run/state/cache/log/config dirs: a libvirtd started in the root namespace would take the
+# main one's sockets (TESTBED.md "More than one libvirtd"). Its sshd, virtlogd and libvirtd all run in it;
+# the namespace lives as long as its sshd (the pid in sshd-mN.pid), and nsenter restarts a killed libvirtd.
+mig_conf() {  # mig_conf N: the host's directories and configuration (idempotent)
+  local n=$1 d=$MIG/m$1
+  mkdir -p "$d"/{run,lib,cache/qemu/capabilities,log/qemu,etc/qemu}
+  chmod 700 "$d"
+  [ -f "$d/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "vgpuvirt-testbed-m$n" -f "$d/host_ed25519"
+  sshd_config "$d" "$MIG_NET.$n" "m$n"
+  # libvirt refuses a migration between two daemons with one host UUID ("the same host")
+  printf 'host_uuid = "76677075-7669-7274-6d69-%012x"\n' "$n" > "$d/etc/libvirtd.conf"
+  # Each host's QEMU listens for incoming migrations on its own address and port range.
+  cat > "$d/etc/qemu.conf" <<EOF
+user = "root"
+group = "root"
+migration_address = "$MIG_NET.$n"
+migration_host = "$MIG_NET.$n"
+migration_port_min = $((50000 + n * 32))
+migration_port_max = $((50000 + n * 32 + 31))
+EOF
+  : > "$d/etc/virtlogd.conf"
+  # the main daemon's QEMU capability cache spares each host the ~8 s probe (libvirtd re-probes if stale)
+  cp -n /var/cache/libvirt/qemu/capabilities/*.xml "$d/cache/qemu/capabilities/" 2>/dev/null || true
+}
+
+mig_known_hosts() {
+  local d
+  mkdir -p "$MIG"
+  for d in "$MIG"/m*; do
+    [ -f "$d/host_ed25519.pub" ] || continue
+    printf '[%s.%s]:%s %s\n' "$MIG_NET" "${d##*/m}" "$PORT" "$(cut -d' ' -f1,2 "$d/host_ed25519.pub")"
+  done > "$MIG/known_hosts.new"
+  mv "$MIG/known_hosts.new" "$MIG/known_hosts"
+  cat > "$MIG/ssh-wrapper" <<EOF
+#!/bin/sh
+exec /usr/bin/ssh -o UserKnownHostsFile=$MIG/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes "\$@"
+EOF
+  chmod 755 "$MIG/ssh-wrapper"
+}
+
+# mig_answers N: host mN's own libvirtd answers through its sshd (what the tests and migrations use)
+mig_answers() {
+  virsh -q -c "qemu+ssh://root@$MIG_NET.$1:$PORT/system?keyfile=$SSH_DIR/id_ed25519&command=$MIG/ssh-wrapper" \
+    version >/dev/null 2>&1
+}
+
+# mig_daemons N: virtlogd and libvirtd inside host mN's namespace (entered through its sshd's pid)
+mig_daemons() {
+  local n=$1 d=$MIG/m$1 ns i
+  ns=$(cat "$RUN/sshd-m$n.pid")
+  alive "$d/virtlogd.pid" virtlogd || nsenter -t "$ns" -m virtlogd -d -f "$d/etc/virtlogd.conf" -p "$d/virtlogd.pid" 9>&-
+  if ! alive "$d/libvirtd.pid" libvirtd; then
+    LIBVIRT_LOG_OUTPUTS="3:file:$RUN/libvirtd-m$n.log" \
+      nsenter -t "$ns" -m libvirtd -d -f "$d/etc/libvirtd.conf" --pid-file "$d/libvirtd.pid" 9>&-
+  fi
+  for i in $(seq 1 600); do mig_answers "$n" && return 0; sleep 0.1; done
+  tail -20 "$RUN/libvirtd-m$n.log" >&2 || true
+  die "libvirtd of migration host m$n did not answer"
+}
+
+mig_start() {  # mig_start N: the namespace with its bind mounts, and its sshd
+  local n=$1 d=$MIG/m$1 pidfile=$RUN/sshd-m$1.pid bashrc
+  if alive "$pidfile" "$d/sshd_config"; then return 0; fi
+  bashrc=$(getent passwd root | cut -d: -f6)/.bashrc
+  # shellcheck disable=SC2016  # $1.. are expanded by the inner sh, from argv, never spliced
+  nohup unshare -m --propagation private sh -c '
+    set -e
+    d=$1
+    mount --bind "$d/run" /run/libvirt
+    mount --bind "$d/lib" /var/lib/libvirt
+    mount --bind "$d/cache" /var/cache/libvirt
+    mount --bind "$d/log" /var/log/libvirt
+    mount --bind "$d/etc" /etc/libvirt
+    if [ -e "$2" ]; then mount --bind "$3" "$2"; fi
+    exec /usr/sbin/sshd -D -f "$d/sshd_config" -E "$4"' \
+    mig-ns "$d" "$bashrc" "$SSH_DIR/empty_bashrc" "$RUN/sshd-m$n.log" >>"$RUN/sshd-m$n.out" 2>&1 9>&- &
+  echo $! > "$pidfile"
+  wait_port "$MIG_NET.$n" "$PORT" || { tail -5 "$RUN/sshd-m$n.out" >&2 || true; die "sshd m$n did not listen on $MIG_NET.$n:$PORT"; }
+  log "migration host m$n: namespace and sshd on $MIG_NET.$n:$PORT (pid $(cat "$pidfile"))"
+}
+
+mig_env() {
+  local hosts=() d
+  for d in "$MIG"/m*; do
+    [ -d "$d" ] || continue
+    alive "$RUN/sshd-m${d##*/m}.pid" "$d/sshd_config" && hosts+=("${d##*/m}")
+  done
+  "$PYTHON" - "$MIG/hosts.json" "$MIG" "$PORT" "$SSH_DIR" "$MIG_NET" "$RUN" "${hosts[@]}" <<'EOF'
+import json, os, sys
+env_file, mig, port, ssh_dir, net, run, *hosts = sys.argv[1:]
+identity = os.path.join(ssh_dir, "id_ed25519")
+wrapper = os.path.join(mig, "ssh-wrapper")
+def host(i):
+    addr = "%s.%s" % (net, i)
+    d = os.path.join(mig, "m" + i)
+    return {"name": "m" + i, "ssh_host": addr, "ssh_port": int(port), "identity": identity,
+            "known_hosts": os.path.join(mig, "known_hosts"), "ssh_wrapper": wrapper,
+            "libvirt_uri": "qemu+ssh://root@%s:%s/system?keyfile=%s&command=%s" % (addr, port, identity, wrapper),
+            "libvirtd_pidfile": os.path.join(d, "libvirtd.pid"), "libvirtd_log": os.path.join(run, "libvirtd-m%s.log" % i),
+            "sshd_log": os.path.join(run, "sshd-m%s.log" % i),
+            "host_uuid": "76677075-7669-7274-6d69-%012x" % int(i)}
+tmp = env_file + ".tmp"
+with open(tmp, "w") as f:
+    json.dump({"hosts": [host(i) for i in sorted(hosts, key=int)]}, f, indent=1)
+os.replace(tmp, env_file)
+EOF
+}
+
+mig_up() {
+  local n=${1:-} i
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 8)) || die "usage: $0 mig-up N (1..8)" 2
+  need_root; need_bins
+  command -v nsenter >/dev/null || die "missing nsenter: run scripts/testbed.sh install first" 4
+  [ -f "$ENV_FILE" ] || start
+  take_lock
+  prep_libvirt
+  for i in $(seq 1 "$n"); do mig_conf "$i"; done
+  mig_known_hosts
+  for i in $(seq 1 "$n"); do mig_start "$i"; done
+  for i in $(seq 1 "$n"); do mig_daemons "$i"; done
+  mig_env
+  log "migration hosts ready: $MIG/hosts.json"
+}
+
+mig_libvirtd_down() {
+  local n=${1:-}
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 8)) || die "usage: $0 mig-libvirtd-down N (1..8)" 2
+  need_root; take_lock
+  stop_pidfile "libvirtd m$n" "$MIG/m$n/libvirtd.pid" libvirtd
+}
+
+mig_down() {
+  local d n pidf
+  need_root; take_lock
+  for d in "$MIG"/m*; do
+    [ -d "$d" ] || continue
+    n=${d##*/m}
+    # libvirtd first: on SIGTERM it leaves its QEMUs running; those of a stopped test host are ours to end
+    stop_pidfile "libvirtd m$n" "$d/libvirtd.pid" libvirtd
+    for pidf in "$d"/run/qemu/*.pid; do
+      [ -e "$pidf" ] && stop_pidfile "qemu m$n ${pidf##*/}" "$pidf" qemu-system
+    done
+    stop_pidfile "virtlogd m$n" "$d/virtlogd.pid" virtlogd
+    stop_pidfile "sshd m$n" "$RUN/sshd-m$n.pid" "$d/sshd_config"
+  done
+  [ -d "$MIG" ] && mig_env
+  return 0
+}
+
 # ---------------------------------------------------------------- start / stop
 # libvirt_answers: libvirtd answers an API call on $LIBVIRT_URI (its socket is live, not just its pid).
 libvirt_answers() { virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; }
+
+# root_libvirtd: the pids of libvirtds that are not a migration host's (those run in namespaces of their own
+# and never touch /run/libvirt's sockets); exit 1 when there is none.
+root_libvirtd() {
+  local p f found=1 mine
+  for p in $(pgrep -x libvirtd); do
+    mine=
+    for f in "$MIG"/m*/libvirtd.pid; do [ -s "$f" ] && [ "$(cat "$f")" = "$p" ] && mine=1; done
+    [ -n "$mine" ] || { echo "$p"; found=0; }
+  done
+  return $found
+}
 
 # libvirt_state: where libvirtd stands, read-only:
 #   ours     the libvirtd of our pid file runs and answers      foreign  one we did not start answers
@@ -220,7 +390,7 @@ libvirt_answers() { virsh -q -c "$LIBVIRT_URI" version >/dev/null 2>&1; }
 libvirt_state() {
   if libvirt_answers; then
     if alive "$RUN/libvirtd.pid" libvirtd; then echo ours; else echo foreign; fi
-  elif alive "$RUN/libvirtd.pid" libvirtd || pgrep -x libvirtd >/dev/null; then echo silent
+  elif alive "$RUN/libvirtd.pid" libvirtd || root_libvirtd >/dev/null; then echo silent
   else echo none; fi
 }
 
@@ -235,7 +405,7 @@ start_libvirt() {
     log "libvirtd: a libvirtd runs but does not answer on $LIBVIRT_URI; waiting up to $LIBVIRT_WAIT s for it"
     for i in $(seq 1 $((LIBVIRT_WAIT * 10))); do libvirt_answers && break; sleep 0.1; done
     state=$(libvirt_state)
-    [ "$state" != silent ] || die "libvirtd (pid $(pgrep -x libvirtd | tr '\n' ' '| sed 's/ $//')) runs but does not answer on $LIBVIRT_URI: not starting a second one over its sockets; stop it or see $RUN/libvirtd.log" 5
+    [ "$state" != silent ] || die "libvirtd (pid $(root_libvirtd | tr '\n' ' '| sed 's/ $//')) runs but does not answer on $LIBVIRT_URI: not starting a second one over its sockets; stop it or see $RUN/libvirtd.log" 5
   fi
   case $state in
     ours) return 0 ;;
@@ -337,6 +507,7 @@ host_down() {
 stop() {
   need_root; take_lock
   hosts_down
+  mig_down
   stop_pidfile "sshd main" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config"
   stop_pidfile libvirtd "$RUN/libvirtd.pid" libvirtd
   stop_pidfile virtlogd "$RUN/virtlogd.pid" virtlogd
@@ -355,7 +526,7 @@ status() {
   case $(libvirt_state) in
     ours)    echo "libvirtd: running (pid $(cat "$RUN/libvirtd.pid")), answers on $LIBVIRT_URI" ;;
     foreign) echo "libvirtd: one we did not start answers on $LIBVIRT_URI" ;;
-    silent)  echo "libvirtd: runs (pid $(pgrep -x libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
+    silent)  echo "libvirtd: runs (pid $(root_libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
     none)    echo "libvirtd: stopped"; ok=1 ;;
   esac
   show virtlogd "$RUN/virtlogd.pid" virtlogd || true
@@ -363,6 +534,12 @@ status() {
     [ -d "$d" ] || continue
     f=${d##*/}
     show "sshd $f $EXTRA_NET.${f#h}:$PORT" "$RUN/sshd-$f.pid" "$d/sshd_config" || true
+  done
+  for d in "$MIG"/m*; do
+    [ -d "$d" ] || continue
+    f=${d##*/}
+    show "migration host $f sshd $MIG_NET.${f#m}:$PORT" "$RUN/sshd-$f.pid" "$d/sshd_config" || true
+    show "migration host $f libvirtd" "$d/libvirtd.pid" libvirtd || true
   done
   if mountpoint -q "$MNT" && grep -qE "^[0-9]+ [0-9]+ [^ ]+ [^ ]+ $MNT .*shared:" /proc/self/mountinfo; then
     echo "mnt $MNT: shared mount"
@@ -383,6 +560,9 @@ case "${1:-}" in
   hosts-up|netns-up)     hosts_up "${2:-}" ;;
   hosts-down|netns-down) hosts_down ;;
   host-down)             host_down "${2:-}" ;;
-  *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+  mig-up)                mig_up "${2:-}" ;;
+  mig-down)              mig_down ;;
+  mig-libvirtd-down)     mig_libvirtd_down "${2:-}" ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac
 log "$1 done in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"

@@ -108,6 +108,15 @@ class Testbed(SshEndpoint):
         self._extra.extend(hosts)
         return hosts
 
+    def migration_hosts(self, n: int) -> list[MigrationHost]:
+        """N migration hosts m1..mN (scripts/testbed.sh mig-up N): each its own libvirtd (own mount namespace,
+        host UUID and migration address 127.0.3.N) behind its own sshd; idempotent, restarts a killed libvirtd."""
+        _testbed_sh("mig-up", str(n))
+        env = json.loads((SBX / "mig" / "hosts.json").read_text())
+        hosts = [MigrationHost(**h) for h in env["hosts"]][:n]
+        require_part(f"{n} migration hosts", len(hosts) == n, f"testbed.sh mig-up {n} brought up {len(hosts)}")
+        return hosts
+
     def stop_extra_host(self, n: int) -> None:
         """Stop extra host hN's sshd (scripts/testbed.sh host-down N); extra_hosts() brings it back."""
         _testbed_sh("host-down", str(n))
@@ -116,6 +125,31 @@ class Testbed(SshEndpoint):
         super().close_all()
         for h in self._extra:
             h.close_all()
+
+
+@dataclass(frozen=True)
+class MigrationHost:
+    """One migration host of the testbed (scripts/testbed.sh mig-up): its libvirt URI through its sshd."""
+
+    name: str
+    ssh_host: str
+    ssh_port: int
+    identity: str
+    known_hosts: str
+    ssh_wrapper: str
+    libvirt_uri: str
+    libvirtd_pidfile: str
+    libvirtd_log: str
+    sshd_log: str
+    host_uuid: str
+
+    def kill_libvirtd(self) -> None:
+        """SIGKILL this host's libvirtd (a destination dying mid-migration); migration_hosts() restarts it."""
+        import signal
+        pid = int(Path(self.libvirtd_pidfile).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert b"libvirtd" in cmdline, f"pid {pid} is not the testbed's libvirtd: {cmdline!r}"
+        os.kill(pid, signal.SIGKILL)
 
 
 def _testbed_sh(*args: str) -> None:

@@ -25,6 +25,7 @@ import tenacity
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
+from vgpuvirt.libvirt_migrate import MigrationCalls
 from vgpuvirt.libvirt_storage import StorageCalls
 from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
@@ -97,8 +98,8 @@ class DomainInfo:
     xml: str
 
 
-class LibvirtConnection(StorageCalls):
-    """One libvirt connection, opened lazily, thread-safe; storage, networks, firmware: ``StorageCalls``."""
+class LibvirtConnection(StorageCalls, MigrationCalls):
+    """One libvirt connection, opened lazily, thread-safe; storage etc.: ``StorageCalls``; ``MigrationCalls``."""
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
         # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it
@@ -196,10 +197,10 @@ class LibvirtConnection(StorageCalls):
         dom = self._lookup(name)
         return bool(self._call(name, "query state", lambda: dom.isActive()))
 
-    def xml(self, name: str, *, inactive: bool = False) -> str:
-        libvirt = _import_libvirt()
-        dom = self._lookup(name)
-        flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+    def xml(self, name: str, *, inactive: bool = False, migratable: bool = False) -> str:
+        lv = _import_libvirt()          # migratable: the form a migration sends (a destination XML is checked
+        dom = self._lookup(name)        # against it)
+        flags = (lv.VIR_DOMAIN_XML_INACTIVE if inactive else 0) | (lv.VIR_DOMAIN_XML_MIGRATABLE if migratable else 0)
         return str(self._call(name, "read XML", lambda: dom.XMLDesc(flags)))
 
     def domains(self) -> list[DomainInfo]:

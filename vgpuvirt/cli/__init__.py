@@ -43,6 +43,8 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("vm", "vgpuvirt.cli.vm", "list VMs with their GPUs; start, shutdown, reboot, destroy"),
     ("attach", "vgpuvirt.cli.attach", "add a vGPU or GPU to an existing VM"),
     ("detach", "vgpuvirt.cli.detach", "remove a vGPU or GPU from a VM (and the vGPU itself)"),
+    ("migrate", "vgpuvirt.cli.migrate", "move a VM and its vGPUs to another host (live or --offline)"),
+    ("host", "vgpuvirt.cli.host", "host maintenance: cordon, uncordon, drain, status"),
     ("metrics", "vgpuvirt.cli.metrics",
      "one metrics snapshot: GPU and per-vGPU/VM use, health (one round trip/host)"),
     ("exporter", "vgpuvirt.cli.exporter", "serve Prometheus metrics of one or several hosts"),

@@ -1,4 +1,4 @@
-"""``vgpuvirt vm``: list a host's VMs with their GPUs; start, shut down, reboot or power off VMs.
+"""``vgpuvirt vm``: list a host's VMs with their GPUs; start, shut down, reboot, power off, suspend or resume VMs.
 
     vgpuvirt --host sim:t4x2 vm list --connect test:///default
     vgpuvirt vm start desk-001 desk-002
@@ -33,7 +33,7 @@ def connection(ctx: Context, args: argparse.Namespace) -> LibvirtConnection:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("vm", help="list VMs with their GPUs; start, shutdown, reboot, destroy",
+    p = sub.add_parser("vm", help="list VMs with their GPUs; start, shutdown, reboot, destroy, suspend, resume",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="vm_command", metavar="ACTION")
     s.required = True
@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
         a.add_argument("names", nargs="+", metavar="VM")
         add_connect(a)
         a.set_defaults(func=_act, action=action)
+    for action, text in (("suspend", "save a running VM to disk (managed save); its vGPUs stay reserved for it"),
+                         ("resume", "restore a suspended VM, creating again any vGPU the host lost")):
+        a = s.add_parser(action, help=text)
+        a.add_argument("names", nargs="+", metavar="VM")
+        add_connect(a)
+        a.set_defaults(func=_save, action=action)
 
 
 def _list(ctx: Context, args: argparse.Namespace) -> int:
@@ -104,6 +110,26 @@ def _act(ctx: Context, args: argparse.Namespace) -> int:
             out.append({"vm": name, "action": args.action, "changed": changed, "result": text})
             if not ctx.json:
                 print(printable(f"{name}: {text}"))
+    if ctx.json:
+        ctx.emit_json({"uri": conn.uri, "vms": out})
+    return 0
+
+
+def _save(ctx: Context, args: argparse.Namespace) -> int:
+    """suspend / resume: the VMs' vGPUs are the host's business too, so these take the host (``--host``)."""
+    from vgpuvirt.provision.mobility.checks import Side
+    from vgpuvirt.provision.mobility.suspend import resume, suspend
+
+    out: list[dict[str, Any]] = []
+    with connection(ctx, args) as conn:
+        side = Side(ctx.host(), conn)
+        for name in args.names:
+            r = (suspend if args.action == "suspend" else resume)(side, name)
+            out.append(r.to_dict())
+            if not ctx.json:
+                extra = f"; vGPUs created again: {', '.join(r.recreated)}" if r.recreated else ""
+                kept = f"; vGPUs kept: {', '.join(r.kept)}" if r.kept else ""
+                print(printable(f"{name}: {r.action}{kept}{extra}"))
     if ctx.json:
         ctx.emit_json({"uri": conn.uri, "vms": out})
     return 0

@@ -1468,6 +1468,73 @@ def _nvml_structs() -> "Any":
     return C, GetState, SetState, Caps, Log, PciInfo
 
 
+def _nvml_migration_structs() -> "Any":
+    """vGPU migration metadata, as NVIDIA's own bindings (nvidia-ml-py) lay them out."""
+    import ctypes as C
+
+    class VgpuMeta(C.Structure):    # nvmlVgpuMetadata_t
+        _fields_ = [("version", C.c_uint), ("revision", C.c_uint), ("guestInfoState", C.c_uint),
+                    ("guestDriverVersion", C.c_char * 80), ("hostDriverVersion", C.c_char * 80),
+                    ("reserved", C.c_uint * 6), ("vgpuVirtualizationCaps", C.c_uint), ("guestVgpuVersion", C.c_uint),
+                    ("opaqueDataSize", C.c_uint), ("opaqueData", C.c_char * (4 + 256))]
+
+    class VgpuVersion(C.Structure):  # nvmlVgpuVersion_t
+        _fields_ = [("minVersion", C.c_uint), ("maxVersion", C.c_uint)]
+
+    class PgpuMeta(C.Structure):    # nvmlVgpuPgpuMetadata_t
+        _fields_ = [("version", C.c_uint), ("revision", C.c_uint), ("hostDriverVersion", C.c_char * 80),
+                    ("pgpuVirtualizationCaps", C.c_uint), ("reserved", C.c_uint * 5),
+                    ("hostSupportedVgpuRange", VgpuVersion), ("opaqueDataSize", C.c_uint),
+                    ("opaqueData", C.c_char * 256)]
+
+    class Compat(C.Structure):      # nvmlVgpuPgpuCompatibility_t
+        _fields_ = [("vgpuVmCompatibility", C.c_uint), ("compatibilityLimitCode", C.c_uint)]
+    return VgpuMeta, PgpuMeta, Compat
+
+
+def _nvml_migration(C: "Any", fn: "Any", check: "Any", call: str, args: "List[str]") -> "Dict[str, Any]":
+    """``vgpu_migration_metadata MDEV_UUID`` (the source: nvmlVgpuInstanceGetMetadata of the vGPU whose mdev
+    UUID that is) and ``vgpu_migration_compat BUS_ID METADATA_HEX`` (the destination: nvmlDeviceGetVgpuMetadata
+    of that GPU, then nvmlGetVgpuCompatibility of the two), as XenServer's pre-checks ask them."""
+    import json
+    VgpuMeta, PgpuMeta, Compat = _nvml_migration_structs()
+    if call == "vgpu_migration_metadata":
+        want = args[0].lower()
+        count = C.c_uint()
+        check(fn("nvmlDeviceGetCount_v2")(C.byref(count)), "nvmlDeviceGetCount")
+        for i in range(count.value):
+            h = C.c_void_p()
+            check(fn("nvmlDeviceGetHandleByIndex_v2")(i, C.byref(h)), "GetHandleByIndex")
+            n = C.c_uint(0)
+            rc = fn("nvmlDeviceGetActiveVgpus")(h, C.byref(n), None)
+            if rc not in (0, 7) or n.value == 0:       # 7: INSUFFICIENT_SIZE, the count is in n
+                continue
+            ids = (C.c_uint * n.value)()
+            check(fn("nvmlDeviceGetActiveVgpus")(h, C.byref(n), ids), "GetActiveVgpus")
+            for inst in ids[:n.value]:
+                buf = C.create_string_buffer(80)
+                if fn("nvmlVgpuInstanceGetMdevUUID")(inst, buf, 80) != 0 or buf.value.decode().lower() != want:
+                    continue
+                meta, size = VgpuMeta(), C.c_uint(C.sizeof(VgpuMeta))
+                check(fn("nvmlVgpuInstanceGetMetadata")(inst, C.byref(meta), C.byref(size)), "GetMetadata")
+                return {"ok": True, "rc": 0, "stdout": json.dumps({
+                    "caps": meta.vgpuVirtualizationCaps, "host_driver": meta.hostDriverVersion.decode(),
+                    "guest_driver": meta.guestDriverVersion.decode(), "blob": bytes(meta).hex()})}
+        raise RuntimeError(6, "no active vGPU with mdev UUID %s: Not Found" % want)
+    handle, pg = C.c_void_p(), PgpuMeta()
+    check(fn("nvmlDeviceGetHandleByPciBusId_v2")(args[0].encode(), C.byref(handle)), args[0])
+    size = C.c_uint(C.sizeof(PgpuMeta))
+    check(fn("nvmlDeviceGetVgpuMetadata")(handle, C.byref(pg), C.byref(size)), "DeviceGetVgpuMetadata")
+    raw = bytes.fromhex(args[1])
+    if len(raw) != C.sizeof(VgpuMeta):
+        raise ValueError("vGPU metadata of %d bytes, not %d" % (len(raw), C.sizeof(VgpuMeta)))
+    vm, compat = VgpuMeta.from_buffer_copy(raw), Compat()
+    check(fn("nvmlGetVgpuCompatibility")(C.byref(vm), C.byref(pg), C.byref(compat)), "GetVgpuCompatibility")
+    return {"ok": True, "rc": 0, "stdout": json.dumps({
+        "vm": compat.vgpuVmCompatibility, "limit": compat.compatibilityLimitCode,
+        "pgpu_caps": pg.pgpuVirtualizationCaps, "host_driver": pg.hostDriverVersion.decode()})}
+
+
 def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
     import json
     try:
@@ -1510,6 +1577,8 @@ def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
                                     "state": json.loads(one["stdout"]) if one.get("ok") else None,
                                     "error": one.get("error")})
                 return {"ok": True, "rc": 0, "stdout": json.dumps(out_all)}
+            if call in ("vgpu_migration_metadata", "vgpu_migration_compat"):
+                return _nvml_migration(C, fn, check, str(call), args)
             handle = C.c_void_p()
             check(fn("nvmlDeviceGetHandleByPciBusId_v2")(args[0].encode(), C.byref(handle)), args[0])
             if call == "vgpu_scheduler_get":

@@ -72,8 +72,9 @@ class Op:
     @staticmethod
     def nvml(call: str, args: Sequence[str], *, read_only: bool, group: str | None = None) -> Op:
         """One NVML call on the host (its answer, as JSON, in the result's stdout; its NVML code in rc)."""
-        if call not in ("vgpu_scheduler_get", "vgpu_scheduler_set"):
-            raise InvalidSpec("NVML call", call, "vgpu_scheduler_get or vgpu_scheduler_set")
+        if call not in ("vgpu_scheduler_get", "vgpu_scheduler_set", "vgpu_migration_metadata", "vgpu_migration_compat"):
+            raise InvalidSpec("NVML call", call, "vgpu_scheduler_get, vgpu_scheduler_set, vgpu_migration_metadata "
+                                                 "or vgpu_migration_compat")
         if not all(isinstance(a, str) and a.isprintable() for a in args):
             raise InvalidSpec("NVML arguments", args, "printable strings")
         return Op("nvml", value=call, argv=tuple(args), read_only=read_only, group=group)

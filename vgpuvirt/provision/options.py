@@ -78,6 +78,8 @@ def evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> Option | str:
     """The best way ``g`` can serve ``req``, or why it cannot."""
     if vm.host is not None and g.host != vm.host:
         return f"VM is pinned to host {vm.host}"
+    if g.cordoned:
+        return f"host {g.host} is cordoned: {g.cordoned}"
     if g.unhealthy:
         return f"unhealthy: {g.unhealthy}"
     if req.vendor and g.vendor != req.vendor:

@@ -80,6 +80,7 @@ class GpuState:
     sriov_capable: int = 0                  # VFs a PF with SR-IOV off could enable (vGPU boards)
     switch_to_mixed: bool = False           # counted in mixed-size mode: the plan switches it (--heterogeneous)
     unhealthy: str | None = None            # why placement must not use it (XID, ECC, pending repair, PCIe link)
+    cordoned: str | None = None             # its host is cordoned (why): placement skips it
     # Every vGPU type of its mdev parents and vGPU 17+ VFs, once each (a GPU's VFs repeat one table).
     type_profiles: dict[str, TypeProfile] = field(default_factory=dict)
     local_cpus: str | None = None           # the host CPUs nearest the GPU (sysfs local_cpulist)
@@ -193,7 +194,8 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
             budget = budget.whole_taken(holder)
         gs = GpuState(host=inv.host, address=g.address, vendor=vendor, numa_node=g.numa_node,
                       backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga), local_cpus=g.local_cpulist,
-                      unhealthy="; ".join(g.health.reasons) if g.health and not g.health.healthy else None)
+                      unhealthy="; ".join(g.health.reasons) if g.health and not g.health.healthy else None,
+                      cordoned=inv.cordon.reason if inv.cordon is not None else None)
         gs.slots = _vgpu_slots(inv, budget, vendor)
         gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from vgpuvirt.errors import HostError, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
+from vgpuvirt.services.cordon import CORDON_FILE
 from vgpuvirt.services.host_resources import RESOURCE_GLOBS
 from vgpuvirt.services.inventory_build import build_inventory
 from vgpuvirt.services.inventory_health import health_inputs
@@ -73,6 +74,7 @@ INVENTORY_GLOBS: tuple[str, ...] = (
     NVIDIA_VERSION,
     PROC_CMDLINE,
     *RESOURCE_GLOBS,          # CPUs and free hugepages: the plan's pre-flight
+    CORDON_FILE,              # the host's cordon mark: every controller's placement skips a cordoned host
 )
 
 #: The programs an inventory runs with its reads (when it runs nvidia-smi), in this order.

@@ -17,6 +17,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.cordon import CORDON_FILE, parse_cordon
 from vgpuvirt.services.host_resources import host_resources
 from vgpuvirt.services.inventory_health import HealthInputs, health_inputs, with_health
 from vgpuvirt.services.inventory_model import (
@@ -144,6 +145,7 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
         iommu_units=list(part.iommu_units),
         nvidia_driver_version=part.nvidia_version or facts.driver_version or (nvml.driver_version if nvml else None),
         sources=sources,
+        cordon=parse_cordon(snap.text(CORDON_FILE)),
         resources=host_resources(snap),
     )
 

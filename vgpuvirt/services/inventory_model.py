@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
+from vgpuvirt.services.cordon import Cordon
 from vgpuvirt.services.host_resources import HostResources
 from vgpuvirt.services.metrics_model import Health
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
@@ -240,6 +241,7 @@ class Inventory:
     iommu_units: list[str] = field(default_factory=list)
     nvidia_driver_version: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    cordon: Cordon | None = None             # the host's cordon mark: placement skips a cordoned host
     # CPUs and free hugepages (the plan's pre-flight); not part of the JSON contract.
     resources: HostResources = field(default_factory=HostResources, compare=False, repr=False)
 
@@ -281,4 +283,5 @@ class Inventory:
             "iommu_units": list(self.iommu_units),
             "nvidia_driver_version": self.nvidia_driver_version,
             "sources": dict(self.sources),
+            "cordon": self.cordon.to_dict() if self.cordon is not None else None,
         }

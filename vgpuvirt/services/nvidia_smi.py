@@ -44,6 +44,7 @@ class NvidiaGpuFacts:
     mig_mode_current: str | None = None       # "Enabled" | "Disabled"
     mig_mode_pending: str | None = None
     mig_devices: int | None = None
+    ecc_mode_current: str | None = None       # "Enabled" | "Disabled" (migration needs the same on both sides)
     gpu_instances: list[tuple[int, str]] | None = None   # (GI id, MIG profile) from ``nvidia-smi mig -lgi``
     gi_profiles_free: dict[str, int] | None = None       # MIG profile -> more GIs that fit (``mig -lgip``)
     supported_vgpu_types: list[dict[str, Any]] | None = None
@@ -63,7 +64,7 @@ class NvidiaGpuFacts:
             "virtualization_mode": self.virtualization_mode, "host_vgpu_mode": self.host_vgpu_mode,
             "vgpu_heterogeneous_mode": self.vgpu_heterogeneous_mode, "mixed_size_capable": self.mixed_size_capable,
             "mig_mode": {"current": self.mig_mode_current, "pending": self.mig_mode_pending},
-            "mig_devices": self.mig_devices,
+            "mig_devices": self.mig_devices, "ecc_mode": self.ecc_mode_current,
             "gpu_instances": ([{"id": i, "profile": p} for i, p in self.gpu_instances]
                               if self.gpu_instances is not None else None),
             **({"gi_profiles_free": dict(self.gi_profiles_free)} if self.gi_profiles_free is not None else {}),
@@ -148,6 +149,7 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
             mig_mode_current=t("mig_mode/current_mig"),
             mig_mode_pending=t("mig_mode/pending_mig"),
             mig_devices=mig_count,
+            ecc_mode_current=t("ecc_mode/current_ecc"),
         ))
     drv = root.find("driver_version")
     cuda = root.find("cuda_version")

@@ -45,7 +45,11 @@ class SimFs(DeviceTree, EtcTree):
         proc: dict[str, Node] = {"sys": Dir(lambda: {"kernel": Dir(lambda: {"random": Dir(lambda: random)})}),
                                  "cmdline": Attr(lambda: self._cmdline() + "\n"),
                                  "driver": Dir(self._proc_driver)}
-        self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc)})
+        files = self.model.state_files
+        state = Dir(lambda: {n: Attr(show=lambda n=n: files[n], mode=0o600) for n in sorted(files)})  # type: ignore[misc]
+        var: dict[str, Node] = {"lib": Dir(lambda: {"vgpuvirt": state})}
+        self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc),
+                                  "var": Dir(lambda: var)})
 
     # ------------------------------------------------------------------ path walking
 

@@ -14,6 +14,7 @@ from vgpuvirt.sim.kstrto import oserror
 from vgpuvirt.sim.model import SimModel
 
 MODPROBE_DIR = "/etc/modprobe.d"
+STATE_DIR = "/var/lib/vgpuvirt"
 
 
 class EtcTree:
@@ -29,13 +30,13 @@ class EtcTree:
         # /proc/driver/nvidia/params); /sys/module/nvidia/version is there (real H100, R580).
         if "nvidia" not in self.model.drivers:
             return {}
-        version = Attr(show=lambda: self.model.profile.driver_version + "\n", mode=0o444)
+        version = Attr(show=lambda: self.model.driver_version + "\n", mode=0o444)
         return {"nvidia": Dir(lambda: {"version": version})}
 
     def _proc_driver(self) -> dict[str, Node]:
         if "nvidia" not in self.model.drivers:
             return {}
-        v = self.model.profile.driver_version
+        v = self.model.driver_version
         # R580's open kernel module line (real H100); the GCC line is INFERRED from that capture's shape
         version = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  (dvs-builder@)  \n"
                    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n")
@@ -56,7 +57,7 @@ class EtcTree:
                     f"GPU UUID: \t {gpu_uuid(d.addr)}\nVideo BIOS: \t 96.00.da.00.0c\nBus Type: \t PCIe\n"
                     "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
                     f"Bus Location: \t {d.addr}\nDevice Minor: \t {minor}\n"
-                    f"GPU Firmware: \t {self.model.profile.driver_version}\nGPU Excluded:\t No\n")
+                    f"GPU Firmware: \t {self.model.driver_version}\nGPU Excluded:\t No\n")
             info: dict[str, Node] = {"information": Attr(show=lambda t=text: t, mode=0o444)}  # type: ignore[misc]
             out[d.addr] = Dir(lambda i=info: i)  # type: ignore[misc]
         return out
@@ -69,11 +70,16 @@ class EtcTree:
         return "BOOT_IMAGE=/boot/vmlinuz root=/dev/sda1 ro quiet" + (" intel_iommu=on iommu=pt" if p.iommu else "")
 
     def replace_file(self, path: str, value: str, mode: int) -> None:
-        """The agent's ``replace_file`` op: only plain file names directly in /etc/modprobe.d exist here."""
+        """The agent's ``replace_file`` op: only plain file names directly in /etc/modprobe.d and in vgpuvirt's
+        state directory exist here."""
         directory, _, name = path.rpartition("/")
-        if directory != MODPROBE_DIR or not name or name.startswith("."):
+        if directory not in (MODPROBE_DIR, STATE_DIR) or not name or name.startswith("."):
             raise oserror(errno.EROFS)
         with self.model.lock:
+            if directory == STATE_DIR:
+                self.model.state_files[name] = value
+                self.model.bump()
+                return
             self.model.sched.modprobe[name] = value
             self.model.bump()
 

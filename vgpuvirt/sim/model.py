@@ -40,6 +40,13 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.iommu = profile.iommu
         self.boot_id = str(_uuid.uuid4())
         self.boots = 0
+        # What nvidia-smi reports for the whole host: the vGPU manager's version and the GPUs' ECC mode
+        # (a migration needs both equal on the two hosts; tests change them to make the two differ).
+        self.driver_version = profile.driver_version
+        self.ecc_enabled = True
+        self.vgpu_migration = True        # NVML's migration capability bit (a vGPU manager with migration off: False)
+        # vgpuvirt's own state on the host (/var/lib/vgpuvirt: the cordon mark); on disk, so a reboot keeps it
+        self.state_files: dict[str, str] = {}
         self._build(boot=False)
         self.version = 0
 

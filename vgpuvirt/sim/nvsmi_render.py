@@ -91,7 +91,7 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
     awake = d.gpu is not None and not d.gpu.vgpu_host
     busy = bool(vgpus) or awake
     limit, gen_max = _board(d)
-    major = int(model.profile.driver_version.split(".", 1)[0] or 0)
+    major = int(model.driver_version.split(".", 1)[0] or 0)
     sm = min(100.0, sum(u["sm"] for u in utils))
     pci = e.find("pci")
     if pci is not None:
@@ -122,7 +122,8 @@ def add_gpu_readings(model: SimModel, d: Dev, e: ET.Element) -> None:
     latency = round(tel.wave(d.addr, "lat", low=2000, high=9000)) if sessions else 0
     _group(e, "encoder_stats", [("session_count", str(sessions)), ("average_fps", str(fps)),
                                 ("average_latency", str(latency))])
-    _group(e, "ecc_mode", [("current_ecc", "Enabled"), ("pending_ecc", "Enabled")])
+    ecc = "Enabled" if model.ecc_enabled else "Disabled"
+    _group(e, "ecc_mode", [("current_ecc", ecc), ("pending_ecc", ecc)])
     errs = ET.SubElement(e, "ecc_errors")
     for side in ("volatile", "aggregate"):
         el = ET.SubElement(errs, side)
@@ -204,7 +205,7 @@ def vgpu_query(model: SimModel, gpus: list[Dev]) -> str:
 def dmesg(model: SimModel, gpus: list[Dev]) -> str:
     """The NVIDIA lines of the kernel log: driver load, the scheduler's message per vGPU-capable GPU, XIDs."""
     tel = telemetry(model)
-    v = model.profile.driver_version
+    v = model.driver_version
     # the first two lines as a real R580 prints them (real H100); the builder's name is INFERRED
     lines: list[tuple[float, str]] = [(4.2, "nvidia: loading out-of-tree module taints kernel."),
                                       (4.3, f"NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  {v}  "

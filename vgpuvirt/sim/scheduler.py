@@ -140,6 +140,10 @@ class SimScheduler:
     # ------------------------------------------------------------------ NVML (the agent's "nvml" op)
     def nvml(self, op: dict[str, Any]) -> dict[str, Any]:
         call, args = op.get("value"), [str(a) for a in op.get("argv") or []]
+        if call in ("vgpu_migration_metadata", "vgpu_migration_compat"):
+            from vgpuvirt.sim.nvml_migration import answer
+            with self.model.lock:
+                return answer(self.model, str(call), args)
         if not self.nvml_supported:
             return {"ok": False, "errno": None, "rc": FUNCTION_NOT_FOUND,
                     "error": "NVML has no nvmlDeviceGetVgpuSchedulerState (driver too old)"}

@@ -8,6 +8,7 @@ Only what vgpuvirt and its users call is emulated; every answer comes from (and 
 * ``nvidia-smi [-i N] -mig 0|1`` (pending until reset when the GPU is busy), ``nvidia-smi -i N -r``,
   ``nvidia-smi mig -lgip|-lgipp|-lgi|-lci|-cgi|-cci|-dci|-dgi`` (:mod:`vgpuvirt.sim.mig_tools`)
 * ``/usr/lib/nvidia/sriov-manage -e|-d ADDR|ALL``
+* ``mkdir -p -m 0700 /var/lib/vgpuvirt`` (vgpuvirt's state directory, always there)
 Anything else exits 127 ("command not found").
 """
 
@@ -22,6 +23,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim import mig_tools
 from vgpuvirt.sim.devices import gpu_uuid
+from vgpuvirt.sim.fs_etc import STATE_DIR
 from vgpuvirt.sim.model import Dev, Gpu, SimModel
 from vgpuvirt.sim.nvsmi_query import query_gpu
 from vgpuvirt.sim.nvsmi_render import add_gpu_readings, dmesg, vgpu_query
@@ -65,7 +67,7 @@ def _brand_arch(d: Dev) -> tuple[str, str]:
 
 
 def _driver_major(model: SimModel) -> int:
-    head = model.profile.driver_version.split(".", 1)[0]
+    head = model.driver_version.split(".", 1)[0]
     return int(head) if head.isdigit() else 0
 
 
@@ -83,7 +85,7 @@ def _xml_root(model: SimModel) -> ET.Element:
     gpus = nvidia_gpus(model)
     root = ET.Element("nvidia_smi_log")
     ET.SubElement(root, "timestamp").text = "Thu Jan  1 00:00:00 2026"
-    ET.SubElement(root, "driver_version").text = model.profile.driver_version
+    ET.SubElement(root, "driver_version").text = model.driver_version
     # "Not Found" on the vGPU host (no CUDA there); a datacenter driver has CUDA (13.0 with R580, real)
     ET.SubElement(root, "cuda_version").text = "13.0" if _driver_major(model) >= 580 else "Not Found"
     ET.SubElement(root, "attached_gpus").text = str(len(gpus))
@@ -276,4 +278,6 @@ def run_tool(model: SimModel, argv: list[str], stdin: str) -> Outcome:
             return _sriov_manage(model, argv[1:])
         if prog == "dmesg" and len(argv) == 1:
             return 0, dmesg(model, nvidia_gpus(model)), ""
+        if prog == "mkdir" and argv[1:] == ["-p", "-m", "0700", STATE_DIR]:
+            return 0, "", ""          # vgpuvirt's state directory always exists on a simulated host
     return 127, "", f"{argv[0]}: command not found\n"
