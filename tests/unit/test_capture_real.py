@@ -74,6 +74,7 @@ def test_inventory_replays_with_nvidia_smi_in_place_of_nvml() -> None:
     # NVML lists the vGPU calls it was refused
     differ = ("source", "product_brand", "architecture", "mig_devices", "not_supported")
     assert [r_facts.pop(k) for k in differ] == ["nvidia-smi", "NVIDIA", "Hopper", 0, []]
+    assert r_facts.pop("ecc_mode") == "Enabled" and "ecc_mode" not in l_facts     # a fact added since (mobility)
     for k in differ:
         l_facts.pop(k)
     assert r_facts == l_facts        # name, UUID, 81559 MiB, Pass-Through, MIG Disabled/Disabled, ...
@@ -88,6 +89,7 @@ def test_inventory_replays_with_nvidia_smi_in_place_of_nvml() -> None:
     assert r_guest.startswith("this OS is a VM guest (nvidia-smi: Virtualization Mode Pass-Through)")
     assert replay.pop("sources") == {"sysfs": "ok", "nvidia_smi": "ok", "nvml": "not used", "kernel_log": "ok"}
     recorded.pop("sources")
+    assert replay.pop("cordon") is None and "cordon" not in recorded     # a field added since (host maintenance)
     assert replay == recorded
 
 

@@ -116,6 +116,7 @@ def fake_h100_pynvml(*, v2: bool = True) -> Any:
         nvmlDeviceGetBrand=lambda h: 14, nvmlDeviceGetArchitecture=lambda h: 9,
         nvmlDeviceGetMemoryInfo=memory,
         nvmlDeviceGetVirtualizationMode=lambda h: 1, nvmlDeviceGetMigMode=lambda h: [0, 0],
+        nvmlDeviceGetEccMode=lambda h: [1, 1],       # nvmlEnableState_t (current, pending): ECC on, as -q -x says
         nvmlDeviceGetPowerUsage=lambda h: 78190, nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
     )
     for name in ("nvmlDeviceGetHostVgpuMode", "nvmlDeviceGetVgpuHeterogeneousMode", "nvmlDeviceGetSupportedVgpus",
@@ -146,7 +147,7 @@ def test_nvml_facts_carry_brand_and_architecture_like_nvidia_smi():
     (smi,) = parse_nvidia_smi_xml(raw(H100, "nvidia-smi-q.xml")).gpus
     (nvml,) = collect_nvml_facts(fake_h100_pynvml()).gpus
     keys = ("address", "product_name", "product_brand", "architecture", "uuid", "memory_total_mib",
-            "virtualization_mode", "mig_mode_current", "mig_mode_pending")
+            "virtualization_mode", "mig_mode_current", "mig_mode_pending", "ecc_mode_current")
     assert {k: getattr(nvml, k) for k in keys} == {k: getattr(smi, k) for k in keys}
     assert (smi.product_brand, smi.architecture, smi.virtualization_mode) == ("NVIDIA", "Hopper", "Pass-Through")
 

@@ -40,7 +40,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("layout", "vgpuvirt.cli.layout", "declare, plan, apply and assert how each GPU of a host is partitioned"),
     ("sim", "vgpuvirt.cli.sim", "simulated GPU hosts (profiles, static trees, live FUSE mounts)"),
     ("mig", "vgpuvirt.cli.mig", "MIG mode, GPU instances and compute instances (nvidia-smi mig)"),
-    ("vm", "vgpuvirt.cli.vm", "list VMs with their GPUs; start, shutdown, reboot, destroy"),
+    ("vm", "vgpuvirt.cli.vm", "list VMs with their GPUs; start, shutdown, reboot, destroy, suspend, resume"),
     ("attach", "vgpuvirt.cli.attach", "add a vGPU or GPU to an existing VM"),
     ("detach", "vgpuvirt.cli.detach", "remove a vGPU or GPU from a VM (and the vGPU itself)"),
     ("migrate", "vgpuvirt.cli.migrate", "move a VM and its vGPUs to another host (live or --offline)"),

@@ -165,6 +165,9 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
     host_mode = q("host_vgpu_mode", lambda: int(nvml.nvmlDeviceGetHostVgpuMode(handle)))
     hetero = q("vgpu_heterogeneous_mode", lambda: int(nvml.nvmlDeviceGetVgpuHeterogeneousMode(handle)))
     mig = q("mig_mode", lambda: list(nvml.nvmlDeviceGetMigMode(handle)))
+    # ECC mode [current, pending]: what -q -x prints in <ecc_mode>; a migration needs it equal on both hosts
+    ecc = (q("ecc_mode", lambda: [int(m) for m in nvml.nvmlDeviceGetEccMode(handle)])
+           if hasattr(nvml, "nvmlDeviceGetEccMode") else None)
     supported = q("supported_vgpus", lambda: [int(t) for t in nvml.nvmlDeviceGetSupportedVgpus(handle)])
     creatable = q("creatable_vgpus", lambda: [int(t) for t in nvml.nvmlDeviceGetCreatableVgpus(handle)])
     active = q("active_vgpus", lambda: [int(i) for i in nvml.nvmlDeviceGetActiveVgpus(handle)])
@@ -182,6 +185,7 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
         vgpu_heterogeneous_mode=FEATURE_STATE.get(hetero, str(hetero)) if hetero is not None else None,
         mig_mode_current=FEATURE_STATE.get(mig[0]) if mig else None,
         mig_mode_pending=FEATURE_STATE.get(mig[1]) if mig and len(mig) > 1 else None,
+        ecc_mode_current=FEATURE_STATE.get(ecc[0]) if ecc else None,
         supported_vgpu_types=[type_infos[t] for t in supported] if supported is not None else None,
         creatable_vgpu_types=([type_infos.get(t) or {"id": t, "name": None} for t in creatable]
                               if creatable is not None else None),
