@@ -197,7 +197,25 @@ class PreflightFailed(VgpuvirtError):
     """The plan's pre-flight found what a VM needs missing on its host (a network, a storage pool, a golden
     image, firmware, free hugepages, pinned CPUs); ``problems`` has one line each. Nothing was changed."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], grouped: list[str] | None = None) -> None:
         self.problems = problems
-        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-        super().__init__(f"pre-flight refused the plan, nothing was changed: {shown}")
+        lines = grouped if grouped is not None else problems
+        self.shown = "; ".join(lines[:8]) + (f"; and {len(lines) - 8} more" if len(lines) > 8 else "")
+        super().__init__(f"pre-flight refused the plan, nothing was changed: {self.shown}")
+
+    @classmethod
+    def of(cls, found: list[tuple[str, str, str]]) -> PreflightFailed:
+        """From (host, VM, problem) triples: one line per host and problem, naming the VMs that share it
+        (eight desktops on one missing network are one line, not eight)."""
+        vms: dict[tuple[str, str], list[str]] = {}
+        for host, vm, problem in found:
+            vms.setdefault((host, problem), []).append(vm)
+        grouped = [f"{host}: {name_list(names, 'VMs')}: {problem}" for (host, problem), names in vms.items()]
+        return cls([f"{h}: {v}: {p}" for h, v, p in found], grouped)
+
+
+def name_list(names: list[str], noun: str = "items", *, show: int = 3) -> str:
+    """``a, b, c`` for a few names; ``a, b, ... z (40 VMs)`` for many: an error line stays one readable line."""
+    if len(names) <= show + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:show - 1])}, ... {names[-1]} ({len(names)} {noun})"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import LibvirtError, XmlError
+from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name
 
 log = logging.getLogger("vgpuvirt.libvirt")
@@ -35,6 +36,7 @@ class PoolFacts:
     active: bool
     target: str | None
     volumes: dict[str, str] = field(default_factory=dict)    # volume name -> path (active pools only)
+    available_bytes: int | None = None                        # free space libvirt reports (active pools)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class LibvirtFacts:
     networks: dict[str, bool] = field(default_factory=dict)   # name -> active
     pools: dict[str, PoolFacts] = field(default_factory=dict)
     firmware: FirmwareCaps | None = None                      # None: the driver does not say (test driver)
+    #: host interfaces libvirt sees, name -> type ("bridge", "ethernet", ...); None: it cannot list them
+    interfaces: dict[str, str] | None = None
 
     def volume_paths(self) -> dict[str, str]:
         """Every volume path of every active pool -> its pool's name."""
@@ -141,7 +145,25 @@ class StorageCalls:
         pools: dict[str, PoolFacts] = {}
         for p in self._call(None, "list storage pools", lambda: self.raw.listAllStoragePools(0)):
             pools[str(p.name())] = self._pool_facts(p, refresh)
-        return LibvirtFacts(nets, pools, self._firmware())
+        return LibvirtFacts(nets, pools, self._firmware(), self._interfaces())
+
+    def _interfaces(self) -> dict[str, str] | None:
+        """The host's interfaces by type, so a ``<interface type='bridge'>`` is checked where libvirt runs."""
+        try:
+            ifaces = self._call(None, "list host interfaces", lambda: self.raw.listAllInterfaces(0))
+        except LibvirtError as exc:     # no interface driver in this daemon: not checked
+            log.debug("%s: no host interfaces: %s", self.uri, exc)
+            return None
+        out: dict[str, str] = {}
+        for i in ifaces:
+            def read(i: Any = i) -> Any:
+                return i.XMLDesc(0)
+            try:
+                xml = self._call(None, "read host interface", read)
+                out[str(i.name())] = parse_xml(str(xml)).get("type", "")
+            except (LibvirtError, XmlError):    # one that vanished while listed is simply not there
+                continue
+        return out
 
     def _pool_facts(self, p: Any, refresh: bool) -> PoolFacts:
         name = str(p.name())
@@ -152,6 +174,7 @@ class StorageCalls:
         except XmlError:
             target = None
         vols: dict[str, str] = {}
+        available: int | None = None
         if active:
             if refresh:
                 try:
@@ -160,12 +183,14 @@ class StorageCalls:
                     log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
             for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
                 vols[str(v.name())] = str(v.path())
-        return PoolFacts(name, active, target, vols)
+            # info(): [state, capacity, allocation, available], in bytes
+            available = int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
+        return PoolFacts(name, active, target, vols, available)
 
     def _firmware(self) -> FirmwareCaps | None:
         try:
             xml = self._call(None, "read domain capabilities",
-                             lambda: self.raw.getDomainCapabilities(None, "x86_64", None, "kvm", 0))
+                             lambda: self.raw.getDomainCapabilities(None, "x86_64", "q35", "kvm", 0))
         except LibvirtError as exc:
             # The test driver has no domain capabilities; a host without KVM answers for no virt type.
             log.debug("%s: no domain capabilities: %s", self.uri, exc)

@@ -26,7 +26,7 @@ from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
-from vgpuvirt.provision.preflight import Ledger, check_vm, one_disk_each, pool_dir
+from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, problems_of
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps import (
@@ -252,7 +252,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     for a in assignments:
         by_vm.setdefault(a.vm, []).append(a)
     adopted_vms = {a.vm for a in ready}
-    problems: list[str] = []
+    problems: list[tuple[str, str, str]] = []
     ledger, pins = Ledger(), PinLedger({h: s.domains for h, s in hs.items()})
     nics = _nic_vfs(todo, by_vm, hs)
     if isinstance(nics, Plan):
@@ -275,14 +275,14 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if why:
             explain.append(Candidate(vm.name, host, str(picks[0].gpu) if picks else "-", "chosen", why))
         dom = _build_domain(vm, host, picks, nic.vf if nic else None, pin, pool_dir(vm, hs[host]))
-        problems += check_vm(hs[host], vm.name, dom, vm.disk, ledger)
+        problems += [(host, vm.name, p) for p in problems_of(hs[host], vm.name, dom, vm.disk, ledger)]
         if isinstance(vm.disk, ClonedDisk):
             want(CreateVolume(host, vm.name, vm.disk.pool, vm.disk.volume(vm.name)), "(adopted)")
         steps.append(DefineDomain(host, vm.name, dom.to_xml()))
         if vm.start:
             steps.append(StartDomain(host, vm.name))
     if problems:
-        raise PreflightFailed(problems)
+        raise PreflightFailed.of(problems)
     hosts = list(hs)
     steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
