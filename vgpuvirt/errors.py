@@ -49,7 +49,23 @@ class InvalidSpec(VgpuvirtError, ValueError):
         self.what = what
         self.value = value
         self.expected = expected
-        super().__init__(f"invalid {what} {value!r}: expected {expected}")
+        if value is None:           # nothing was given: "invalid --connect None" reads as if "None" had been
+            super().__init__(f"{what} not given: expected {expected}")
+        else:
+            super().__init__(f"invalid {what} {shown(value)}: expected {expected}")
+
+
+def shown(value: object) -> str:
+    """A value as a message shows it: a string quoted, a list as its items (never Python's ``['a', 'b']``), a
+    long list summarised."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [shown(v) for v in (sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)]
+        return name_list(items, "values") if items else "(none)"
+    if isinstance(value, dict):
+        return name_list([f"{k}={shown(v)}" for k, v in value.items()], "entries") if value else "(none)"
+    return repr(value)
 
 
 class MissingDependency(VgpuvirtError, ImportError):

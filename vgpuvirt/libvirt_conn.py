@@ -293,6 +293,21 @@ class LibvirtConnection(StorageCalls):
             self._call(name, "destroy", lambda: dom.destroy())
         return True
 
+    def storage_volumes(self, name: str) -> list[str]:
+        """The disk paths of domain ``name`` that are libvirt storage volumes: what ``undefine(...,
+        remove_storage=True)`` deletes (a disk outside every pool is kept). [] when there is no such domain."""
+        libvirt = _import_libvirt()
+        if not self.exists(name):
+            return []
+        out: list[str] = []
+        for path in _disk_paths(self.xml(name, inactive=True)):
+            try:
+                self.raw.storageVolLookupByPath(path)
+            except libvirt.libvirtError:
+                continue
+            out.append(path)
+        return out
+
     def undefine(self, name: str, *, remove_storage: bool = False) -> list[str]:
         """Remove a domain's definition (NVRAM too), keeping its disks unless asked.
 

@@ -92,15 +92,26 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         if mine:
             due = _remove_vgpus(by_name[hname], c, mine, r, dry_run, wait_timeout)
             for name in mine:
+                vols = _volumes(c, name, r, hname)
                 if dry_run:
-                    r.removed.append(f"{hname}: would destroy and undefine {name}")
+                    r.removed.append(f"{hname}: would destroy and undefine {name}"
+                                     + (f" and delete its volume(s) {', '.join(vols)}" if remove_storage and vols
+                                        else ""))
+                    if vols and not remove_storage:
+                        r.skipped.append(f"{hname}: would keep {name}'s volume(s) {', '.join(vols)} "
+                                         "(remove_storage=True deletes them)")
                 elif name in due:
                     r.skipped.append(f"{hname}: kept domain {name} defined (destroyed): a vGPU of it is still "
                                      "due; rerun teardown to finish")
                 else:
                     try:
-                        r.disks_removed += c.undefine(name, remove_storage=remove_storage)
-                        r.removed.append(f"{hname}: undefined {name}")
+                        gone = c.undefine(name, remove_storage=remove_storage)
+                        r.disks_removed += gone
+                        r.removed.append(f"{hname}: undefined {name}"
+                                         + (f"; deleted volume(s) {', '.join(gone)}" if gone else ""))
+                        if vols and not remove_storage:
+                            r.skipped.append(f"{hname}: kept {name}'s volume(s) {', '.join(vols)} "
+                                             "(remove_storage=True deletes them)")
                     except VgpuvirtError as exc:
                         r.failed.append(f"{hname}: {name}: {exc}")
                 if progress is not None:
@@ -117,6 +128,15 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         result.skipped.append(f"domain {n} not found (already removed)")
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _volumes(c: LibvirtConnection, name: str, r: TeardownResult, hname: str) -> list[str]:
+    """The VM's disk volumes, named in what teardown says it deletes or keeps; [] (with a note) if unreadable."""
+    try:
+        return c.storage_volumes(name)
+    except VgpuvirtError as exc:
+        r.skipped.append(f"{hname}: could not list the volumes of {name}: {exc}")
+        return []
 
 
 def _of_host(views: Sequence[str], hname: str) -> bool:
