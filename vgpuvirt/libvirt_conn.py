@@ -30,6 +30,7 @@ from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
+from vgpuvirt.xml.storage import disk_files
 
 #: What attach/detach take: device XML text, or one of the xml layer's device objects.
 DeviceArg = str | GpuDevice
@@ -293,21 +294,6 @@ class LibvirtConnection(StorageCalls):
             self._call(name, "destroy", lambda: dom.destroy())
         return True
 
-    def storage_volumes(self, name: str) -> list[str]:
-        """The disk paths of domain ``name`` that are libvirt storage volumes: what ``undefine(...,
-        remove_storage=True)`` deletes (a disk outside every pool is kept). [] when there is no such domain."""
-        libvirt = _import_libvirt()
-        if not self.exists(name):
-            return []
-        out: list[str] = []
-        for path in _disk_paths(self.xml(name, inactive=True)):
-            try:
-                self.raw.storageVolLookupByPath(path)
-            except libvirt.libvirtError:
-                continue
-            out.append(path)
-        return out
-
     def undefine(self, name: str, *, remove_storage: bool = False) -> list[str]:
         """Remove a domain's definition (NVRAM too), keeping its disks unless asked.
 
@@ -316,7 +302,7 @@ class LibvirtConnection(StorageCalls):
         libvirt = _import_libvirt()
         if not self.exists(name):
             return []
-        disks = _disk_paths(self.xml(name, inactive=True)) if remove_storage else []
+        disks = disk_files(self.xml(name, inactive=True)) if remove_storage else []
         dom = self._lookup(name)
         flags = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
@@ -406,8 +392,3 @@ class LibvirtConnection(StorageCalls):
         flags = self._device_flags(name, live, config)
         self._call(name, "set metadata", lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element_xml,
                                                                  key, namespace, flags))
-
-
-def _disk_paths(xml: str) -> list[str]:
-    root = parse_xml(xml)
-    return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]

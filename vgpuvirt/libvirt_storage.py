@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import LibvirtError, XmlError
 from vgpuvirt.xml.document import parse_xml
-from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name
+from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name, disk_files
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -62,6 +62,10 @@ class StorageCalls:
         raw: Any
 
         def _call(self, domain: str | None, what: str, fn: Callable[[], T]) -> T: ...
+
+        def exists(self, name: str) -> bool: ...
+
+        def xml(self, name: str, *, inactive: bool = False) -> str: ...
 
     def _pool(self, name: str) -> Any:
         n = check_name("storage pool name", name)
@@ -137,6 +141,22 @@ class StorageCalls:
         """The volume at ``path`` as libvirt reports it (format, backing image, capacity, path)."""
         vol = self._call(None, f"look up volume {path}", lambda: self.raw.storageVolLookupByPath(path))
         return Volume.from_xml(str(self._call(None, f"read volume {path}", lambda: vol.XMLDesc(0))))
+
+    def storage_volumes(self, name: str) -> list[str]:
+        """The disk paths of domain ``name`` that are libvirt storage volumes: what ``undefine(...,
+        remove_storage=True)`` deletes (a disk outside every pool is kept). [] when there is no such domain."""
+        if not self.exists(name):
+            return []
+        out: list[str] = []
+        for path in disk_files(self.xml(name, inactive=True)):
+            def lookup(p: str = path) -> Any:
+                return self.raw.storageVolLookupByPath(p)
+            try:
+                self._call(name, f"look up volume {path}", lookup)
+            except LibvirtError:
+                continue
+            out.append(path)
+        return out
 
     def facts(self, *, refresh: bool = True) -> LibvirtFacts:
         """Networks, pools with their volumes (active pools rescanned first), firmware: the pre-flight's input."""

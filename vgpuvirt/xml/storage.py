@@ -167,6 +167,12 @@ class FirmwareCaps:
                    None if secure is None else any(v.text == "yes" for v in secure.iterfind("value")), backends)
 
 
+def disk_files(domain_xml: str | bytes) -> list[str]:
+    """The file paths of a domain's disks (``<disk device='disk'>``; CD-ROMs and other devices are not)."""
+    root = parse_xml(domain_xml)
+    return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]
+
+
 def backing_chains(domain_xml: str | bytes) -> dict[str, list[str]]:
     """Each file disk of a (live) domain XML -> its chain as libvirt reports it: the disk's own file, then
     each ``<backingStore>`` below it (``{"vda": ["/pool/desk-001.qcow2", "/pool/golden.qcow2"]}``)."""
