@@ -64,7 +64,7 @@ def shown(value: object) -> str:
         items = [shown(v) for v in (sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)]
         return name_list(items, "values") if items else "(none)"
     if isinstance(value, dict):
-        return name_list([f"{k}={shown(v)}" for k, v in value.items()], "entries") if value else "(none)"
+        return name_list([f"{shown(k)}: {shown(v)}" for k, v in value.items()], "entries") if value else "(none)"
     return repr(value)
 
 
