@@ -158,3 +158,15 @@ def test_a_preflight_refusal_after_enabling_vfs_does_not_say_nothing_was_changed
     assert msg.startswith("after enabling SR-IOV: pre-flight refused the plan: sim:a10-sriov: ")
     assert "rolled back: sim:a10-sriov: disabled the VFs of 0000:41:00.0 again" in msg
     assert not inventory(host).gpus[0].sriov_numvfs
+
+
+def test_the_cli_names_its_own_flag_for_the_clone_reserve(capsys: pytest.CaptureFixture[str]) -> None:
+    avail = LibvirtConnection("test:///default").facts().pools["default-pool"].available_bytes
+    assert avail is not None
+    gib = avail // 1024**3
+    rc = main(["--host", "sim:t4x2", "plan", "--connect", "test:///default", "--count", "2", "--gpu", "T4-2Q",
+               "--network", "default", "--clone", "/default-pool/golden-none.qcow2", "--pool", "default-pool",
+               "--clone-reserve", str(gib // 2 + 1), "--prefix", "rsv"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "rsv-002: storage pool 'default-pool' has" in err and "(--clone-reserve GIB)" in err
+    assert "rsv-001: storage pool" not in err and "reserve_gib" not in err

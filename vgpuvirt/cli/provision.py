@@ -51,6 +51,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clone", default=None, metavar="GOLDEN",
                    help="give each VM a qcow2 linked clone of this golden image (a volume of --pool)")
     p.add_argument("--pool", default=None, help="libvirt storage pool for the --clone volumes ({name}.qcow2)")
+    p.add_argument("--clone-reserve", type=int, default=1, metavar="GIB",
+                   help="free pool space each --clone must find when planned (default 1 GiB; 0: not checked)")
     p.add_argument("--network", action="append", default=[], metavar="NAME",
                    help="put the VM's NIC on this libvirt network (repeat for more NICs; default: the template's "
                         "'default')")
@@ -92,7 +94,7 @@ def _disk(args: argparse.Namespace) -> str | ClonedDisk | None:
     if args.clone is None or args.pool is None or args.disk is not None:
         raise InvalidSpec("--clone/--pool", [args.clone, args.pool],
                           "--clone GOLDEN and --pool POOL together, without --disk")
-    return ClonedDisk(args.pool, args.clone)
+    return ClonedDisk(args.pool, args.clone, reserve_gib=args.clone_reserve)
 
 
 @contextlib.contextmanager
