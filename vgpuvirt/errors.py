@@ -50,7 +50,10 @@ class InvalidSpec(VgpuvirtError, ValueError):
         self.what = what
         self.value = value
         self.expected = expected
-        super().__init__(f"invalid {what} {shown(value)}: expected {expected}")
+        if value is None:           # nothing was given: "invalid --connect None" reads as if "None" had been
+            super().__init__(f"{what} not given: expected {expected}")
+        else:
+            super().__init__(f"invalid {what} {shown(value)}: expected {expected}")
 
 
 #: how much of a bad value an error message echoes (a 20 MiB device name is not a message)
@@ -58,7 +61,13 @@ SHOWN_MAX = 200
 
 
 def shown(value: object) -> str:
-    """``repr(value)``, cut to :data:`SHOWN_MAX` characters with the full length said."""
+    """A value as a message shows it: a string quoted and cut to :data:`SHOWN_MAX` characters with the full
+    length said, a list as its items (never Python's ``['a', 'b']``), a long list summarised."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [shown(v) for v in (sorted(value, key=str) if isinstance(value, (set, frozenset)) else value)]
+        return name_list(items, "values") if items else "(none)"
+    if isinstance(value, dict):
+        return name_list([f"{shown(k)}: {shown(v)}" for k, v in value.items()], "entries") if value else "(none)"
     text = repr(value)
     return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX - 40]}...({len(text)} characters)"
 
@@ -212,7 +221,25 @@ class PreflightFailed(VgpuvirtError):
     """The plan's pre-flight found what a VM needs missing on its host (a network, a storage pool, a golden
     image, firmware, free hugepages, pinned CPUs); ``problems`` has one line each. Nothing was changed."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], grouped: list[str] | None = None) -> None:
         self.problems = problems
-        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-        super().__init__(f"pre-flight refused the plan, nothing was changed: {shown}")
+        lines = grouped if grouped is not None else problems
+        self.shown = "; ".join(lines[:8]) + (f"; and {len(lines) - 8} more" if len(lines) > 8 else "")
+        super().__init__(f"pre-flight refused the plan, nothing was changed: {self.shown}")
+
+    @classmethod
+    def of(cls, found: list[tuple[str, str, str]]) -> PreflightFailed:
+        """From (host, VM, problem) triples: one line per host and problem, naming the VMs that share it
+        (eight desktops on one missing network are one line, not eight)."""
+        vms: dict[tuple[str, str], list[str]] = {}
+        for host, vm, problem in found:
+            vms.setdefault((host, problem), []).append(vm)
+        grouped = [f"{host}: {name_list(names, 'VMs')}: {problem}" for (host, problem), names in vms.items()]
+        return cls([f"{h}: {v}: {p}" for h, v, p in found], grouped)
+
+
+def name_list(names: list[str], noun: str = "items", *, show: int = 3) -> str:
+    """``a, b, c`` for a few names; ``a, b, ... z (40 VMs)`` for many: an error line stays one readable line."""
+    if len(names) <= show + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:show - 1])}, ... {names[-1]} ({len(names)} {noun})"

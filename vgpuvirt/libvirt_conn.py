@@ -31,6 +31,7 @@ from vgpuvirt.libvirt_uri import connect_failure
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
+from vgpuvirt.xml.storage import disk_files
 
 #: What attach/detach take: device XML text, or one of the xml layer's device objects.
 DeviceArg = str | GpuDevice
@@ -302,7 +303,7 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         libvirt = _import_libvirt()
         if not self.exists(name):
             return []
-        disks = _disk_paths(self.xml(name, inactive=True)) if remove_storage else []
+        disks = disk_files(self.xml(name, inactive=True)) if remove_storage else []
         dom = self._lookup(name)
         flags = (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
@@ -392,8 +393,3 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         flags = self._device_flags(name, live, config)
         self._call(name, "set metadata", lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element_xml,
                                                                  key, namespace, flags))
-
-
-def _disk_paths(xml: str) -> list[str]:
-    root = parse_xml(xml)
-    return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]

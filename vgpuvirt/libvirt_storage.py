@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import LibvirtError, XmlError
-from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name
+from vgpuvirt.xml.document import parse_xml
+from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name, disk_files
 
 log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
@@ -35,6 +36,7 @@ class PoolFacts:
     active: bool
     target: str | None
     volumes: dict[str, str] = field(default_factory=dict)    # volume name -> path (active pools only)
+    available_bytes: int | None = None                        # free space libvirt reports (active pools)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class LibvirtFacts:
     networks: dict[str, bool] = field(default_factory=dict)   # name -> active
     pools: dict[str, PoolFacts] = field(default_factory=dict)
     firmware: FirmwareCaps | None = None                      # None: the driver does not say (test driver)
+    #: host interfaces libvirt sees, name -> type ("bridge", "ethernet", ...); None: it cannot list them
+    interfaces: dict[str, str] | None = None
 
     def volume_paths(self) -> dict[str, str]:
         """Every volume path of every active pool -> its pool's name."""
@@ -74,6 +78,10 @@ class StorageCalls:
         raw: Any
 
         def _call(self, domain: str | None, what: str, fn: Callable[[], T]) -> T: ...
+
+        def exists(self, name: str) -> bool: ...
+
+        def xml(self, name: str, *, inactive: bool = False) -> str: ...
 
     def _pool(self, name: str) -> Any:
         n = check_name("storage pool name", name)
@@ -171,6 +179,22 @@ class StorageCalls:
         vol = self._call(None, f"look up volume {path}", lambda: self.raw.storageVolLookupByPath(path))
         return Volume.from_xml(str(self._call(None, f"read volume {path}", lambda: vol.XMLDesc(0))))
 
+    def storage_volumes(self, name: str) -> list[str]:
+        """The disk paths of domain ``name`` that are libvirt storage volumes: what ``undefine(...,
+        remove_storage=True)`` deletes (a disk outside every pool is kept). [] when there is no such domain."""
+        if not self.exists(name):
+            return []
+        out: list[str] = []
+        for path in disk_files(self.xml(name, inactive=True)):
+            def lookup(p: str = path) -> Any:
+                return self.raw.storageVolLookupByPath(p)
+            try:
+                self._call(name, f"look up volume {path}", lookup)
+            except LibvirtError:
+                continue
+            out.append(path)
+        return out
+
     def facts(self, *, refresh: bool = True) -> LibvirtFacts:
         """Networks, pools with their volumes (active pools rescanned first), firmware: the pre-flight's input."""
         nets = {str(n.name()): bool(n.isActive())
@@ -178,7 +202,25 @@ class StorageCalls:
         pools: dict[str, PoolFacts] = {}
         for p in self._call(None, "list storage pools", lambda: self.raw.listAllStoragePools(0)):
             pools[str(p.name())] = self._pool_facts(p, refresh)
-        return LibvirtFacts(nets, pools, self._firmware())
+        return LibvirtFacts(nets, pools, self._firmware(), self._interfaces())
+
+    def _interfaces(self) -> dict[str, str] | None:
+        """The host's interfaces by type, so a ``<interface type='bridge'>`` is checked where libvirt runs."""
+        try:
+            ifaces = self._call(None, "list host interfaces", lambda: self.raw.listAllInterfaces(0))
+        except LibvirtError as exc:     # no interface driver in this daemon: not checked
+            log.debug("%s: no host interfaces: %s", self.uri, exc)
+            return None
+        out: dict[str, str] = {}
+        for i in ifaces:
+            def read(i: Any = i) -> Any:
+                return i.XMLDesc(0)
+            try:
+                xml = self._call(None, "read host interface", read)
+                out[str(i.name())] = parse_xml(str(xml)).get("type", "")
+            except (LibvirtError, XmlError):    # one that vanished while listed is simply not there
+                continue
+        return out
 
     def _pool_facts(self, p: Any, refresh: bool) -> PoolFacts:
         name = str(p.name())
@@ -189,6 +231,7 @@ class StorageCalls:
         except XmlError:
             target = None
         vols: dict[str, str] = {}
+        available: int | None = None
         if active:
             if refresh:
                 try:
@@ -197,12 +240,14 @@ class StorageCalls:
                     log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
             for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
                 vols[str(v.name())] = str(v.path())
-        return PoolFacts(name, active, target, vols)
+            # info(): [state, capacity, allocation, available], in bytes
+            available = int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
+        return PoolFacts(name, active, target, vols, available)
 
     def _firmware(self) -> FirmwareCaps | None:
         try:
             xml = self._call(None, "read domain capabilities",
-                             lambda: self.raw.getDomainCapabilities(None, "x86_64", None, "kvm", 0))
+                             lambda: self.raw.getDomainCapabilities(None, "x86_64", "q35", "kvm", 0))
         except LibvirtError as exc:
             # The test driver has no domain capabilities; a host without KVM answers for no virt type.
             log.debug("%s: no domain capabilities: %s", self.uri, exc)

@@ -239,10 +239,16 @@ def test_unknown_host_key_is_refused(testbed: Testbed, tmp_path: Path, capfd: py
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     h = testbed.ssh(known_hosts=str(empty))
-    with pytest.raises(HostKeyError, match="unknown"):
+    with pytest.raises(HostKeyError, match="unknown") as ei:
         h.run(["true"], idempotent=True)
     assert h._client is None
     assert "Socket exception" not in capfd.readouterr().err
+    # the message shows the key's fingerprint, to check against the host's own (issue 28 item 11)
+    import base64
+    import hashlib
+    kind, blob = Path(testbed.known_hosts).read_text().split()[1:3]
+    fp = "SHA256:" + base64.b64encode(hashlib.sha256(base64.b64decode(blob)).digest()).decode().rstrip("=")
+    assert f"host key unknown (not in known_hosts): {kind} {fp}; refusing to connect" in str(ei.value)
 
 
 def test_the_unknown_host_opt_in_accepts_for_one_connection_warns_and_writes_nothing(

@@ -132,7 +132,7 @@ def test_vm_start_list_destroy_on_libvirtd(conn, capsys):
     assert main(["--json", "--host", "local", "vm", "list", PREFIX + "*", *uri]) == 0
     (vm,) = json.loads(capsys.readouterr().out)["vms"]
     assert vm == {"name": name, "host": "local", "state": "running", "persistent": True, "vgpuvirt": False,
-                  "gpus": []}
+                  "gpus": [], "devices": [], "missing": []}
     # (no ACPI shutdown here: with no OS, this nested KVM soon pauses the guest on an emulation error)
     assert main(["--host", "local", "vm", "destroy", name, *uri]) == 0
     assert not conn.is_active(name)

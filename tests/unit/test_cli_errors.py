@@ -61,3 +61,25 @@ def test_iommu_release_with_a_deeply_nested_record_is_a_one_line_error(capsys: p
     err = capsys.readouterr().err
     assert rc != 0
     assert err.startswith("vgpuvirt: error: ") and len(err.splitlines()) == 1, err
+
+
+def test_messages_show_values_not_python_reprs(capsys):
+    """Issue 28 item 11: ``['sim:t4x2@a', ...]``, ``--connect None`` and ``invalid --connect 'test:///default'``
+    (for a URI nobody gave) reached users."""
+    assert main(["--host", "sim:t4x2@a", "--host", "sim:t4x2@b", "inventory"]) != 0
+    err = capsys.readouterr().err
+    assert "invalid --host 'sim:t4x2@a', 'sim:t4x2@b': expected one host" in err and "[" not in err
+    assert main(["--host", "sim:t4x2", "gc", "--apply"]) != 0
+    err = capsys.readouterr().err
+    assert "--connect not given: expected a libvirt URI" in err and "None" not in err
+    assert main(["--host", "sim:t4x2", "attach", "test", "--gpu", "nvidia-231"]) != 0
+    err = capsys.readouterr().err
+    assert "invalid --connect" not in err and "libvirt driver for hot-plug 'test:///default'" in err
+
+
+def test_a_long_list_is_summarised():
+    from vgpuvirt.errors import InvalidSpec
+    msg = str(InvalidSpec("VM names", [f"vm-{i:03d}" for i in range(1, 41)], "unique names"))
+    assert msg == "invalid VM names 'vm-001', 'vm-002', ... 'vm-040' (40 values): expected unique names"
+    assert str(InvalidSpec("DEVICE", None, "one of the VM's GPU devices")) == (
+        "DEVICE not given: expected one of the VM's GPU devices")

@@ -144,7 +144,15 @@ def test_gaming_vcpus_are_pinned_to_the_gpus_local_cpus_by_default_with_an_opt_o
         pins = Domain.from_xml(xml).cpu_pinning()
         return pins.vcpu_cpus if pins is not None else None
 
-    assert pinning(_gaming()) == (0, 1, 2, 3)
+    # desktop: 8 cores, CPU n and n+8 are one core's two threads. Whole cores (issue 28 item 9): 1+9 and 2+10,
+    # the host's core (0+8) left out and given the emulator threads; the guest is told 2 cores x 2 threads.
+    assert pinning(_gaming()) == (1, 9, 2, 10)
+    p = plan([inv], [_gaming()])
+    dom = Domain.from_xml(next(s for s in p.steps if s.kind == "define").xml)  # type: ignore[attr-defined]
+    assert dom.cpu_pinning().emulator_cpus == {0, 8}  # type: ignore[union-attr]
+    assert dom.root.find("cpu/topology").attrib == {"sockets": "1", "dies": "1", "cores": "2", "threads": "2"}
+    assert any("2 whole core(s) with their SMT siblings (2 threads each)" in c.reason
+               and "emulator threads on the host's core 0,8" in c.reason for c in p.explain)
     assert pinning(_gaming(pin_cpus=False)) is None
     assert pinning(_gaming(host_cpus="8-11")) == (8, 9, 10, 11)
     # Not the gaming template: no pinning unless asked.
@@ -204,15 +212,32 @@ def test_gaming_vms_do_not_share_pinned_cpus():
         pins = Domain.from_xml(xml).cpu_pinning()
         return pins.vcpu_cpus if pins is not None else None
 
-    # Another VM holds CPUs 0 and 1 of the GPU's node: this one takes the next four, not 0-3 again.
-    assert pinning([("other", _pinned_domain("other", (0, 1)))]) == (2, 3, 4, 5)
+    # Another VM holds CPUs 1 and 2 (the first threads of cores 1+9 and 2+10): this one takes the next two
+    # whole cores, never the siblings 9 and 10 (issue 28 item 9: they were left to others).
+    assert pinning([("other", _pinned_domain("other", (1, 2)))]) == (3, 11, 4, 12)
     # A rerun: the VM's own domain does not count against it, so it keeps its CPUs.
-    rerun = PinLedger({"h": {"gvm": _pinned_domain("gvm", (0, 1, 2, 3)), "x": _pinned_domain("x", (4,))}})
-    assert rerun.choose("h", _gaming(), "0-7")[0] == "0,1,2,3"
-    # Within one plan: the second VM near the same GPU node gets the CPUs the first did not take.
+    rerun = PinLedger({"h": {"gvm": _pinned_domain("gvm", (1, 2, 3, 5)), "x": _pinned_domain("x", (4,))}})
+    assert rerun.choose("h", _gaming(), "0-7")[0].vcpu_cpus == (1, 2, 3, 5)  # type: ignore[union-attr]
+    # Within one plan: the second VM near the same GPU node gets the CPUs the first did not take, the host's
+    # CPU 0 last.
     ledger = PinLedger({"h": {}})
     a = ledger.choose("h", _gaming("a"), "0-7")
     b = ledger.choose("h", _gaming("b"), "0-7")
     c = ledger.choose("h", _gaming("c"), "0-7")
-    assert (a[0], b[0], c[0]) == ("0,1,2,3", "4,5,6,7", None)
+    assert (a[0].vcpu_cpus, b[0].vcpu_cpus, c[0]) == ((1, 2, 3, 4), (5, 6, 7, 0), None)  # type: ignore[union-attr]
     assert "4 of them pinned by other VMs" not in c[1] and "8 of them pinned by other VMs" in c[1]
+
+
+def test_an_odd_vcpu_count_keeps_its_cores_idle_sibling_from_others():
+    from vgpuvirt.provision.cpu_pinning import PinLedger
+
+    siblings = {c: frozenset({c % 4, c % 4 + 4}) for c in range(8)}        # 4 cores: n and n+4
+    ledger = PinLedger({"h": {}}, {"h": siblings})
+    a, _ = ledger.choose("h", _gaming("a", vcpus=3), "0-7")
+    b, _ = ledger.choose("h", _gaming("b", vcpus=2), "0-7")
+    assert a is not None and a.vcpu_cpus == (1, 5, 2) and a.emulator_cpus == {0, 4}
+    # 6 (core 2's other thread) stays with a: b takes core 3 whole
+    assert b is not None and b.vcpu_cpus == (3, 7)
+    # the host's core is the last one given out
+    c, _ = ledger.choose("h", _gaming("c", vcpus=2), "0-7")
+    assert c is not None and c.vcpu_cpus == (0, 4)

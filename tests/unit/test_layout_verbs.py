@@ -190,3 +190,23 @@ def test_equal_size_mode_takes_one_size() -> None:
     with pytest.raises(InvalidSpec, match="one vGPU size per GPU in equal-size mode"):
         verbs.plan(host, parse_layout(mixed).config())
     assert verbs.plan(host, parse_layout(mixed.replace("}}", "}, sizing: mixed}")).config()).steps
+
+
+def test_the_diff_documents_are_layouts_each_change_once() -> None:
+    """Issue 28 item 10: a check-mode diff's "after" was a comment listing the changes (each change then printed
+    twice, as differences and as the comment); now both sides are layout documents of the governed GPUs."""
+    lab = Path(__file__).resolve().parents[2] / "examples/layouts/lab.yaml"
+    cfg = parse_layout(lab.read_text()).config("day")
+    h = SimHost.from_profile("mixed")
+    d = verbs.diff_documents(h, cfg)
+    before, after = parse_layout(d.before).config("day"), parse_layout(d.after).config("day")
+    assert [e.devices[0].value for e in before.entries] == [e.devices[0].value for e in after.entries] == [
+        "0000:3b:00.0", "0000:3d:00.0", "0000:41:00.0", "0000:d8:00.0"]
+    assert d.changed and list(d.differences) == verbs.check(h, cfg)
+    # the "after" document asks for exactly the config's changes: planning it finds the same differences
+    assert verbs.check(h, after) == list(d.differences)
+    # each change shows once in the document diff: the T4's 8 vGPUs are one line in "after", none in "before"
+    assert d.after.count("T4-2Q: 8") == 2 and "T4-2Q" not in d.before
+    verbs.apply_host(h, cfg)
+    same = verbs.diff_documents(h, cfg)
+    assert not same.changed and same.before == same.after

@@ -224,3 +224,20 @@ def test_readings_survive_a_non_zero_nvidia_smi_exit():
     m = build_host_metrics(inv, smi=smi, vgpu_query=None, klog=None, cursor=None, domains=(), sources={},
                            collected_at=0.0, duration_s=None, round_trips=1)
     assert all(g.temperature_c is not None for g in m.gpus)
+
+
+def test_a_passed_through_gpu_names_its_vm():
+    """Issue 28 item 9: a gaming VM's whole GPU named no VM, so its use could not be told per VM."""
+    from vgpuvirt.observe.prometheus import families
+
+    h = _sim("desktop")
+    vm_uuid = "6f1c2d3e-1111-4222-8333-444455556666"
+    doms = [("rig-01", _domain("rig-01", vm_uuid, pci="0000:01:00.0"))]
+    snap = collect(h, domains=doms)
+    g = next(g for g in snap.gpus if g.address == "0000:01:00.0")
+    assert (g.vm_name, g.vm_uuid) == ("rig-01", vm_uuid) and not g.vgpus
+    assert all(x.vm_name is None for x in snap.gpus if x.address != "0000:01:00.0")
+    from vgpuvirt.services.metrics_model import MetricsSnapshot as Snap
+    fams = {f.name: f for f in families(Snap(NOW, (snap,)))}
+    (s,) = fams["vgpuvirt_gpu_vm_info"].samples
+    assert s.labels == {"host": "sim:desktop", "gpu": "0000:01:00.0", "vm": "rig-01", "vm_uuid": vm_uuid}

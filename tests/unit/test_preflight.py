@@ -50,7 +50,7 @@ def test_a_missing_or_inactive_network_is_refused(conn: LibvirtConnection) -> No
     host = SimHost.from_profile("t4x2")
     vm = VmRequest(_name(), gpus=(Q2,), options={"virtio_nics": [{"kind": "network", "source": "lan42"}]})
     msg = _refused(host, conn, [vm])
-    assert f"sim:t4x2: {vm.name}: libvirt network 'lan42' does not exist (networks: default)" in msg
+    assert f"sim:t4x2: {vm.name}: libvirt network 'lan42' does not exist (networks: default; " in msg
     conn.raw.networkLookupByName("default").destroy()
     try:
         msg = _refused(host, conn, [VmRequest(_name(), gpus=(Q2,))])     # the vdi template's 'default'

@@ -120,10 +120,17 @@ def test_cloned_disks_are_made_kept_and_removed_on_request(conn: LibvirtConnecti
         assert (vol.format, vol.backing, vol.capacity_bytes) == ("qcow2", golden, 1 << 30)
     again = provision(host, conn, vms, dry_run=True)
     assert again.plan.empty
+    # teardown names the volumes --remove-storage deletes (issue 28 item 11): in the dry run, and kept ones
+    paths = [f"/default-pool/{v.name}.qcow2" for v in vms]
+    dry = teardown(host, conn, [vms[1].name], remove_storage=True, dry_run=True)
+    assert f"sim:t4x2: would destroy and undefine {vms[1].name} and delete its volume(s) {paths[1]}" in dry.removed
     kept = teardown(host, conn, [vms[0].name])                 # the default: disks kept
     assert kept.ok and kept.disks_removed == [] and f"{vms[0].name}.qcow2" in conn.facts().pools[POOL].volumes
+    assert (f"sim:t4x2: kept {vms[0].name}'s volume(s) {paths[0]} (remove_storage=True deletes them)"
+            in kept.skipped)
     gone = teardown(host, conn, [vms[1].name], remove_storage=True)
-    assert gone.disks_removed == [f"/default-pool/{vms[1].name}.qcow2"]
+    assert gone.disks_removed == [paths[1]]
+    assert f"sim:t4x2: undefined {vms[1].name}; deleted volume(s) {paths[1]}" in gone.removed
     left = conn.facts().pools[POOL].volumes
     assert f"{vms[1].name}.qcow2" not in left and golden in left.values()   # the golden image stays
 

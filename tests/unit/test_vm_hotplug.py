@@ -76,13 +76,17 @@ def test_vm_verbs_on_the_test_driver(conn, capsys):
         out = json.loads(capsys.readouterr().out)
         (vm,) = out["vms"]
         assert vm["name"] == "w16vm-cli-a" and vm["state"] == "running" and vm["vgpuvirt"] is True
-        (gpu,) = vm["gpus"]
-        # This process's sim host has no such mdev (a fresh SimHost): the type comes from the metadata.
+        # This process's sim host has no such mdev (a fresh SimHost): the VM does not have that vGPU, it is
+        # missing (issue 28 item 9), its type from the metadata.
+        assert vm["gpus"] == []
+        (gpu,) = vm["missing"]
         assert gpu["kind"] == "mdev" and gpu["type"] == "nvidia-231" and gpu["parent"] == "0000:3b:00.0"
         assert vm["host"] == "sim:t4x2"
         assert main([*base, "vm", "list", "w16vm-cli-*", "--connect", "test:///default"]) == 0
-        table = capsys.readouterr().out
-        assert "w16vm-cli-a" in table and "nvidia-231" in table
+        got = capsys.readouterr()
+        table = got.out
+        assert "w16vm-cli-a" in table and "nvidia-231" in table and "MISSING mdev" in table
+        assert "provision` with the same request re-creates it" in got.err
         assert main([*base, "vm", "reboot", "w16vm-cli-a", "--connect", "test:///default"]) == 0
         assert main([*base, "vm", "shutdown", "w16vm-cli-a", "--connect", "test:///default"]) == 0
         assert not conn.is_active("w16vm-cli-a")   # the test driver's guests obey at once
@@ -162,8 +166,31 @@ def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
         doms = [d for d in conn.domains() if d.name == vm.name]
         (info,) = vm_infos(h.name, doms, inventory(h))
         rows = {g.device: (g.kind, g.type, g.type_name, g.parent) for g in info.gpus}
-        assert rows["0000:01:00.0"] == ("pci", "passthrough", "GA102 [GeForce RTX 3080]", None)
-        (nic,) = [g for g in info.gpus if g.kind == "nic-vf"]
+        # only the GPU is a GPU (issue 28 item 9): its HDMI audio and the NIC VF are listed apart
+        assert rows == {"0000:01:00.0": ("pci", "passthrough", "GA102 [GeForce RTX 3080]", None)}
+        others = {g.device: (g.kind, g.parent) for g in info.devices}
+        (nic,) = [g for g in info.devices if g.kind == "nic-vf"]
         assert nic.parent == "0000:05:00.0"
+        assert others["0000:01:00.1"] == ("audio", "0000:01:00.0") and len(others) == 2 and not info.missing
     finally:
         teardown(h, conn, [vm.name])
+
+
+def test_list_calls_a_vgpu17_vf_whose_type_was_cleared_missing():
+    """Issue 28 item 9: after a reboot the VF is there but its vGPU type is not: the VM does not have that vGPU."""
+    from vgpuvirt.host.base import Op
+    from vgpuvirt.libvirt_conn import DomainInfo
+    from vgpuvirt.provision.vms import vm_infos
+    h = SimHost.from_profile("l40s-vgpu17")
+    vfs = ["0000:3d:00.4", "0000:3d:00.5"]
+    assert h.apply([Op.write(f"/sys/bus/pci/devices/{vfs[0]}/nvidia/current_vgpu_type", "1155")]).ok
+    devs = "".join(f"<hostdev mode='subsystem' type='pci' managed='no'><source><address domain='0x0000' bus='0x3d' "
+                   f"slot='0x00' function='0x{vf[-1]}'/></source></hostdev>" for vf in vfs)
+    xml = (f"<domain type='kvm'><name>l1</name><memory>1048576</memory><os><type arch='x86_64'>hvm</type></os>"
+           f"<devices>{devs}</devices></domain>")
+    (info,) = vm_infos(h.name, [DomainInfo("l1", "", False, True, xml)], inventory(h))
+    assert [(g.device, g.type) for g in info.gpus] == [(vfs[0], "1155")]
+    assert [g.device for g in info.missing] == [vfs[1]] and not info.devices
+    # the host cannot be read: nothing is called missing (the metadata stands in)
+    (blind,) = vm_infos(h.name, [DomainInfo("l1", "", False, True, xml)], None)
+    assert [g.device for g in blind.gpus] == vfs and not blind.missing

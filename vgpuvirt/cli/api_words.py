@@ -18,6 +18,7 @@ FLAG_FOR_KEYWORD: dict[str, str] = {   # applied in this order: a longer phrase 
     "hyperv=True": "<hyperv> in the template",
     "remove_storage=True": "--remove-storage",
     "dry_run=True": "--dry-run",
+    "(ClonedDisk reserve_gib)": "(--clone-reserve GIB)",
     # what= words of InvalidSpec that name an option
     "invalid sysfs root ": "invalid --sysfs-root ",
     "invalid use_nvml True": "invalid --nvml yes",

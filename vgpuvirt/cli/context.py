@@ -50,13 +50,18 @@ def console_for(stream: Any) -> Any:
     from rich.console import Console
     from rich.table import Table
 
+    def whole(obj: Any) -> None:
+        if isinstance(obj, Table):
+            for col in obj.columns:
+                col.no_wrap = False
+                col.overflow = "fold"
+        for inner in getattr(obj, "renderables", ()):     # a Group of tables (vgpuvirt top's frame)
+            whole(inner)
+
     class _WholeCells(Console):
         def print(self, *objects: Any, **kwargs: Any) -> None:
             for obj in objects:
-                if isinstance(obj, Table):
-                    for col in obj.columns:
-                        col.no_wrap = False
-                        col.overflow = "fold"
+                whole(obj)
             super().print(*objects, **kwargs)
 
     tty = bool(getattr(stream, "isatty", lambda: False)())

@@ -56,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("file")
     layout_interop.add_from(b)
     b.add_argument("-c", "--config", default=None)
-    b.add_argument("--prefix", default="/", help="install below this directory (tests; default /)")
+    b.add_argument("--prefix", default="/", metavar="DIR",
+                   help="write the files below DIR instead of / (an image or chroot; required for sim: hosts, "
+                        "whose files go below DIR on this machine); default /")
     _hosts(b)
     b.set_defaults(func=_install_boot)
 

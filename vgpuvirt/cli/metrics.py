@@ -72,7 +72,7 @@ def _gpu_row(g: GpuMetrics) -> list[str]:
     fb = f"{_v(g.fb_used_mib)}/{_v(g.fb_total_mib)}"
     return [plain(g.address), plain(g.mode or "-"), _v(g.sm_util_pct, "%"),
             _v(g.memory_util_pct, "%"), _v(g.encoder_util_pct, "%"), _v(g.decoder_util_pct, "%"), fb,
-            _v(g.temperature_c, "C"), _v(g.power_w, "W"), link, str(len(g.vgpus)), health]
+            _v(g.temperature_c, "C"), _v(g.power_w, "W"), link, str(len(g.vgpus)), plain(g.vm_name or "-"), health]
 
 
 def render(console: Any, snap: MetricsSnapshot) -> None:
@@ -91,7 +91,7 @@ def _render_host(console: Any, h: HostMetrics, table: Any) -> None:
     for g in h.gpus:
         console.print(plain(f"  {g.address}  {g.name or '-'}"))
     t = table(show_edge=False)
-    for c in ("GPU", "mode", "SM", "mem", "enc", "dec", "FB MiB", "temp", "power", "PCIe", "vGPUs", "healthy"):
+    for c in ("GPU", "mode", "SM", "mem", "enc", "dec", "FB MiB", "temp", "power", "PCIe", "vGPUs", "VM", "healthy"):
         t.add_column(c, no_wrap=c in ("GPU", "FB MiB", "PCIe"))
     for g in h.gpus:
         t.add_row(*_gpu_row(g))

@@ -44,10 +44,21 @@ DEFAULTS: dict[str, Any] = {"hosts": [], "sysfs_root": None, "json": False, "ide
 _LEVEL_DEST = re.compile(r"^_g(\d+)_(\w+)$")
 
 
+#: What a verb's --help says instead of listing the global options again (they are listed once, in
+#: ``vgpuvirt --help``; every verb still accepts them).
+VERB_EPILOG = ("global options, accepted before or after the verb: "
+               + ", ".join(f[0] for f, _k, _kw in GLOBALS.values()) + " (see vgpuvirt --help)")
+
+
 def add_global_options(p: argparse.ArgumentParser, level: int) -> None:
-    group = p.add_argument_group("global options (before or after the verb)")
+    if level == 0:
+        group = p.add_argument_group("global options (before or after the verb)")
     for name, (flags, _kind, kw) in GLOBALS.items():
-        group.add_argument(*flags, dest=f"_g{level}_{name}", default=argparse.SUPPRESS, **kw)
+        if level == 0:
+            group.add_argument(*flags, dest=f"_g{level}_{name}", default=argparse.SUPPRESS, **kw)
+        else:              # parsed at every level, shown once: a verb's help is about the verb
+            p.add_argument(*flags, dest=f"_g{level}_{name}", default=argparse.SUPPRESS,
+                           **{**kw, "help": argparse.SUPPRESS})
 
 
 class CliParser(argparse.ArgumentParser):
@@ -60,6 +71,8 @@ class CliParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("conflict_handler", "resolve")
+        if self.level > 0:
+            kwargs["epilog"] = (kwargs["epilog"] + "\n\n" + VERB_EPILOG) if kwargs.get("epilog") else VERB_EPILOG
         super().__init__(*args, **kwargs)
         add_global_options(self, self.level)
 

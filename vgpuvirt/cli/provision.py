@@ -21,7 +21,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.placement import POLICIES
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
+from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest, provisioning_options
 from vgpuvirt.provision.steps import Step
 
 __all__ = ["add_request_args", "add_target_args", "open_targets", "progress_bar", "run"]
@@ -52,6 +52,17 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clone", default=None, metavar="GOLDEN",
                    help="give each VM a qcow2 linked clone of this golden image (a volume of --pool)")
     p.add_argument("--pool", default=None, help="libvirt storage pool for the --clone volumes ({name}.qcow2)")
+    p.add_argument("--clone-reserve", type=int, default=1, metavar="GIB",
+                   help="free pool space each --clone must find when planned (default 1 GiB; 0: not checked)")
+    p.add_argument("--network", action="append", default=[], metavar="NAME",
+                   help="put the VM's NIC on this libvirt network (repeat for more NICs; default: the template's "
+                        "'default')")
+    p.add_argument("--bridge", action="append", default=[], metavar="NAME",
+                   help="a NIC on this host bridge (e.g. br0), after any --network NICs")
+    p.add_argument("--tpm", action="store_true", help="give each VM a TPM 2.0 (swtpm; Windows 11 needs it)")
+    p.add_argument("--secure-boot", action="store_true", help="UEFI secure boot with Microsoft keys enrolled")
+    p.add_argument("--graphics", choices=("spice", "vnc", "none"), default=None,
+                   help="the emulated display (default: as the template says)")
     p.add_argument("--no-pin", action="store_true",
                    help="gaming template: do not pin the vCPUs to the GPU's local CPUs (pinned by default)")
     p.add_argument("--policy", choices=POLICIES, default="binpack", help="binpack (default) or spread")
@@ -69,7 +80,9 @@ def requests_from_args(args: argparse.Namespace) -> list[VmRequest]:
     kw: dict[str, Any] = dict(template=args.template, memory_mib=args.memory_mib, vcpus=args.vcpus,
                               numa_node=args.numa_node, numa_strict=args.numa_strict, nic=nic,
                               pin_cpus=False if args.no_pin else None,
-                              start=not args.no_start, disk=_disk(args), license=license_from_args(args))
+                              start=not args.no_start, disk=_disk(args), license=license_from_args(args),
+                              options=provisioning_options(networks=args.network, bridges=args.bridge, tpm=args.tpm,
+                                                           secure_boot=args.secure_boot, graphics=args.graphics))
     if args.name:
         if args.count not in (None, len(args.name)):
             raise InvalidSpec("--count", args.count, f"the number of --name values ({len(args.name)}) or nothing")
@@ -83,7 +96,7 @@ def _disk(args: argparse.Namespace) -> str | ClonedDisk | None:
     if args.clone is None or args.pool is None or args.disk is not None:
         raise InvalidSpec("--clone/--pool", [args.clone, args.pool],
                           "--clone GOLDEN and --pool POOL together, without --disk")
-    return ClonedDisk(args.pool, args.clone)
+    return ClonedDisk(args.pool, args.clone, reserve_gib=args.clone_reserve)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from vgpuvirt.cli.api_words import cli_words
 from vgpuvirt.cli.context import plain, printable
 from vgpuvirt.cli.provision import add_target_args, open_targets, progress_bar
 
@@ -39,8 +40,8 @@ def run(ctx: Any, args: argparse.Namespace) -> int:
         con = ctx.console()
         for line in result.removed:
             con.print(f"- {printable(line)}", markup=False)
-        for line in result.skipped:
-            con.print(f"  {printable(line)}", markup=False, style="dim")
+        for line in result.skipped:        # "remove_storage=True deletes them" -> the flag
+            con.print(f"  {printable(cli_words(line))}", markup=False, style="dim")
         for line in result.failed:
             con.print(f"! {printable(line)}", markup=False, style="red")
     if result.failed:

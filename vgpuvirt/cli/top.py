@@ -1,6 +1,7 @@
 """``vgpuvirt top [HOST ...]``: a live view of hosts, GPUs, their vGPUs and owning VMs, refreshed every
 ``--interval`` seconds; ``q`` (or Ctrl-C) quits and gives the terminal back as it was. ``--once`` prints one
-frame and exits (for scripts and pipes).
+frame and exits (for scripts and pipes: piped, each row is one whole line, never cut); ``--json`` prints one
+snapshot as JSON (the document of ``vgpuvirt metrics --json``) and exits.
 
     vgpuvirt top sim:t4x2 sim:a10-sriov --interval 1
     vgpuvirt --host sim:t4x2 top --once
@@ -33,5 +34,10 @@ def run(ctx: Context, args: argparse.Namespace) -> int:
     if not 0.1 <= args.interval <= 3600:
         raise InvalidSpec("--interval", args.interval, "seconds between 0.1 and 3600")
     with watched_hosts(ctx, args.hosts, args.connect, args.timeout or max(5.0, args.interval)) as scraper:
-        view(scraper, interval=args.interval, once=args.once)
+        if ctx.json:               # a live screen is no JSON: one snapshot, as `metrics --json` prints it
+            ctx.emit_json(scraper.scrape().to_dict())
+        elif args.once:            # the CLI's console: whole cells on a terminal, whole lines in a pipe
+            view(scraper, interval=args.interval, once=True, console=ctx.console())
+        else:
+            view(scraper, interval=args.interval)
     return 0

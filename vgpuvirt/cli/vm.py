@@ -5,7 +5,8 @@
     vgpuvirt --json vm list 'desk-*'
 
 ``list`` joins libvirt's domains with the host's inventory (one read): each GPU device with its mdev
-UUID and type or its PCI address, the vGPU type's name, and the host.
+UUID and type or its PCI address, the vGPU type's name, and the host; vGPUs the domain names that the host
+no longer has (MISSING), then the other host devices (NIC VF, the GPU's HDMI audio).
 """
 
 from __future__ import annotations
@@ -81,12 +82,17 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     for col in ("VM", "state", "GPU device", "type", "type name", "host"):
         t.add_column(col, overflow="fold")
     for v in vms:
-        rows = v.gpus or (None,)
-        for i, g in enumerate(rows):
-            dev = "-" if g is None else f"{g.kind} {g.device}"
+        # GPUs first; then what the domain names that the host lacks; then the devices that come along
+        rows: list[tuple[Any, str]] = [(g, "") for g in v.gpus] + [(g, "MISSING ") for g in v.missing] \
+            + [(g, "") for g in v.devices]
+        for i, (g, note) in enumerate(rows or [(None, "")]):
+            dev = "-" if g is None else f"{note}{g.kind} {g.device}"
             t.add_row(*map(plain, (v.name if i == 0 else "", v.state if i == 0 else "", dev,
                                    (g.type if g else None) or "-", (g.type_name if g else None) or "-", v.host)))
     ctx.console().print(t)
+    if any(v.missing for v in vms):
+        print(printable("vgpuvirt: note: MISSING: a vGPU the VM's domain names is not on the host (gone after a "
+                        "reboot?); `vgpuvirt provision` with the same request re-creates it"), file=sys.stderr)
     return 0
 
 

@@ -109,9 +109,11 @@ class _Policy(paramiko.MissingHostKeyPolicy):
             raise HostKeyError(self.name, f"host key unknown: known_hosts line {ca} trusts a certificate "
                                           "authority (@cert-authority) for this host, and vgpuvirt does not "
                                           "verify host certificates: add the host's own key to known_hosts")
-        raise HostKeyError(self.name, "host key unknown (not in known_hosts): refusing to connect; "
-                                      "add it with ssh-keyscan after checking its fingerprint, "
-                                      "or opt in explicitly (allow_unknown_hosts=True)")
+        # the fingerprint, so the user can compare it with the host's own (ssh-keygen -lf on the host) first
+        raise HostKeyError(self.name, f"host key unknown (not in known_hosts): {key.get_name()} "
+                                      f"{_fingerprint(key)}; refusing to connect; add it with ssh-keyscan after "
+                                      "checking that fingerprint on the host (ssh-keygen -lf "
+                                      "/etc/ssh/ssh_host_*_key.pub), or opt in explicitly (allow_unknown_hosts=True)")
 
 
 def _checked_key(name: str, path: str) -> str:

@@ -91,6 +91,47 @@ def plan(host: Host, config: LayoutConfig, domains: Domains = None) -> HostPlan:
     return plan_host(host.name, gpus, config)
 
 
+@dataclass(frozen=True)
+class LayoutDiff:
+    """``before``: the GPUs a config governs, as the host has them, as a layout document (YAML); ``after``: the
+    same document as applying the config leaves it (each GPU that differs takes its config entry, narrowed to
+    that GPU's address). Both parse as layouts; a check-mode diff (Ansible's ``diff``) shows each change once,
+    as the lines that differ between them."""
+
+    before: str
+    after: str
+    differences: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.differences)
+
+
+def diff_documents(host: Host, config: LayoutConfig, domains: Domains = None) -> LayoutDiff:
+    """:class:`LayoutDiff` of ``host`` against ``config``, from one read."""
+    from vgpuvirt.layout.model import GpuEntry, Selector
+    from vgpuvirt.layout.schema import dump_layout
+
+    inv, gpus = read_gpus(host, domains)
+    mine = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
+    p = plan_host(host.name, gpus, config)
+    changed = {d.gpu for d in p.diffs}
+    now = {e.devices[0].value: e for e in export_layout(inv, config.name, gpus).config().entries}
+    before: list[GpuEntry] = []
+    after: list[GpuEntry] = []
+    for g in sorted(mine, key=str):
+        was = now.get(str(g))
+        if was is None:
+            continue
+        before.append(was)
+        # the config's own words for a GPU it changes ("fill", its scheduler, ...), about that GPU alone
+        after.append(replace(mine[g], devices=(Selector("address", str(g)),), vendor=None, device_filter=(),
+                             line=None) if g in changed else was)
+    differences = tuple(d.format() for d in p.diffs)
+    return LayoutDiff(dump_layout(Layout.single(config.name, before, "host")),
+                      dump_layout(Layout.single(config.name, after, "host")), differences)
+
+
 def check(host: Host, config: LayoutConfig, domains: Domains = None) -> list[str]:
     """The differences between the host and the config (empty: the host is in that state)."""
     return check_notes(host, config, domains)[0]

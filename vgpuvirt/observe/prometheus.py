@@ -124,7 +124,8 @@ VGPU: tuple[tuple[str, str, VgpuGet], ...] = (
 HOST_METRICS = ("vgpuvirt_host_up", "vgpuvirt_host_collection_duration_seconds", "vgpuvirt_host_round_trips",
                 "vgpuvirt_host_info", "vgpuvirt_host_collection_age_seconds")
 TYPE_METRICS = ("vgpuvirt_vgpu_type_fits_now", "vgpuvirt_vgpu_type_in_use", "vgpuvirt_vgpu_type_framebuffer_bytes")
-INFO_METRICS = ("vgpuvirt_gpu_info", "vgpuvirt_gpu_health_reason", "vgpuvirt_gpu_scheduler_info", "vgpuvirt_vgpu_info")
+INFO_METRICS = ("vgpuvirt_gpu_info", "vgpuvirt_gpu_health_reason", "vgpuvirt_gpu_scheduler_info", "vgpuvirt_vgpu_info",
+                "vgpuvirt_gpu_vm_info")
 XID_COUNTER = "vgpuvirt_gpu_xid_errors"       # exposed as vgpuvirt_gpu_xid_errors_total
 
 
@@ -199,14 +200,19 @@ def _info_families(gpus: Sequence[tuple[HostMetrics, GpuMetrics]]) -> Iterable[M
                             labels=("host", "gpu", "reason"))
     sched = GaugeMetricFamily("vgpuvirt_gpu_scheduler_info", "The vGPU scheduler's policy.",
                               labels=("host", "gpu", "policy", "adaptive", "source"))
+    # Per-VM use of a passed-through GPU: its DCGM_FI_DEV_* series joined on (host, gpu) to this one.
+    vm = GaugeMetricFamily("vgpuvirt_gpu_vm_info", "The VM a whole GPU is passed through to (its readings are "
+                           "that VM's use).", labels=("host", "gpu", "vm", "vm_uuid"))
     for h, g in gpus:
         info.add_metric((*_gpu_labels(h, g), _s(g.mode), _s(g.sizing)), 1.0)
+        if g.vm_name is not None:
+            vm.add_metric((h.host, g.address, g.vm_name, _s(g.vm_uuid)), 1.0)
         for r in g.health.reasons:
             why.add_metric((h.host, g.address, r), 1.0)
         s = g.scheduler
         if s.policy is not None:
             sched.add_metric((h.host, g.address, s.policy, _s(s.adaptive).lower(), _s(s.source)), 1.0)
-    return (info, why, sched)
+    return (info, why, sched, vm)
 
 
 def _type_families(gpus: Sequence[tuple[HostMetrics, GpuMetrics]]) -> Iterable[Metric]:

@@ -42,7 +42,9 @@ def _n(v: float | int | None, unit: str) -> str:
 
 def _gpu_row(t: Table, g: GpuMetrics) -> None:
     health = "ok" if g.health.healthy else "[bold red]UNHEALTHY[/] " + plain("; ".join(g.health.reasons))
-    t.add_row(f"[bold]{plain(g.address)}[/]", plain(g.name or "-"), plain(g.mode or "-"), _bar(g.sm_util_pct),
+    # a passed-through GPU's whole use is its VM's: name the VM where a vGPU row would
+    mode = plain(g.mode or "-") + (f" {plain(g.vm_name)}" if g.vm_name else "")
+    t.add_row(f"[bold]{plain(g.address)}[/]", plain(g.name or "-"), mode, _bar(g.sm_util_pct),
               _fb(g.fb_used_mib, g.fb_total_mib), f"{_n(g.temperature_c, 'C')} {_n(g.power_w, 'W')}", health)
 
 

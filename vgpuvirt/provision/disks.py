@@ -36,7 +36,8 @@ class ClonedDisk:
 
     ``name``: the volume name, ``{name}`` is the VM's (default ``{name}.qcow2``); ``golden``: the path of the
     golden image, a volume libvirt knows (put it in a pool's directory); ``capacity_gib``: the guest disk
-    size, None for the golden image's own size.
+    size, None for the golden image's own size; ``reserve_gib``: the free pool space each clone must find
+    when planned (a clone starts at a few hundred KiB, then holds everything its desktop writes).
     """
 
     pool: str
@@ -44,6 +45,7 @@ class ClonedDisk:
     name: str = "{name}.qcow2"
     golden_format: str = "qcow2"
     capacity_gib: int | None = None
+    reserve_gib: int = 1
 
     def __post_init__(self) -> None:
         check_name("storage pool name", self.pool)
@@ -58,6 +60,9 @@ class ClonedDisk:
                                               or isinstance(self.capacity_gib, bool) or not 1 <= self.capacity_gib
                                               <= 65536):
             raise InvalidSpec("cloned disk capacity (GiB)", self.capacity_gib, "an integer 1..65536")
+        if not isinstance(self.reserve_gib, int) or isinstance(self.reserve_gib, bool) \
+                or not 0 <= self.reserve_gib <= 65536:
+            raise InvalidSpec("cloned disk reserve (GiB)", self.reserve_gib, "an integer 0..65536")
 
     def volume_name(self, vm: str) -> str:
         return check_name("volume name", expand(self.name, vm, "cloned disk volume name"))

@@ -73,8 +73,10 @@ def _next_index(host: str, vm: str, taken: set[MdevUuid]) -> int:
 
 def _can_hotplug(conn: LibvirtConnection) -> None:
     if not conn.supports_hotplug:
-        raise InvalidSpec("libvirt URI", conn.uri, "a driver that can attach and detach devices "
-                                                   "(libvirt's test driver cannot): nothing was changed")
+        # not "libvirt URI" (the CLI says "--connect" for that): the URI may be the host's default, not given
+        raise InvalidSpec("libvirt driver for hot-plug", conn.uri, "a driver that can attach and detach devices "
+                                                                   "(libvirt's test driver cannot; --connect one "
+                                                                   "that can): nothing was changed")
 
 
 def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *, live: bool | None = None,

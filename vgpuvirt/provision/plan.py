@@ -10,14 +10,15 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
-from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId, parse_cpulist
-from vgpuvirt.provision.cpu_pinning import PinLedger
+from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId
+from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
@@ -26,7 +27,7 @@ from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
-from vgpuvirt.provision.preflight import Ledger, check_vm, one_disk_each, pool_dir
+from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, problems_of
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps import (
@@ -42,6 +43,7 @@ from vgpuvirt.provision.steps import (
 from vgpuvirt.provision.steps_license import add_seed, seed_problems
 from vgpuvirt.provision.steps_storage import CreateVolume
 from vgpuvirt.xml.domain import Domain
+from vgpuvirt.xml.parts import CpuPinning
 from vgpuvirt.xml.provenance import Provenance
 
 
@@ -142,7 +144,8 @@ def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
 
 
 def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
-                  pin: str | None = None, pool_dir: str | None = None) -> Domain:
+                  pinning: CpuPinning | None = None, pool_dir: str | None = None,
+                  siblings: Mapping[int, frozenset[int]] | None = None) -> Domain:
     from vgpuvirt.xml import DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
 
     given = vm.options.get("domain_options")
@@ -175,11 +178,11 @@ def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf:
         nics.append(HostdevInterface(nic_vf, mac=MacAddress.parse(vm.nic.mac) if vm.nic.mac else None,
                                      vlan=vm.nic.vlan))
         gpus_meta.append({"kind": "nic-vf", "address": str(nic_vf)})
-    pinning = None
-    if pin:
-        from vgpuvirt.xml import CpuPinning
-        cpus = sorted(parse_cpulist(pin))
-        pinning = CpuPinning.from_cpulist(",".join(map(str, cpus[: vm.vcpus])))
+    if pinning is not None and given is None and "threads_per_core" not in vm.options:
+        # vCPUs on both threads of whole cores: the guest is told so, and schedules like the host does
+        t = threads_per_core(pinning, siblings or {})
+        if t > 1 and vm.vcpus % t == 0:
+            opts = dataclasses.replace(opts, threads_per_core=t)
     numa = picks[0].numa_node if vm.template == "compute" and picks else None
     dom = build_domain(vm.template, name=vm.name, uuid=domain_uuid_for(vm.name), memory_mib=vm.memory_mib,
                        vcpus=vm.vcpus, mdevs=mdevs, pci=pci, nics=nics,
@@ -253,8 +256,9 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     for a in assignments:
         by_vm.setdefault(a.vm, []).append(a)
     adopted_vms = {a.vm for a in ready}
-    problems: list[str] = []
-    ledger, pins = Ledger(), PinLedger({h: s.domains for h, s in hs.items()})
+    problems: list[tuple[str, str, str]] = []
+    ledger = Ledger()
+    pins = PinLedger({h: s.domains for h, s in hs.items()}, {h: s.resources.siblings for h, s in hs.items()})
     nics = _nic_vfs(todo, by_vm, hs)
     if isinstance(nics, Plan):
         nics.kept, nics.vms, nics.explain = kept, list(requests), explain
@@ -275,8 +279,9 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         pin, why = pins.choose(host, vm, gpu.local_cpus if gpu is not None else None)
         if why:
             explain.append(Candidate(vm.name, host, str(picks[0].gpu) if picks else "-", "chosen", why))
-        dom = _build_domain(vm, host, picks, nic.vf if nic else None, pin, pool_dir(vm, hs[host]))
-        problems += check_vm(hs[host], vm.name, dom, vm.disk, ledger)
+        dom = _build_domain(vm, host, picks, nic.vf if nic else None, pin, pool_dir(vm, hs[host]),
+                            pins.siblings(host))
+        problems += [(host, vm.name, p) for p in problems_of(hs[host], vm.name, dom, vm.disk, ledger)]
         if isinstance(vm.disk, ClonedDisk):
             want(CreateVolume(host, vm.name, vm.disk.pool, vm.disk.volume(vm.name)), "(adopted)")
         if vm.license is not None:
@@ -287,7 +292,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if vm.start:
             steps.append(StartDomain(host, vm.name))
     if problems:
-        raise PreflightFailed(problems)
+        raise PreflightFailed.of(problems)
     hosts = list(hs)
     steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,

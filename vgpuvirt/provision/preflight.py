@@ -4,7 +4,10 @@ For each domain the plan would define, against what the plan's one read of the h
 snapshot: :class:`~vgpuvirt.services.host_resources.HostResources`; its libvirt:
 :class:`~vgpuvirt.libvirt_storage.LibvirtFacts`):
 
-* every ``<interface type='network'>`` names a libvirt network that exists and is active;
+* every ``<interface type='network'>`` names a libvirt network that exists and is active, every
+  ``<interface type='bridge'>`` a bridge among the host interfaces libvirt lists;
+* a TPM's backend (``emulator``: swtpm) and secure boot (a secure OVMF loader) are ones libvirt can give;
+* the linked clones the plan puts in a pool find their reserve free there (``ClonedDisk.reserve_gib`` each);
 * a linked-clone disk's storage pool exists and is active and its golden image is a volume libvirt knows;
   a disk path inside an active pool's directory is a volume of that pool;
 * the firmware (``<os firmware='efi'>``, or a ``<loader>`` path) is one libvirt's domain capabilities offer;
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.libvirt_storage import PoolFacts
 from vgpuvirt.model import format_cpulist
 from vgpuvirt.provision.disks import ClonedDisk, expand
 from vgpuvirt.provision.request import VmRequest
@@ -40,6 +44,8 @@ class Ledger:
     """Hugepages the plan has already promised, per (host, node, page size kB), across its VMs."""
 
     pages: dict[tuple[str, int | None, int], int] = field(default_factory=dict)
+    #: bytes of pool space promised to the plan's linked clones, per (host, pool)
+    pool_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _names(items: object) -> str:
@@ -47,14 +53,17 @@ def _names(items: object) -> str:
     return ", ".join(names) if names else "none"
 
 
-def check_vm(hs: HostState, vm: str, dom: Domain, disk: object, ledger: Ledger) -> list[str]:
-    """The problems that would make ``dom`` fail to define or start on ``hs``; [] when none."""
-    where = f"{hs.name}: {vm}"
-    out = [f"{where}: {p}" for p in (*_libvirt(hs, dom, disk), *_hugepages(hs, dom, ledger), *_cpus(hs, dom))]
-    return out
+def problems_of(hs: HostState, vm: str, dom: Domain, disk: object, ledger: Ledger) -> list[str]:
+    """The problems that would make VM ``vm``'s domain ``dom`` fail to define or start on ``hs``; [] when none.
+    The plan prefixes each with host and VM, grouping the VMs that share one."""
+    return [*_libvirt(hs, vm, dom, disk, ledger), *_hugepages(hs, dom, ledger), *_cpus(hs, dom)]
 
 
-def _libvirt(hs: HostState, dom: Domain, disk: object) -> list[str]:
+def _bridges(ifaces: dict[str, str]) -> str:
+    return _names(n for n, kind in ifaces.items() if kind == "bridge")
+
+
+def _libvirt(hs: HostState, vm: str, dom: Domain, disk: object, ledger: Ledger) -> list[str]:
     facts = hs.libvirt
     if facts is None:
         return []
@@ -62,15 +71,27 @@ def _libvirt(hs: HostState, dom: Domain, disk: object) -> list[str]:
     for src in dom.root.iterfind("devices/interface[@type='network']/source"):
         net = src.get("network", "")
         if net not in facts.networks:
-            out.append(f"libvirt network '{net}' does not exist (networks: {_names(facts.networks)})")
+            out.append(f"libvirt network '{net}' does not exist (networks: {_names(facts.networks)}; "
+                       "choose one with --network NAME or a host bridge with --bridge NAME)")
         elif not facts.networks[net]:
             out.append(f"libvirt network '{net}' is not active (virsh net-start {net})")
+    if facts.interfaces is not None:
+        for src in dom.root.iterfind("devices/interface[@type='bridge']/source"):
+            br = src.get("bridge", "")
+            kind = facts.interfaces.get(br)
+            if kind is None:
+                out.append(f"host bridge '{br}' does not exist (bridges: {_bridges(facts.interfaces)})")
+            elif kind != "bridge":
+                out.append(f"host interface '{br}' is not a bridge but {kind or 'of unknown type'} "
+                           f"(bridges: {_bridges(facts.interfaces)})")
     if isinstance(disk, ClonedDisk):
         pool = facts.pools.get(disk.pool)
         if pool is None:
             out.append(f"storage pool '{disk.pool}' does not exist (pools: {_names(facts.pools)})")
         elif not pool.active:
             out.append(f"storage pool '{disk.pool}' is not active (virsh pool-start {disk.pool})")
+        else:
+            out += _pool_space(hs.name, pool, disk, vm, ledger)
         if disk.golden not in facts.volume_paths():
             out.append(f"golden image {disk.golden} is not a volume of any active storage pool (put it in a "
                        "pool's directory; the pools are rescanned when planning)")
@@ -89,11 +110,42 @@ def _libvirt(hs: HostState, dom: Domain, disk: object) -> list[str]:
     return out
 
 
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def _pool_space(host: str, pool: PoolFacts, disk: ClonedDisk, vm: str, ledger: Ledger) -> list[str]:
+    # A clone an earlier (cut) run already made is adopted, not made again: it takes no more room.
+    if pool.available_bytes is None or disk.volume_name(vm) in pool.volumes:
+        return []
+    key = (host, pool.name)
+    need = disk.reserve_gib * 1024**3
+    if need == 0:
+        return []
+    taken = ledger.pool_bytes.get(key, 0)
+    ledger.pool_bytes[key] = taken + need
+    if taken + need <= pool.available_bytes:
+        return []
+    return [f"storage pool '{pool.name}' has {_gib(pool.available_bytes)} free, and each linked clone reserves "
+            f"{disk.reserve_gib} GiB (ClonedDisk reserve_gib): {taken // need} already promised to this plan's "
+            "other VMs (free space in the pool's directory, or another --pool)"]
+
+
 def _firmware(hs: HostState, dom: Domain) -> list[str]:
     caps = hs.libvirt.firmware if hs.libvirt is not None else None
     if caps is None:
         return []
     out: list[str] = []
+    secure = dom.root.find("os/firmware/feature[@name='secure-boot'][@enabled='yes']")
+    if secure is not None and caps.secure_boot is False:
+        out.append("secure boot: libvirt offers no secure-boot capable UEFI loader here (install OVMF with "
+                   "secure boot, Debian's ovmf package; or drop --secure-boot)")
+    if caps.tpm_backends is not None:
+        for backend in dom.root.iterfind("devices/tpm/backend"):
+            backend_type = backend.get("type", "")
+            if backend_type not in caps.tpm_backends:
+                out.append(f"TPM backend '{backend_type}' is not one libvirt can give here (offered: "
+                           f"{_names(caps.tpm_backends)}; the emulator needs swtpm installed)")
     fw = dom.root.find("os")
     kind = fw.get("firmware") if fw is not None else None
     if kind and kind not in caps.firmwares:

@@ -223,6 +223,34 @@ def smallest_key(t: TypeProfile) -> tuple[int, int, int, str]:
     return (t.framebuffer_mib or 0, t.num_heads or 0, res, t.id)
 
 
+def provisioning_options(*, networks: Sequence[str] = (), bridges: Sequence[str] = (), tpm: bool = False,
+                         secure_boot: bool = False, graphics: str | None = None) -> dict[str, object]:
+    """``VmRequest.options`` for what real hosts need: the VM's ordinary NICs (each a libvirt network, then
+    each a host bridge, in that order; none given keeps the template's ``default`` network), a TPM 2.0
+    (swtpm), UEFI secure boot, the graphics (``spice``, ``vnc``, ``none``). The pre-flight checks each against
+    the host's libvirt. ``provisioning_options(bridges=["br0"], tpm=True)`` -> ``{"virtio_nics": ..., "tpm": True}``.
+    """
+    from vgpuvirt.xml.parts import VirtioNic
+
+    out: dict[str, object] = {}
+    for what, names in (("networks", networks), ("bridges", bridges)):
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise InvalidSpec(what, names, "a list of names")
+    nics = [VirtioNic("network", n) for n in networks] + [VirtioNic("bridge", b) for b in bridges]
+    if nics:
+        out["virtio_nics"] = tuple(nics)
+    for key, flag in (("tpm", tpm), ("secure_boot", secure_boot)):
+        if not isinstance(flag, bool):
+            raise InvalidSpec(key, flag, "true or false")
+        if flag:
+            out[key] = True
+    if graphics is not None:
+        if graphics not in ("spice", "vnc", "none"):
+            raise InvalidSpec("graphics", graphics, "spice | vnc | none")
+        out["graphics"] = graphics
+    return out
+
+
 @dataclass(frozen=True)
 class NicRequest:
     """An SR-IOV NIC VF as ``<interface type='hostdev'>`` (a free VF of the given PF, or any)."""

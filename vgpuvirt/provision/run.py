@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from vgpuvirt.errors import NoCapacity, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import NoCapacity, PreflightFailed, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.libvirt_storage import LibvirtFacts
@@ -150,7 +150,10 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
             raise ProvisioningError(exc.reason, completed=[*made, *exc.completed],
                                     rollback=[*exc.rollback, *undone], cause=exc.cause) from exc
         if undone and isinstance(exc, VgpuvirtError):
-            raise ProvisioningError(f"after enabling SR-IOV: {exc}", completed=made, rollback=undone,
+            # A pre-flight refusal here comes after VFs were enabled (and disabled again): its own "nothing
+            # was changed" would contradict the lines that follow.
+            why = f"pre-flight refused the plan: {exc.shown}" if isinstance(exc, PreflightFailed) else str(exc)
+            raise ProvisioningError(f"after enabling SR-IOV: {why}", completed=made, rollback=undone,
                                     cause=exc) from exc
         raise
     return ProvisionResult(p, applied, t1 - t0, t2 - t1)

@@ -98,20 +98,33 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         if mine:
             due = _remove_vgpus(by_name[hname], c, mine, r, dry_run, wait_timeout)
             for name in mine:
+                # the license seed is deleted whatever remove_storage says: not among the volumes kept
+                vols = [v for v in _volumes(c, name, r, hname)
+                        if not any(v.endswith("/" + sv) for _pool, sv in seeds.get(name, ()))]
                 if dry_run:
-                    r.removed.append(f"{hname}: would destroy and undefine {name}")
+                    r.removed.append(f"{hname}: would destroy and undefine {name}"
+                                     + (f" and delete its volume(s) {', '.join(vols)}" if remove_storage and vols
+                                        else ""))
+                    if vols and not remove_storage:
+                        r.skipped.append(f"{hname}: would keep {name}'s volume(s) {', '.join(vols)} "
+                                         "(remove_storage=True deletes them)")
                     r.removed += [f"{hname}: would delete license seed {p}/{v}" for p, v in seeds.get(name, ())]
                 elif name in due:
                     r.skipped.append(f"{hname}: kept domain {name} defined (destroyed): a vGPU of it is still "
                                      "due; rerun teardown to finish")
                 else:
                     try:
-                        r.disks_removed += c.undefine(name, remove_storage=remove_storage)
-                        r.removed.append(f"{hname}: undefined {name}")
+                        gone = c.undefine(name, remove_storage=remove_storage)
+                        r.disks_removed += gone
+                        r.removed.append(f"{hname}: undefined {name}"
+                                         + (f"; deleted volume(s) {', '.join(gone)}" if gone else ""))
+                        if vols and not remove_storage:
+                            r.skipped.append(f"{hname}: kept {name}'s volume(s) {', '.join(vols)} "
+                                             "(remove_storage=True deletes them)")
                         # the seed holds the license token: removed with the domain, whatever remove_storage
                         for pool, vol in seeds.get(name, ()):
-                            gone = c.delete_volume(pool, vol)
-                            r.removed.append(f"{hname}: deleted license seed {pool}/{vol}" if gone
+                            deleted = c.delete_volume(pool, vol)
+                            r.removed.append(f"{hname}: deleted license seed {pool}/{vol}" if deleted
                                              else f"{hname}: license seed {pool}/{vol} was already gone")
                     except VgpuvirtError as exc:
                         r.failed.append(f"{hname}: {name}: {exc}")
@@ -129,6 +142,15 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
         result.skipped.append(f"domain {n} not found (already removed)")
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _volumes(c: LibvirtConnection, name: str, r: TeardownResult, hname: str) -> list[str]:
+    """The VM's disk volumes, named in what teardown says it deletes or keeps; [] (with a note) if unreadable."""
+    try:
+        return c.storage_volumes(name)
+    except VgpuvirtError as exc:
+        r.skipped.append(f"{hname}: could not list the volumes of {name}: {exc}")
+        return []
 
 
 def _of_host(views: Sequence[str], hname: str) -> bool:

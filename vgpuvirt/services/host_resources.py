@@ -3,8 +3,9 @@
 :data:`RESOURCE_GLOBS` ride along in ``INVENTORY_GLOBS``; :func:`host_resources` is a pure function of the
 snapshot. What the kernel says is the truth here: ``free_hugepages`` per size, system-wide
 (``/sys/kernel/mm/hugepages``) and per NUMA node (``/sys/devices/system/node/nodeN/hugepages``), the online
-CPUs and each node's CPUs, and the default page size (``default_hugepagesz=`` on the kernel command line,
-else 2 MiB, the x86-64 default) that a domain's bare ``<hugepages/>`` takes.
+CPUs and each node's CPUs, each CPU's SMT siblings (``thread_siblings_list``: gaming VMs take whole cores),
+and the default page size (``default_hugepagesz=`` on the kernel command line, else 2 MiB, the x86-64
+default) that a domain's bare ``<hugepages/>`` takes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ HUGEPAGES = "/sys/kernel/mm/hugepages"
 
 RESOURCE_GLOBS: tuple[str, ...] = (
     CPU_ONLINE,
+    "/sys/devices/system/cpu/cpu*/topology/thread_siblings_list",
     f"{NODES}/node*/cpulist",
     f"{NODES}/node*/hugepages/hugepages-*/free_hugepages",
     f"{HUGEPAGES}/hugepages-*/free_hugepages",
@@ -42,6 +44,8 @@ class HostResources:
     #: (node, page size kB) -> free pages; node None is the system-wide count.
     free_pages: dict[tuple[int | None, int], int] = field(default_factory=dict)
     default_page_kb: int = DEFAULT_PAGE_KB
+    #: CPU -> the CPUs of its core (SMT siblings, itself included); empty: the tree does not say
+    siblings: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def free(self, size_kb: int, node: int | None = None) -> int | None:
         """Free pages of ``size_kb`` (on ``node``, or system-wide); None when the size is not known here."""
@@ -93,4 +97,13 @@ def host_resources(snap: Snapshot) -> HostResources:
         m, size, n = _NODE_RE.match(parts[-4]), _page_kb(parts[-2]), snap.int(path)
         if m and size is not None and n is not None:
             free[(int(m[1]), size)] = n
-    return HostResources(online, node_cpus, free, default_page_kb(snap.text(PROC_CMDLINE)))
+    siblings: dict[int, frozenset[int]] = {}
+    for path in snap.glob("/sys/devices/system/cpu/cpu*/topology/thread_siblings_list"):
+        name, text = path.split("/")[-3], snap.text(path)
+        if not name[3:].isdigit() or text is None:
+            continue
+        try:
+            siblings[int(name[3:])] = parse_cpulist(text)
+        except InvalidSpec:
+            continue
+    return HostResources(online, node_cpus, free, default_page_kb(snap.text(PROC_CMDLINE)), siblings)

@@ -140,9 +140,11 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
     vgpu_fb = (sum(x.framebuffer_mib or 0 for x in budget.residents if x.mig_profile is None)
                if budget is not None and budget.residents else (0 if budget is not None else None))
     sched = (nvml_sched or (klog.schedulers.get(g.address) if klog is not None else None)) or Scheduler()
+    owner = owners.by_pci.get(g.address)          # a domain that holds the PF itself: passthrough
     return GpuMetrics(
         address=str(g.address), name=(r.name if r else None) or g.name, uuid=r.uuid if r else None,
         mode=budget.mode if budget else None, sizing=budget.sizing if budget else None,
+        vm_name=owner[0] if owner else None, vm_uuid=owner[1] if owner else None,
         fb_total_mib=(r.fb_total_mib if r else None) or (budget.framebuffer_mib if budget else None),
         vgpu_fb_used_mib=vgpu_fb, types=_types(budget),
         **({f: getattr(r, f) for f in _AS_READ} if r is not None else {}),

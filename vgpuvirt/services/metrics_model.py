@@ -128,6 +128,9 @@ class GpuMetrics:
     uuid: str | None = None
     mode: str | None = None            # capacity model's mode: free | whole | mdev-vgpu | vf-vgpu | mig | ...
     sizing: str | None = None          # equal | mixed (NVIDIA time-sliced)
+    # the libvirt domain the whole GPU is passed through to: its readings are that VM's use
+    vm_name: str | None = None
+    vm_uuid: str | None = None
     fb_total_mib: int | None = None
     fb_used_mib: int | None = None        # allocated, not counting the reserved (one meaning for NVML and nvidia-smi)
     fb_reserved_mib: int | None = None    # held by the driver and firmware, reported apart

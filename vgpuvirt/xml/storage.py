@@ -142,6 +142,10 @@ class FirmwareCaps:
 
     firmwares: frozenset[str]
     loaders: frozenset[str]
+    #: the loader can be secure (``<enum name='secure'>`` holds ``yes``); None: not said
+    secure_boot: bool | None = None
+    #: TPM backends it can give (``emulator`` needs swtpm); None: not said (libvirt < 8.x)
+    tpm_backends: frozenset[str] | None = None
 
     @classmethod
     def from_xml(cls, xml: str | bytes) -> FirmwareCaps:
@@ -153,7 +157,20 @@ class FirmwareCaps:
             return cls(frozenset(), frozenset())
         fw = {v.text for v in os_el.iterfind("enum[@name='firmware']/value") if v.text}
         loaders = {v.text for v in os_el.iterfind("loader/value") if v.text}
-        return cls(frozenset(fw), frozenset(loaders))
+        secure = os_el.find("loader/enum[@name='secure']")
+        tpm = root.find("devices/tpm")
+        backends = None
+        if tpm is not None:
+            backends = frozenset() if tpm.get("supported") == "no" else frozenset(
+                v.text for v in tpm.iterfind("enum[@name='backendModel']/value") if v.text)
+        return cls(frozenset(fw), frozenset(loaders),
+                   None if secure is None else any(v.text == "yes" for v in secure.iterfind("value")), backends)
+
+
+def disk_files(domain_xml: str | bytes) -> list[str]:
+    """The file paths of a domain's disks (``<disk device='disk'>``; CD-ROMs and other devices are not)."""
+    root = parse_xml(domain_xml)
+    return [str(d.get("file")) for d in root.iterfind("devices/disk[@device='disk']/source") if d.get("file")]
 
 
 def backing_chains(domain_xml: str | bytes) -> dict[str, list[str]]:
