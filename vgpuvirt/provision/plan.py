@@ -106,14 +106,9 @@ class Plan:
         lines: list[str] = []
         for h in self.hosts:
             lines.append(f"{h}:")
-            for pr in self.prep:
-                if pr.host == h:
-                    lines.append(f"  + {pr.describe()}")
-            for s in self.for_host(h):
-                lines.append(f"  + {s.describe()}")
-            for k in self.kept:
-                if k.host == h:
-                    lines.append(f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})"))
+            lines += [f"  + {pr.describe()}" for pr in self.prep if pr.host == h]
+            lines += [f"  + {s.describe()}" for s in self.for_host(h)]
+            lines += [f"  = {k.what}" + ("" if k.vm in k.what else f" ({k.vm})") for k in self.kept if k.host == h]
         if self.pending:
             lines.append(f"then, once the VFs exist (and show their vGPU types), place {len(self.pending)} VM(s): "
                          + ", ".join(self.pending[:8]) + (" ..." if len(self.pending) > 8 else ""))
