@@ -67,3 +67,16 @@ def test_a_vanished_vgpu_with_no_room_left_is_refused_with_the_counts(pool: tupl
     assert "is missing and cannot be made again" in msg and "0 of 1 fit" in msg and "gc --apply" in msg, msg
     assert "concurrent" not in msg
     assert _mdevs(host) == orphans                       # refused before anything was written
+
+
+def test_the_rerun_summary_shows_kept_vms_gpus_and_never_says_started_for_no_start(pool: tuple) -> None:
+    host, conn, reqs = pool
+    theirs = {str(m.uuid): str(m.parent) for m in inventory(host).mdevs}
+    rows = provision(host, conn, reqs).rows()
+    assert {r["device"] for r in rows} == set(theirs) and len(rows) == 4
+    assert all(r["type"] == "nvidia-231" and r["gpu"] == theirs[r["device"]] and r["status"] == "kept"
+               for r in rows), rows
+    host.reboot()
+    again = provision(host, conn, reqs)                  # --no-start VMs (start=False): made again, not started
+    assert {r["status"] for r in again.rows()} == {"re-created"}
+    assert {r["vm"] for r in again.to_dict()["vms"]} == {vm.name for vm in reqs}
