@@ -163,9 +163,17 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                 wanted[tid] = vc.count
     vfs_want = _want_vfs(g, want)
     vf_change = vfs_want != len(g.vfs)
+    reshape = False
     if unknown and g.type_names and not vf_change:
-        offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
-        raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0], f"one it offers: {offered}")
+        # A GPU holding vGPUs offers only their size (vGPU 17+ VFs list nothing else): a type of the same board
+        # in another size is a reshape (drain, remove, then create once the GPU offers it), not a bad name.
+        boards = {_board(g.short_name(t)) for t in g.type_names}
+        reshape = bool(g.vgpus) and all(_board(u) in boards for u in unknown)
+        if not reshape:
+            offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
+            raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0],
+                              f"one it offers: {offered}")
+        diff.append(f"reshape: {', '.join(unknown)} offered once the vGPUs of another size are gone")
     sizing = want.sizing or g.budget.sizing
     sizes = {g.budget.types[t].framebuffer_mib for t in wanted if t in g.budget.types} - {None}
     if sizing == "equal" and len(sizes) > 1 and not any(g.budget.types[t].mig_profile for t in wanted):
@@ -178,7 +186,7 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
     back = _claims_back(g, wanted, vf_change)
     for tid, have in sorted(counts.items()):
         w = wanted.get(tid, 0)
-        keep = 0 if vf_change else have if w is None else w
+        keep = 0 if vf_change or reshape else have if w is None else w
         if back.get(tid) and w is not None:
             # idle vGPUs give way to those defined VMs name (a layout applied after a reboot made its own)
             busy = sum(1 for v in g.vgpus if v.type_id == tid and v.domain is not None)
@@ -249,6 +257,11 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
             steps += _create_steps(host, g, tid, target - have, remove, taken, back.get(tid, []))
             diff.append(f"{g.short_name(tid)} {have} -> {target}")
     return steps, diff, pending
+
+
+def _board(short_name: str) -> str:
+    """``L40S`` of ``L40S-2Q``, ``A100D`` of ``A100D-1-10C``: the board a type name belongs to."""
+    return short_name.split("-", 1)[0].casefold()
 
 
 def _claims_back(g: GpuNow, wanted: dict[str, int | None], vf_change: bool) -> dict[str, list[Claim]]:

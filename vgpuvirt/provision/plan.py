@@ -232,8 +232,11 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         for g in prov.gpus:
             made = step_from_meta(h.name, vm.name, g)
             if made is not None:
-                if not made.done_in(h):
-                    _room_again(h, made, vm.name)
+                d = made.details()
+                if not made.done_in(h) and "parent" in d:
+                    # gone in a reboot: made again only where the capacity model has room (it was planned
+                    # blindly, and the apply then blamed a concurrent caller)
+                    h.take_again(d["parent"], [d["type"], f"nvidia-{d['type']}"], f"VM {vm.name}'s vGPU {made.target}")
                 want(made)
         if vm.start:
             want(StartDomain(h.name, vm.name))
@@ -289,28 +292,6 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
-
-
-def _room_again(h: HostState, step: HostStep, vm: str) -> None:
-    """A kept VM's vGPU that is gone (a reboot) is made again only where the capacity model has room for it
-    (it used to be planned blindly, and the apply then blamed a concurrent caller); the room it takes is
-    counted for the VMs placed after it."""
-    if isinstance(step, CreateMdev):
-        place, tids = str(step.parent), [str(step.type)]
-    elif isinstance(step, SetVfType):
-        place, tids = str(step.vf), [str(step.type), f"nvidia-{step.type}"]
-    else:
-        return
-    g = next((g for g in h.gpus if any(p.address == place for p in g.budget.places)), None)
-    tid = next((t for t in tids if g is not None and t in g.budget.types), None)
-    if g is None or tid is None:
-        return          # a parent or type the host does not show now (its VFs gone): the apply says why
-    fit = g.budget.fit(tid)
-    if fit.fits_now < 1 or g.budget.free_place(tid, among=[place]) is None:
-        raise NoCapacity(h.name, place, f"VM {vm}'s vGPU {tid} {step.target} is missing and cannot be made again "
-                                        f"on {place}: 0 of 1 fit ({fit.reason}); vGPUs no domain uses are listed "
-                                        "by `vgpuvirt gc` and removed by `gc --apply`", fit=0, wanted=1)
-    g.budget = g.budget.with_vgpu(tid, place)
 
 
 def _host_without_gpu(vm: VmRequest, hs: Mapping[str, HostState]) -> str:
