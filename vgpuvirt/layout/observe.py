@@ -68,6 +68,8 @@ def missing_claims(inv: Inventory, domains: Iterable[tuple[str, str]] | None) ->
             prov = Provenance.read(xml)
         except XmlError:
             prov = None
+        if prov is not None and prov.host and inv.host and prov.host != inv.host:
+            continue            # another host's VM (hosts that share one libvirt see each other's domains)
         for g in prov.gpus if prov is not None else ():
             if g.get("kind") == "mdev" and g.get("uuid") and g["uuid"] not in have and g["uuid"] not in out:
                 try:
