@@ -54,7 +54,7 @@ def test_layout_assert_fails_when_a_defined_vm_names_a_missing_vgpu(tmp_path: Pa
     name, u = "w28m" + uuid.uuid4().hex[:6], str(uuid.uuid4())
     conn = LibvirtConnection("test:///default")
     conn.define(f"<domain type='test'><name>{name}</name><memory unit='MiB'>64</memory><os><type>hvm</type></os>"
-                "<metadata><vgpuvirt:provision xmlns:vgpuvirt='https://vgpuvirt.dev/xmlns/provision/1' host='h'>"
+                "<metadata><vgpuvirt:provision xmlns:vgpuvirt='https://vgpuvirt.dev/xmlns/provision/1' host='sim:t4x2'>"
                 f"<vgpuvirt:gpu kind='mdev' uuid='{u}' parent='0000:3b:00.0' type='nvidia-231'/>"
                 "</vgpuvirt:provision></metadata>"
                 f"<devices><hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{u}'/>"

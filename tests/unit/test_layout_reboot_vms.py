@@ -102,3 +102,16 @@ def test_a_missing_vgpu_of_a_type_the_config_drops_is_a_note(desktops: tuple) ->
     cfg = verbs.export(host).config("exported")          # after the reboot: no vGPUs at all
     diffs, notes = verbs.check_notes(host, cfg, pairs)
     assert diffs == [] and len(notes) == 4 and all("this config does not make it" in n for n in notes), notes
+
+
+def test_another_hosts_vm_is_not_this_hosts_missing_vgpu() -> None:
+    # hosts that share one libvirt (the testbed's) see each other's domains: a VM is its provenance host's
+    host = SimHost.from_profile("t4x2")
+    cfg = verbs.export(host).config("exported")
+    u = "5b4d3e52-3c8c-4c1e-9d6a-0e7c1f6a2b11"
+    xml = ("<domain type='kvm'><name>elsewhere</name><metadata><vgpuvirt:provision "
+           "xmlns:vgpuvirt='https://vgpuvirt.dev/xmlns/provision/1' host='ssh://root@gpu2'><vgpuvirt:gpu "
+           f"kind='mdev' uuid='{u}' parent='0000:3b:00.0' type='nvidia-231'/></vgpuvirt:provision></metadata>"
+           f"<devices><hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{u}'/>"
+           "</source></hostdev></devices></domain>")
+    assert verbs.check_notes(host, cfg, [("elsewhere", xml)]) == ([], [])
