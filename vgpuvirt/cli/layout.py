@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "apply, start again those that still fit")
             v.add_argument("--timeout", type=float, default=120.0, help="graceful shutdown timeout, seconds")
             v.add_argument("--force", action="store_true", help="destroy VMs still running after --timeout")
+            v.add_argument("--dry-run", action="store_true", help="print the plan (as `layout plan`); change nothing")
         v.add_argument("--connect", action="append", default=None, metavar="URI",
                        help="libvirt URI (one, or one per --host) whose domains are checked: the VMs a step would "
                             "take devices from, and the vGPUs defined VMs name (made again with their UUIDs); "
@@ -176,6 +177,9 @@ def _assert(ctx: Context, args: argparse.Namespace) -> int:
 
 def _apply(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.layout.drain import apply_with_drain
+
+    if args.dry_run:
+        return _plan(ctx, args)
 
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
