@@ -40,7 +40,7 @@ APT_PKGS=(
   python3 python3-venv python3-dev gcc pkg-config libvirt-dev   # the venv; libvirt-python builds from sdist
   libvirt-clients libxml2-utils                                 # virsh, virt-xml-validate (needs xmllint)
   libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils ovmf swtpm swtpm-tools
-  openssh-server                                                # the loopback sshd (and ssh-keygen)
+  openssh-server openssh-client                                 # the loopback sshd; ssh for libvirt's qemu+ssh://
   fuse3 mdevctl iproute2 util-linux                             # FUSE sysfs, real mdevctl, ss, unshare, flock
   prometheus tmux                                               # the exporter's scraper; `vgpuvirt top`'s terminal
   zsh                                                           # `vgpuvirt completion zsh` is sourced in a test

@@ -144,7 +144,17 @@ class DeviceNotFound(DeviceError):
 
 
 class NoCapacity(DeviceError):
-    pass
+    """Not enough room. ``fit`` of ``wanted`` (when counted): how many of the asked-for VMs or vGPUs fit."""
+
+    def __init__(self, host: str, device: str, message: str, *, fit: int | None = None,
+                 wanted: int | None = None) -> None:
+        self.fit = fit
+        self.wanted = wanted
+        super().__init__(host, device, message)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": "no-capacity", "host": self.host, "device": self.device, "fit": self.fit,
+                "wanted": self.wanted, "message": str(self)}
 
 
 class AlreadyExists(DeviceError):

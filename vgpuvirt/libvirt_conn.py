@@ -6,25 +6,27 @@ parser but cannot hot-plug). What it adds to libvirt-python:
 
 * every ``libvirtError`` becomes :class:`vgpuvirt.errors.LibvirtError` carrying the domain name,
   libvirt's error code and the URI;
-* transient errors (an operation timeout such as "cannot acquire state change lock") are retried
-  through an injectable tenacity policy; nothing else is retried, because a define or a start
-  that failed for a real reason fails the same way again;
+* each call is run by ``vgpuvirt.libvirt_bound``: transient errors ("cannot acquire state change lock")
+  retried through an injectable tenacity policy, nothing else (a define or start that failed for a real
+  reason fails the same way again); and a time bound, after which the connection is given up;
 * lifecycle verbs that converge: ``undefine`` of a domain that is gone and ``destroy`` of a domain
   that is not running are no-ops, so teardown and rollback can be rerun.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import tenacity
-
+from vgpuvirt import libvirt_bound as bound
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
+from vgpuvirt.libvirt_bound import LibvirtTimeout, RetryFactory, default_retry
+from vgpuvirt.libvirt_bound import no_retry as no_retry
 from vgpuvirt.libvirt_migrate import MigrationCalls
 from vgpuvirt.libvirt_storage import StorageCalls
 from vgpuvirt.libvirt_uri import connect_failure
@@ -41,17 +43,14 @@ log = logging.getLogger("vgpuvirt.libvirt")
 audit = logging.getLogger("vgpuvirt.audit")
 
 T = TypeVar("T")
-RetryFactory = Callable[[], tenacity.Retrying]
 
-# libvirt's virErrorNumber values we treat as transient. Kept as numbers so this module imports
-# without libvirt-python (the values are part of libvirt's stable ABI).
+# libvirt's virErrorNumber values. Kept as numbers so this module imports without libvirt-python (the values
+# are part of libvirt's stable ABI).
 VIR_ERR_NO_SUPPORT = 3
 VIR_ERR_INVALID_ARG = 8
 VIR_ERR_NO_DOMAIN = 42
 VIR_ERR_OPERATION_INVALID = 55
-VIR_ERR_OPERATION_TIMEOUT = 68
 VIR_ERR_OPERATION_UNSUPPORTED = 84
-TRANSIENT_CODES: frozenset[int] = frozenset({VIR_ERR_OPERATION_TIMEOUT})
 
 
 _handler_installed = False
@@ -70,24 +69,6 @@ def _import_libvirt() -> Any:
     return libvirt
 
 
-def retry_transient(codes: Collection[int] = TRANSIENT_CODES, attempts: int = 4,
-                    max_wait: float = 2.0) -> RetryFactory:
-    """A retry policy that retries only LibvirtErrors whose code is in ``codes``."""
-    def factory() -> tenacity.Retrying:
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(lambda e: isinstance(e, LibvirtError) and e.code in codes),
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=tenacity.wait_exponential(multiplier=0.25, max=max_wait),
-            reraise=True,
-        )
-    return factory
-
-
-def no_retry() -> tenacity.Retrying:
-    return tenacity.Retrying(stop=tenacity.stop_after_attempt(1), reraise=True)
-
-
-default_retry: RetryFactory = retry_transient()
 
 
 @dataclass(frozen=True)
@@ -102,15 +83,18 @@ class DomainInfo:
 class LibvirtConnection(StorageCalls, MigrationCalls):
     """One libvirt connection, opened lazily, thread-safe; storage etc.: ``StorageCalls``; ``MigrationCalls``."""
 
-    def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False) -> None:
+    def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False,
+                 timeout: float | None = None) -> None:
         # not .isprintable(): a non-UTF-8 argv byte arrives surrogate-escaped and libvirt.open cannot encode it
         if not isinstance(uri, str) or not uri or not uri.isprintable():
             raise InvalidSpec("libvirt URI", uri, "a URI such as qemu:///system or test:///default")
         self.uri = uri
         self.retry = retry
         self.readonly = readonly
+        self.timeout = bound.default_timeout() if timeout is None else timeout
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._hung: LibvirtTimeout | None = None
 
     # -- connection ---------------------------------------------------------------------------
     @property
@@ -119,8 +103,9 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         with self._lock:
             if self._conn is None:
                 libvirt = _import_libvirt()
+                opener = libvirt.openReadOnly if self.readonly else libvirt.open
                 try:
-                    self._conn = libvirt.openReadOnly(self.uri) if self.readonly else libvirt.open(self.uri)
+                    self._conn = self._bounded(None, "connect", lambda: opener(self.uri))
                 except libvirt.libvirtError as exc:
                     code = exc.get_error_code()
                     raise LibvirtError(connect_failure(self.uri, exc.get_error_message()) + f" (libvirt error {code})",
@@ -129,7 +114,22 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
                     raise self._undecodable(None, "connect") from exc
             return self._conn
 
+    def _bounded(self, domain: str | None, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (one or a few libvirt calls) within ``self.timeout``; given up for good after a timeout."""
+        if self._hung is not None:
+            raise LibvirtTimeout(str(self._hung), domain=domain, uri=self.uri)
+        if self.uri.startswith("test:"):
+            return fn()             # libvirt's in-process test driver has no daemon or link that could stall
+        try:
+            return bound.bounded_call(fn, self.timeout, self.uri, what, domain)
+        except LibvirtTimeout as exc:
+            self._hung = exc
+            raise
+
     def close(self) -> None:
+        if self._hung is not None:      # a call still blocks in libvirt on it: closing would wait for that call
+            self._conn = None
+            return
         with self._lock:
             if self._conn is not None:
                 try:
@@ -154,25 +154,19 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         # The test driver rejects virDomainAttachDeviceFlags (seen on libvirt 9.0).
         return self.driver != "test"
 
-    # -- error handling -----------------------------------------------------------------------
+    # -- error handling (the messages: vgpuvirt.libvirt_bound) ------------------------------------
     def _translate(self, exc: Any, domain: str | None, what: str) -> LibvirtError:
-        code = exc.get_error_code() if hasattr(exc, "get_error_code") else None
-        msg = exc.get_error_message() if hasattr(exc, "get_error_message") else None
-        return LibvirtError(f"{what} failed on {self.uri}: {msg or exc} (libvirt error {code})",
-                            domain=domain, code=code, uri=self.uri)
+        return bound.translate(exc, self.uri, domain, what)
 
     def _undecodable(self, domain: str | None, what: str) -> LibvirtError:
-        # libvirt-python raises SystemError ("returned a result with an exception set") when libvirt's own
-        # error text is not UTF-8, e.g. for a URI with a percent-escaped byte such as test:///%80
-        return LibvirtError(f"{what} failed on {self.uri}: libvirt's error message is not UTF-8 text",
-                            domain=domain, uri=self.uri)
+        return bound.undecodable(self.uri, domain, what)
 
     def _call(self, domain: str | None, what: str, fn: Callable[[], T]) -> T:
         libvirt = _import_libvirt()
 
         def once() -> T:
             try:
-                return fn()
+                return self._bounded(domain, what, fn)
             except libvirt.libvirtError as exc:
                 raise self._translate(exc, domain, what) from exc
             except SystemError as exc:
@@ -209,10 +203,12 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         doms = self._call(None, "list domains", lambda: self.raw.listAllDomains(0))
         out: list[DomainInfo] = []
         libvirt = _import_libvirt()
+        def info_of(d: Any) -> DomainInfo:
+            return DomainInfo(d.name(), d.UUIDString(), bool(d.isActive()), bool(d.isPersistent()), d.XMLDesc(0))
+
         for d in doms:
             try:
-                out.append(DomainInfo(d.name(), d.UUIDString(), bool(d.isActive()), bool(d.isPersistent()),
-                                      d.XMLDesc(0)))
+                out.append(self._bounded(None, "read domain", functools.partial(info_of, d)))
             except libvirt.libvirtError as exc:
                 # A domain undefined between list and read is simply gone.
                 if exc.get_error_code() != VIR_ERR_NO_DOMAIN:
@@ -225,12 +221,16 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         libvirt = _import_libvirt()
         doms = self._call(None, "list domains", lambda: self.raw.listAllDomains(0))
         out: dict[str, tuple[str, ...]] = {}
+        def views_of(d: Any) -> tuple[str, tuple[str, ...]]:
+            views = [d.XMLDesc(0)]
+            if d.isActive() and d.isPersistent():
+                views.append(d.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            return str(d.name()), tuple(views)
+
         for d in doms:
             try:
-                views = [d.XMLDesc(0)]
-                if d.isActive() and d.isPersistent():
-                    views.append(d.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-                out[d.name()] = tuple(views)
+                name, views = self._bounded(None, "read domain", functools.partial(views_of, d))
+                out[name] = views
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() != VIR_ERR_NO_DOMAIN:
                     raise self._translate(exc, None, "read domain") from exc
@@ -313,7 +313,8 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         removed: list[str] = []
         for path in disks:
             try:
-                vol = self.raw.storageVolLookupByPath(path)
+                vol = self._bounded(name, f"look up volume {path}",
+                                    functools.partial(self.raw.storageVolLookupByPath, path))
             except libvirt.libvirtError:
                 log.warning("%s: disk %s of %s is not a libvirt volume; kept", self.uri, path, name)
                 continue

@@ -18,7 +18,7 @@ from vgpuvirt.libvirt_uri import default_uri
 def test_the_default_uri_of_an_ssh_host_reaches_libvirtd_with_its_key_and_known_hosts(testbed: Any) -> None:
     host = testbed.ssh()
     uri = default_uri(host)
-    assert uri.startswith(f"qemu+libssh://root@{testbed.ssh_host}:{testbed.ssh_port}/system?")
+    assert uri.startswith(f"qemu+ssh://root@{testbed.ssh_host}:{testbed.ssh_port}/system?")
     with LibvirtConnection(uri, readonly=True) as conn:
         assert conn.driver == "qemu"
 

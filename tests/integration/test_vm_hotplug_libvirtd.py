@@ -68,6 +68,12 @@ def test_attach_then_detach_a_vgpu_through_the_cli(conn, sim, capsys):
     provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
                                     vcpus=1, options=NO_NIC)])
     uri = ["--connect", conn.uri]
+    # --dry-run (issue 28): places it and says what it would make; nothing is made or attached
+    before = ({str(m.uuid) for m in inventory(sim).mdevs}, conn.xml(name, inactive=True))
+    assert main(["--json", "--host", "sim:t4x2", "attach", name, "--gpu", "GRID T4-2Q", "--dry-run", *uri]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["type"] == "nvidia-231" and dry["created"] and "dry run" in dry["notes"][-1]
+    assert ({str(m.uuid) for m in inventory(sim).mdevs}, conn.xml(name, inactive=True)) == before
     assert main(["--json", "--host", "sim:t4x2", "attach", name, "--gpu", "GRID T4-2Q", *uri]) == 0
     att = json.loads(capsys.readouterr().out)
     (dev,) = att["devices"]
@@ -82,6 +88,9 @@ def test_attach_then_detach_a_vgpu_through_the_cli(conn, sim, capsys):
     assert main(["--json", "--host", "sim:t4x2", "vm", "list", name, *uri]) == 0
     (vm,) = json.loads(capsys.readouterr().out)["vms"]
     assert {(g["device"], g["type"], g["type_name"]) for g in vm["gpus"]} >= {(uuid, "nvidia-231", "GRID T4-2Q")}
+    assert main(["--json", "--host", "sim:t4x2", "detach", name, uuid, "--dry-run", *uri]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == []
+    assert uuid in {str(m.uuid) for m in inventory(sim).mdevs} and uuid in conn.xml(name, inactive=True)
     assert main(["--json", "--host", "sim:t4x2", "detach", name, uuid, *uri]) == 0
     det = json.loads(capsys.readouterr().out)
     assert det["removed"] == [f"removed vGPU {uuid}"] and not det["left"]

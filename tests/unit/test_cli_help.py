@@ -16,7 +16,7 @@ def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("verb", [v for v, _module, _help in SUBCOMMANDS if v in {"inventory", "provision", "vm", "layout"}])
+@pytest.mark.parametrize("verb", [v for v, _m, _h in SUBCOMMANDS if v in {"inventory", "provision", "vm", "layout"}])
 def test_a_verbs_help_names_the_global_options_once(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
     out = _help([verb], capsys)
     for _name, (_flags, _kind, kw) in GLOBALS.items():

@@ -121,3 +121,31 @@ def test_the_installed_script_needs_nothing_but_python3(tmp_path: Path) -> None:
                          capture_output=True, text=True, env={}, timeout=60)
     assert res.returncode == 1, res.stderr
     assert "FAILED write" in res.stdout and "1 failed" in res.stdout
+
+
+def test_the_boot_command_makes_the_vms_own_mdevs_in_place_of_derived_ones(tmp_path: Path) -> None:
+    # issue 28: a VM provisioned after install-boot names an mdev the program does not list
+    host = SimHost.from_profile("t4x2")
+    cfg = LAY.config("t4")
+    verbs.apply_host(host, cfg)
+    program = boot_program(host, cfg)
+    gpu0 = program["gpus"][0]
+    theirs = "7e57ab1e-0000-4000-8000-00000000d001"
+    (tmp_path / "desk-01.xml").write_text(
+        "<domain type='kvm'><name>desk-01</name><metadata><vgpuvirt:provision "
+        "xmlns:vgpuvirt='https://vgpuvirt.dev/xmlns/provision/1' host='h'><vgpuvirt:gpu kind='mdev' "
+        f"uuid='{theirs}' parent='{gpu0['address']}' type='nvidia-231'/></vgpuvirt:provision></metadata>"
+        f"<devices><hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='{theirs}'/>"
+        "</source></hostdev></devices></domain>")
+    (tmp_path / "broken.xml").write_text("<domain")
+    claims = layout_boot.vm_mdevs(str(tmp_path))
+    assert claims == [{"uuid": theirs, "parent": gpu0["address"], "type": "nvidia-231", "domain": "desk-01"}]
+    host.reboot()
+    rc, lines = layout_boot.run(program, fs=host.fs, locker=host._locker, claims=claims)
+    assert rc == 0, lines
+    on0 = {v.uuid for g in verbs.read_gpus(host)[1] if str(g.address) == gpu0["address"] for v in g.vgpus}
+    assert theirs in on0 and len(on0) == 3                # the VM's own, in place of a derived one
+    pairs = [("desk-01", (tmp_path / "desk-01.xml").read_text())]
+    assert verbs.check(host, cfg, pairs) == []
+    rc, lines = layout_boot.run(program, fs=host.fs, locker=host._locker, claims=claims)
+    assert rc == 0 and "already in place" in lines[-1]    # a rerun makes nothing more

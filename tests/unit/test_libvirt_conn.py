@@ -9,13 +9,8 @@ import pytest
 import tenacity
 
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency
-from vgpuvirt.libvirt_conn import (
-    VIR_ERR_NO_DOMAIN,
-    VIR_ERR_OPERATION_TIMEOUT,
-    LibvirtConnection,
-    no_retry,
-    retry_transient,
-)
+from vgpuvirt.libvirt_bound import VIR_ERR_OPERATION_TIMEOUT, retry_transient
+from vgpuvirt.libvirt_conn import VIR_ERR_NO_DOMAIN, LibvirtConnection, no_retry
 
 libvirt = pytest.importorskip("libvirt")
 

@@ -100,3 +100,14 @@ def test_vm_pool_and_validation():
             VmRequest(**bad)
     with pytest.raises(InvalidSpec):
         VmRequest.pool("vdi", 0)
+
+
+@pytest.mark.parametrize(("text", "mode", "boot_vga", "vendor"), [
+    ("passthrough,boot_vga=yes", "passthrough", True, None),     # issue 28: was a type named "passthrough"
+    ("mode=passthrough,boot_vga=yes", "passthrough", True, None),
+    ("passthrough", "passthrough", False, None),
+    ("vf,vendor=intel", "vf", False, "intel"),
+])
+def test_a_mode_first_then_options(text: str, mode: str, boot_vga: bool, vendor: str | None) -> None:
+    r = VgpuRequest.parse(text)
+    assert (r.mode, r.type, r.allow_boot_vga, r.vendor) == (mode, None, boot_vga, vendor)

@@ -120,6 +120,15 @@ class _PlainFormatter(logging.Formatter):
         return printable(cli_words(super().formatMessage(record)))
 
 
+def error_object(exc: VgpuvirtError) -> dict[str, object]:
+    """What ``--json`` prints on stdout for a refusal: the error's own fields (``NoCapacity``: fit of wanted)."""
+    to_dict = getattr(exc, "to_dict", None)
+    if callable(to_dict):
+        return {"ok": False, **to_dict(), "message": cli_words(str(exc))}
+    return {"ok": False, "error": type(exc).__name__, "host": getattr(exc, "host", None),
+            "message": cli_words(str(exc))}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         # argv and host text may hold undecodable bytes (surrogate-escaped): print them escaped, never crash
@@ -144,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rc
     except VgpuvirtError as exc:
         print(printable(f"vgpuvirt: error: {cli_words(str(exc))}"), file=sys.stderr)
+        if ctx.json:
+            ctx.emit_json(error_object(exc))      # scripts get what fits, where and why on stdout too
         return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt:
         print("vgpuvirt: interrupted", file=sys.stderr)

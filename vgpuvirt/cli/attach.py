@@ -38,6 +38,7 @@ def register(sub: Any) -> None:
                    help="a type (nvidia-231, 'GRID T4-2Q'), 'passthrough', 'vf', or a need ('fb>=2G,series=Q')")
     add_mode(p)
     add_connect(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
     p.set_defaults(func=_attach)
 
 
@@ -48,11 +49,13 @@ def _attach(ctx: Context, args: argparse.Namespace) -> int:
     req = VgpuRequest.parse(args.gpu)
     live, config = live_config(args)
     with connection(ctx, args) as conn:
-        res = attach_gpu(ctx.host(), conn, args.vm, req, live=live, config=config, wait_timeout=args.wait_timeout)
+        res = attach_gpu(ctx.host(), conn, args.vm, req, live=live, config=config, wait_timeout=args.wait_timeout,
+                         dry_run=args.dry_run)
     if ctx.json:
         ctx.emit_json(res.to_dict())
         return 0
-    print(printable(f"attached {', '.join(res.devices)} ({res.type}, {res.type_name}) to {res.vm} on {res.host}"))
+    verb = "would attach" if args.dry_run else "attached"
+    print(printable(f"{verb} {', '.join(res.devices)} ({res.type}, {res.type_name}) to {res.vm} on {res.host}"))
     for line in res.created:
         print(printable(f"  created: {line}"))
     for line in res.notes:

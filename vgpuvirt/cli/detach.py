@@ -25,6 +25,7 @@ def register(sub: Any) -> None:
     p.add_argument("device", nargs="?", default=None, metavar="DEVICE", help="mdev UUID or PCI address")
     add_mode(p)
     add_connect(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
     p.set_defaults(func=_detach)
 
 
@@ -34,11 +35,12 @@ def _detach(ctx: Context, args: argparse.Namespace) -> int:
     live, config = live_config(args)
     with connection(ctx, args) as conn:
         res = detach_gpu(ctx.host(), conn, args.vm, args.device, live=live, config=config,
-                         wait_timeout=args.wait_timeout)
+                         wait_timeout=args.wait_timeout, dry_run=args.dry_run)
     if ctx.json:
         ctx.emit_json(res.to_dict())
         return 0
-    print(printable(f"detached {', '.join(res.devices)} from {res.vm} on {res.host}"))
+    verb = "would detach" if args.dry_run else "detached"
+    print(printable(f"{verb} {', '.join(res.devices)} from {res.vm} on {res.host}"))
     for line in res.removed:
         print(printable(f"  removed: {line}"))
     for line in res.left:

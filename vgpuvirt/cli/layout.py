@@ -47,10 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "apply, start again those that still fit")
             v.add_argument("--timeout", type=float, default=120.0, help="graceful shutdown timeout, seconds")
             v.add_argument("--force", action="store_true", help="destroy VMs still running after --timeout")
-            v.add_argument("--connect", action="append", default=None, metavar="URI",
-                           help="libvirt URI (one, or one per --host) whose domains the drain looks at; default: "
-                                "test:///default for sim:, qemu:///system for local, qemu+ssh://.../system for ssh; "
-                                "'none': no libvirt (nothing is checked)")
+            v.add_argument("--dry-run", action="store_true", help="print the plan (as `layout plan`); change nothing")
+        v.add_argument("--connect", action="append", default=None, metavar="URI",
+                       help="libvirt URI (one, or one per --host) whose domains are checked: the VMs a step would "
+                            "take devices from, and the vGPUs defined VMs name (made again with their UUIDs); "
+                            "default: test:///default for sim:, qemu:///system for local, qemu+ssh://.../system "
+                            "for ssh; 'none': no libvirt (nothing is checked)")
         v.set_defaults(func={"plan": _plan, "apply": _apply, "assert": _assert}[name])
     b = vs.add_parser("install-boot", help="install the layout and a systemd unit that applies it at boot")
     b.add_argument("file")
@@ -99,12 +101,43 @@ def _export(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def domains_of(hosts: list[BaseHost], connect: list[str] | None) -> dict[str, list[tuple[str, str]] | None]:
+    """Each host's defined domains (name, XML) from ``--connect`` (one URI, or one per host; ``none``: not
+    read). Without ``--connect``, a host whose default libvirt does not answer is read without its domains
+    (a note on stderr says so); a URI given explicitly must answer."""
+    from vgpuvirt.cli.targets import connect_uris
+    from vgpuvirt.errors import LibvirtError
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+
+    if connect == ["none"]:
+        return {h.name: None for h in hosts}
+    uris = connect_uris(argparse.Namespace(connect=connect), len(hosts))
+    out: dict[str, list[tuple[str, str]] | None] = {}
+    for h, uri in zip(hosts, uris, strict=True):
+        try:
+            with LibvirtConnection(uri or default_uri(h), readonly=True) as conn:
+                out[h.name] = list(conn.domain_xml_pairs())
+        except (LibvirtError, ImportError) as exc:
+            if uri is not None:
+                raise
+            print(printable(f"vgpuvirt: note: {h.name}: libvirt not read ({str(exc).splitlines()[0]}); the VMs' "
+                            "devices are not checked (pass --connect URI, or --connect none)"), file=sys.stderr)
+            out[h.name] = None
+    return out
+
+
 def _plan(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.layout.drain import affected
+
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
-        plans = [verbs.plan(h, cfg) for h in hosts]
+        doms = domains_of(hosts, args.connect)
+        plans = [verbs.plan(h, cfg, doms[h.name]) for h in hosts]
+    # the VMs whose devices a step takes: apply refuses them unless --drain shutdown
+    hits = {p.host: affected(p, doms[p.host] or []) for p in plans}
     if ctx.json:
-        ctx.emit_json([p.to_dict() for p in plans])
+        ctx.emit_json([{**p.to_dict(), "takes_from_vms": {vm: sorted(d) for vm, d in sorted(hits[p.host].items())}}
+                       for p in plans])
         return 0
     for p in plans:
         print(printable(f"{p.host}: layout {cfg.name}: " + ("nothing to do" if p.empty else
@@ -113,6 +146,9 @@ def _plan(ctx: Context, args: argparse.Namespace) -> int:
             print(printable(f"  ~ {d.format()}"))
         for s in p.phase(1) + p.phase(2):
             print(printable(f"  + {s.text}"))
+        for vm, devs in sorted(hits[p.host].items()):
+            print(printable(f"  ! takes {', '.join(sorted(devs))} from VM {vm}: apply refuses unless --drain "
+                            "shutdown"))
         for x in p.pending:
             print(printable(f"  + then, once the VFs exist: {x}"))
         for n in p.notes:
@@ -123,7 +159,8 @@ def _plan(ctx: Context, args: argparse.Namespace) -> int:
 def _assert(ctx: Context, args: argparse.Namespace) -> int:
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:
-        both = {h.name: verbs.check_notes(h, cfg) for h in hosts}
+        doms = domains_of(hosts, args.connect)
+        both = {h.name: verbs.check_notes(h, cfg, doms[h.name]) for h in hosts}
     found = {k: v[0] for k, v in both.items()}
     if ctx.json:
         ctx.emit_json([{"host": k, "ok": not v, "differences": v, "notes": both[k][1]} for k, v in found.items()])
@@ -139,6 +176,9 @@ def _assert(ctx: Context, args: argparse.Namespace) -> int:
 
 def _apply(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.layout.drain import apply_with_drain
+
+    if args.dry_run:
+        return _plan(ctx, args)
 
     _, cfg = load(args.file, args.config, args.fmt)
     with open_hosts(args) as hosts:

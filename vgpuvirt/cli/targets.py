@@ -32,7 +32,7 @@ def add_connect(p: argparse.ArgumentParser, *, help_text: str | None = None) -> 
     """``--connect URI`` (alias ``--libvirt-uri``): once for every host, or once per ``--host`` in order."""
     p.add_argument("--connect", "--libvirt-uri", dest="connect", action="append", default=None, metavar="URI",
                    help=help_text or "libvirt URI: one for every host, or one per --host in order (default: "
-                                     "test:///default for sim:, qemu:///system for local, qemu+libssh://... with "
+                                     "test:///default for sim:, qemu:///system for local, qemu+ssh://... with "
                                      "the host's own user, port, --identity and --known-hosts for ssh://)")
 
 

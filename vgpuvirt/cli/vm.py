@@ -48,6 +48,7 @@ def register(sub: Any) -> None:
         a = s.add_parser(action, help=text)
         a.add_argument("names", nargs="+", metavar="VM")
         add_connect(a)
+        a.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
         a.set_defaults(func=_act, action=action)
     for action, text in (("suspend", "save a running VM to disk (managed save); its vGPUs stay reserved for it"),
                          ("resume", "restore a suspended VM, creating again any vGPU the host lost")):
@@ -96,12 +97,24 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def _would(action: str, running: bool) -> tuple[bool, str]:
+    """(changed, text) of a dry run: what ``action`` would do to a VM that is (not) running."""
+    if action == "start":
+        return not running, "would start" if not running else "already running"
+    if action in ("destroy", "shutdown"):
+        return running, (f"would {'power off' if action == 'destroy' else 'request shutdown'}" if running
+                         else "not running")
+    return True, "would request reboot" if running else "not running: reboot would be refused"
+
+
 def _act(ctx: Context, args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     with connection(ctx, args) as conn:
         for name in args.names:
             was = conn.is_active(name)
-            if args.action == "start":
+            if args.dry_run:
+                changed, text = _would(args.action, was)
+            elif args.action == "start":
                 conn.start(name)
                 changed, text = not was, "started" if not was else "already running"
             elif args.action == "destroy":
@@ -117,7 +130,7 @@ def _act(ctx: Context, args: argparse.Namespace) -> int:
             if not ctx.json:
                 print(printable(f"{name}: {text}"))
     if ctx.json:
-        ctx.emit_json({"uri": conn.uri, "vms": out})
+        ctx.emit_json({"uri": conn.uri, "dry_run": args.dry_run, "vms": out})
     return 0
 
 

@@ -11,11 +11,17 @@ and the MIG instances (nvidia-smi argv). The script reads what is there (one age
 is missing, in the layout order (driver binding -> SR-IOV -> MIG -> vGPU types -> mdevs), in one locked
 agent batch, and exits 1 when something failed. mdevs that mdevctl defines are mdevctl's to start: the
 installer leaves them out of the program and this script never creates a UUID found in ``mdevctl_dir``.
+
+The VMs' own vGPUs come back with their UUIDs (issue 28): a VM provisioned after install-boot names mdevs the
+program does not list. The script reads libvirt's persistent definitions (``domains_dir``, default
+``/etc/libvirt/qemu``: the unit runs before libvirtd) and, where a VM's vgpuvirt metadata names a missing
+mdev of a parent and type the program makes, creates the VM's UUID in place of one the program derived.
 """
 
 import json
 import os
 import sys
+import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Set, Tuple  # python3 >= 3.6 on the host
 
 if __package__:                                 # imported as vgpuvirt.host.layout_boot (tests, the client)
@@ -64,6 +70,57 @@ def _op(kind: str, path: "Optional[str]" = None, value: "Optional[str]" = None, 
         op["value"] = value
     op.update(kw)
     return op
+
+
+PROVENANCE = "{https://vgpuvirt.dev/xmlns/provision/1}"
+
+
+def vm_mdevs(domains_dir: str) -> "List[Dict[str, str]]":
+    """The mdevs (uuid, parent, type) that domains' vgpuvirt metadata lists, from libvirt's persistent
+    definitions (``NAME.xml``, written by libvirtd, root's); an unreadable file is skipped."""
+    out = []  # type: List[Dict[str, str]]
+    try:
+        names = sorted(n for n in os.listdir(domains_dir) if n.endswith(".xml"))
+    except OSError:
+        return out
+    for n in names:
+        try:
+            with open(os.path.join(domains_dir, n), encoding="utf-8", errors="replace") as f:
+                text = f.read(4 << 20)
+            # stdlib only here (no defusedxml): libvirtd writes these files and never a DTD; a file with one
+            # (entity expansion) is skipped rather than parsed
+            if "<!DOCTYPE" in text or "<!ENTITY" in text:
+                continue
+            root = ET.fromstring(text)  # noqa: S314 -- root's libvirt definitions, DTDs refused above
+        except (OSError, ET.ParseError):
+            continue
+        for g in root.iter(PROVENANCE + "gpu"):
+            if g.get("kind") == "mdev" and g.get("uuid") and g.get("parent") and g.get("type"):
+                out.append({"uuid": str(g.get("uuid")).lower(), "parent": str(g.get("parent")),
+                            "type": str(g.get("type")), "domain": n[:-4]})
+    return out
+
+
+def with_vm_uuids(program: "Dict[str, Any]", entries: "Dict[str, Any]", claims: "List[Dict[str, str]]",
+                  defined: Any = ()) -> "Dict[str, Any]":
+    """The program with each VM mdev (``claims``) in place of a missing mdev of the same parent and type that
+    no VM names; the count per parent and type stays the program's."""
+    named = set(c["uuid"] for c in claims)
+    gpus = []
+    for g in program["gpus"]:
+        mdevs = [dict(m) for m in g.get("mdevs", [])]
+        listed = set(m["uuid"] for m in mdevs)
+        for c in claims:
+            # a VM's mdev already there still takes its slot: the program's count is what the GPU holds
+            if c["uuid"] in listed or c["uuid"] in defined:
+                continue
+            spare = next((m for m in mdevs if m["parent"] == c["parent"] and m["type"] == c["type"]
+                          and m["uuid"] not in named and "%s/%s" % (MDEVS, m["uuid"]) not in entries), None)
+            if spare is not None:
+                spare["uuid"] = c["uuid"]
+                listed.add(c["uuid"])
+        gpus.append(dict(g, mdevs=mdevs))
+    return dict(program, gpus=gpus)
 
 
 def plan(program: "Dict[str, Any]", entries: "Dict[str, Any]", defined: Any = (),
@@ -149,16 +206,19 @@ def mdevctl_defined(mdevctl_dir: str) -> "Set[str]":
 
 
 def run(program: "Dict[str, Any]", fs: Any = None, locker: Any = None,
-        defined: Any = ()) -> "Tuple[int, List[str]]":
-    """Converge once; returns (exit status, report lines)."""
+        defined: Any = (), claims: "Optional[List[Dict[str, str]]]" = None) -> "Tuple[int, List[str]]":
+    """Converge once; returns (exit status, report lines). ``claims``: the VMs' mdevs (:func:`vm_mdevs`)."""
     root = program.get("root", "/")
+    claims = claims or []
     migs = [g for g in program["gpus"] if g.get("mig")]
     lgi_ops = [_op("exec", argv=["nvidia-smi", "mig", "-i", str(g["mig"]["bus_id"]), "-lgi"], timeout=60.0,
                    read_only=True, ok_codes=[0, 6]) for g in migs]
-    seen = agent.handle({"root": root, "reads": _reads(program), "ops": lgi_ops, "on_error": "continue"}, fs=fs)
+    reads = _reads(program) + ["%s/%s" % (MDEVS, c["uuid"]) for c in claims]
+    seen = agent.handle({"root": root, "reads": reads, "ops": lgi_ops, "on_error": "continue"}, fs=fs)
     if "fatal" in seen:
         return 1, ["read refused: %s" % seen.get("error")]
     lgi = {g["address"]: _gi_counts(r.get("stdout", "")) for g, r in zip(migs, seen["ops"])}
+    program = with_vm_uuids(program, seen["entries"], claims, defined)
     ops = plan(program, seen["entries"], defined, lgi)
     if not ops:
         return 0, ["layout %s: already in place" % program.get("config")]
@@ -183,7 +243,8 @@ def main(argv: "Optional[List[str]]" = None) -> int:
         return 2
     with open(args[0]) as f:
         program = json.load(f)
-    rc, lines = run(program, defined=mdevctl_defined(program.get("mdevctl_dir", "/etc/mdevctl.d")))
+    rc, lines = run(program, defined=mdevctl_defined(program.get("mdevctl_dir", "/etc/mdevctl.d")),
+                    claims=vm_mdevs(program.get("domains_dir", "/etc/libvirt/qemu")))
     for line in lines:
         sys.stdout.write(line + "\n")
     return rc

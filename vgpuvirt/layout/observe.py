@@ -7,8 +7,10 @@ Pure over an :class:`~vgpuvirt.services.inventory_model.Inventory` (which is one
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from vgpuvirt.errors import InvalidSpec, XmlError
 from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Scheduler, Selector, VgpuCount
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_capacity import GpuBudget
@@ -16,6 +18,8 @@ from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory_model import Gpu, Inventory
 from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
+from vgpuvirt.xml.provenance import Provenance
+from vgpuvirt.xml.refs import domain_device_refs
 
 #: PCI id -> product name as nvidia-smi prints it, for GPUs it cannot see (bound to vfio-pci).
 KNOWN_PRODUCTS = {
@@ -39,6 +43,56 @@ class Vgpu:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """An mdev a defined domain names that is not on the host (gone in a reboot, say). ``parent``/``type_id``
+    come from the domain's vgpuvirt provenance; None for a domain vgpuvirt did not make (it names only a UUID)."""
+
+    uuid: str
+    domain: str
+    parent: PciAddress | None = None
+    type_id: str | None = None
+
+    def describe(self, name: str | None = None) -> str:
+        what = f"{name or self.type_id} on {self.parent}" if self.parent is not None and self.type_id else \
+            "parent and type unknown: no vgpuvirt metadata"
+        return f"VM {self.domain} names vGPU {self.uuid} ({what}), which is not on the host"
+
+
+def missing_claims(inv: Inventory, domains: Iterable[tuple[str, str]] | None) -> list[Claim]:
+    """Every mdev the domains name (their hostdevs, and the vGPUs their vgpuvirt metadata lists) that the
+    inventory does not hold, once per UUID, in domain order."""
+    have = {str(m.uuid) for m in inv.mdevs}
+    out: dict[str, Claim] = {}
+    for name, xml in domains or ():
+        try:
+            prov = Provenance.read(xml)
+        except XmlError:
+            prov = None
+        if prov is not None and prov.host and inv.host and prov.host != inv.host:
+            continue            # another host's VM (hosts that share one libvirt see each other's domains)
+        for g in prov.gpus if prov is not None else ():
+            if g.get("kind") == "mdev" and g.get("uuid") and g["uuid"] not in have and g["uuid"] not in out:
+                try:
+                    parent = PciAddress.parse(g.get("parent", ""))
+                except InvalidSpec:
+                    continue
+                out[g["uuid"]] = Claim(g["uuid"], name, parent, g.get("type") or None)
+        for u in sorted(str(u) for u in domain_device_refs(xml).mdevs):
+            if u not in have and u not in out:
+                out[u] = Claim(u, name)
+    return list(out.values())
+
+
+def with_claims(gpus: list[GpuNow], claims: Sequence[Claim]) -> list[GpuNow]:
+    """Each GPU with the missing mdevs whose parent is it or one of its VFs."""
+    out = []
+    for g in gpus:
+        mine = tuple(c for c in claims if c.type_id and (c.parent == g.address or c.parent in g.vfs))
+        out.append(replace(g, claimed=mine) if mine else g)
+    return out
+
+
+@dataclass(frozen=True)
 class GpuNow:
     """One physical GPU as it is."""
 
@@ -57,6 +111,7 @@ class GpuNow:
     pci_id: str | None = None                   # "0x10de:0x2236"
     function_drivers: tuple[str | None, ...] = ()   # the drivers of ``functions``, in order
     sched: SchedulerRead | None = field(default=None, compare=False)  # the host's scheduler read (all GPUs)
+    claimed: tuple[Claim, ...] = ()             # mdevs defined domains name that are missing here
 
     @property
     def scheduler(self) -> GpuScheduler | None:

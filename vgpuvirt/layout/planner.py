@@ -20,7 +20,7 @@ from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.layout import mig_steps, sched_steps
 from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
-from vgpuvirt.layout.observe import GpuNow, Vgpu
+from vgpuvirt.layout.observe import Claim, GpuNow, Vgpu
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.services import mdev_ops, nvidia_modes, sriov, vendor_vgpu, vfio_binding
 from vgpuvirt.services.mutation import Planned
@@ -163,9 +163,17 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                 wanted[tid] = vc.count
     vfs_want = _want_vfs(g, want)
     vf_change = vfs_want != len(g.vfs)
+    reshape = False
     if unknown and g.type_names and not vf_change:
-        offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
-        raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0], f"one it offers: {offered}")
+        # A GPU holding vGPUs offers only their size (vGPU 17+ VFs list nothing else): a type of the same board
+        # in another size is a reshape (drain, remove, then create once the GPU offers it), not a bad name.
+        boards = {_board(g.short_name(t)) for t in g.type_names}
+        reshape = bool(g.vgpus) and all(_board(u) in boards for u in unknown)
+        if not reshape:
+            offered = ", ".join(sorted({g.short_name(t) for t in g.type_names})[:12])
+            raise InvalidSpec(f"vGPU type for {g.address} ({g.product or 'GPU'})", unknown[0],
+                              f"one it offers: {offered}")
+        diff.append(f"reshape: {', '.join(unknown)} offered once the vGPUs of another size are gone")
     sizing = want.sizing or g.budget.sizing
     sizes = {g.budget.types[t].framebuffer_mib for t in wanted if t in g.budget.types} - {None}
     if sizing == "equal" and len(sizes) > 1 and not any(g.budget.types[t].mig_profile for t in wanted):
@@ -175,9 +183,14 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                           "(sizing: mixed lets sizes mix, where the GPU has it)")
     counts = g.counts()
     remove: list[Vgpu] = []
+    back = _claims_back(g, wanted, vf_change)
     for tid, have in sorted(counts.items()):
         w = wanted.get(tid, 0)
-        keep = 0 if vf_change else have if w is None else w
+        keep = 0 if vf_change or reshape else have if w is None else w
+        if back.get(tid) and w is not None:
+            # idle vGPUs give way to those defined VMs name (a layout applied after a reboot made its own)
+            busy = sum(1 for v in g.vgpus if v.type_id == tid and v.domain is not None)
+            keep = max(busy, min(keep, w - len(back[tid])))
         if keep < have:
             # keep the ones domains use; remove the idle ones first
             ordered = sorted((v for v in g.vgpus if v.type_id == tid), key=lambda v: (v.domain is not None, v.place))
@@ -241,9 +254,25 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
         have = counts.get(tid, 0) - removed.get(tid, 0)
         target = have + g.budget.fit(tid).fits_now if n is None else n
         if target > have:
-            steps += _create_steps(host, g, tid, target - have, remove, taken)
+            steps += _create_steps(host, g, tid, target - have, remove, taken, back.get(tid, []))
             diff.append(f"{g.short_name(tid)} {have} -> {target}")
     return steps, diff, pending
+
+
+def _board(short_name: str) -> str:
+    """``L40S`` of ``L40S-2Q``, ``A100D`` of ``A100D-1-10C``: the board a type name belongs to."""
+    return short_name.split("-", 1)[0].casefold()
+
+
+def _claims_back(g: GpuNow, wanted: dict[str, int | None], vf_change: bool) -> dict[str, list[Claim]]:
+    """type -> the missing mdevs of defined VMs that the layout's vGPUs of that type make again."""
+    out: dict[str, list[Claim]] = {}
+    if vf_change:
+        return out              # the VFs change: their mdevs are re-made on the next read, claims then
+    for c in g.claimed:
+        if c.type_id in wanted:
+            out.setdefault(c.type_id, []).append(c)
+    return out
 
 
 def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
@@ -262,7 +291,7 @@ def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
 
 
 def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
-                  taken: set[PciAddress]) -> list[LayoutStep]:
+                  taken: set[PciAddress], claims: Sequence[Claim] = ()) -> list[LayoutStep]:
     name = g.short_name(tid)
     gone = {v.place for v in removed}
     busy = ({v.place for v in g.vgpus} - gone) | taken
@@ -288,16 +317,25 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
         slots = [PciAddress.parse(p.address) for p in places for _ in range(p.kernel.get(tid, 0))]
     if len(slots) < n:
         raise NoCapacity(host, str(g.address), f"{n} x {name} wanted, room for {len(slots)} more")
-    used = {v.uuid for v in g.vgpus}
+    used = {v.uuid for v in g.vgpus} | {c.uuid for c in claims}
+    # the mdevs defined VMs name come back first, with their UUIDs, on their parents where those are free
+    made: list[tuple[PciAddress, MdevUuid, str]] = []
+    free = list(slots)
+    for c in claims:
+        if len(made) < n and c.parent in free:
+            free.remove(c.parent)
+            made.append((c.parent, MdevUuid.parse(c.uuid), f" for VM {c.domain}"))
     k = 0
-    for parent in slots[:n]:
-        if parent != g.address:
-            taken.add(parent)
+    for parent in free[:n - len(made)]:
         while str(u := layout_uuid(parent, tid, k)) in used:
             k += 1
         used.add(str(u))
+        made.append((parent, u, ""))
+    for parent, u, why in made:
+        if parent != g.address:
+            taken.add(parent)
         spec = mdev_ops.MdevSpec(parent, MdevTypeId(tid), u)
-        out.append(LayoutStep(host, g.address, 2, MDEV, f"create mdev {u} ({name}) on {parent}",
+        out.append(LayoutStep(host, g.address, 2, MDEV, f"create mdev {u} ({name}) on {parent}{why}",
                               mdev_ops.create_item(host, spec, wait_timeout=WAIT),
                               mdev_ops.remove_item(host, u, wait_timeout=WAIT)))
     return out

@@ -18,7 +18,7 @@ from vgpuvirt.errors import DeviceError, HostError, InvalidSpec, ProvisioningErr
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
-from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now
+from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now, missing_claims, with_claims
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
 from vgpuvirt.services import mig, vgpu_scheduler
 from vgpuvirt.services.gpu_capacity_build import physical_gpus
@@ -62,6 +62,7 @@ def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuN
     nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and
     every GPU's vGPU scheduler (NVML, modprobe.d, the module's registry parameters)."""
     # the vGPU scheduler of every GPU NVML sees (one call) and the modprobe.d / module-parameter reads ride along
+    domains = list(domains) if domains is not None else None      # read twice: the inventory, the claims
     real_root = host.sysfs_root == "/"      # elsewhere (a materialized tree) nvidia-smi would not describe it
     ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS if real_root),
            *vgpu_scheduler.read_ops(None)]
@@ -78,7 +79,9 @@ def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuN
                                                                                batch.results[n:], batch.after)
     except (InvalidSpec, ValueError):
         sched = None        # unreadable registry options: no layout reads them then, and one that sets a policy says so
-    return inv, gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
+    gpus = gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
+    # the mdevs defined VMs name that are missing (a reboot): the plan makes those again, with their UUIDs
+    return inv, with_claims(gpus, missing_claims(inv, domains)) if domains is not None else gpus
 
 
 def export(host: Host, name: str = "exported", domains: Domains = None) -> Layout:
@@ -140,9 +143,26 @@ def check(host: Host, config: LayoutConfig, domains: Domains = None) -> list[str
 def check_notes(host: Host, config: LayoutConfig, domains: Domains = None) -> tuple[list[str], list[str]]:
     """The differences, and the notes: what is in the state but not active yet (a scheduler policy written to
     the registry key, waiting for the next driver load: nothing apply could do, so not a difference)."""
-    p = plan(host, config, domains)
+    domains = list(domains) if domains is not None else None
+    inv, gpus = read_gpus(host, domains)
+    p = plan_host(host.name, gpus, config)
+    # A defined VM whose vGPU is missing is a difference whatever the counts say (the VM would not start),
+    # when the config makes vGPUs of its type on its GPU; otherwise (a VM a drain left unfit, a domain with no
+    # vgpuvirt metadata saying parent and type) the config could not bring it back: a note.
+    names = {t: g.short_name(t) for g in gpus for t in g.type_names}
+    chosen = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
+    makes: set[tuple[str, str]] = set()
+    for g in gpus:
+        e = chosen.get(g.address)
+        if e is not None and e.layout.mode in ("vgpu", "mig-vgpu"):
+            makes |= {(c.uuid, c.type_id or "") for c in g.claimed for vc in e.layout.vgpu_devices
+                      if g.type_id(vc.type) == c.type_id and vc.count != 0}
+    missing = missing_claims(inv, domains)
+    diffs = [c.describe(names.get(c.type_id or "")) for c in missing if (c.uuid, c.type_id or "") in makes]
+    notes = [c.describe(names.get(c.type_id or "")) + ": this config does not make it"
+             for c in missing if (c.uuid, c.type_id or "") not in makes]
     return ([d.format() for d in p.diffs] + [f"{s.text}" for s in p.steps if not p.diffs]
-            + [f"pending: {x}" for x in p.pending if not p.diffs], list(p.notes))
+            + [f"pending: {x}" for x in p.pending if not p.diffs] + diffs, list(p.notes) + notes)
 
 
 def _counted(host: Host, rts: dict[str, int], phase: str, fn: Callable[[], Any]) -> Any:

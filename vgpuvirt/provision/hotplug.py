@@ -80,8 +80,9 @@ def _can_hotplug(conn: LibvirtConnection) -> None:
 
 
 def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *, live: bool | None = None,
-               config: bool = True, wait_timeout: float = 10.0) -> HotplugResult:
-    """Place, make and attach one GPU for ``req`` to the existing domain ``vm``; undo it all on failure."""
+               config: bool = True, wait_timeout: float = 10.0, dry_run: bool = False) -> HotplugResult:
+    """Place, make and attach one GPU for ``req`` to the existing domain ``vm``; undo it all on failure.
+    ``dry_run``: place it and say what would be made and attached; change nothing."""
     from vgpuvirt.services.inventory import inventory
 
     if not conn.exists(vm):
@@ -109,6 +110,10 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
         funcs = a.functions if req.with_audio and a.functions else (a.slot,)
         devices, meta = [PciHostdev(f) for f in funcs], {"kind": "whole", "address": str(a.slot)}
     result = HotplugResult(vm, host.name, "attach", [_label(d) for d in devices], a.type.id, a.type.name)
+    if dry_run:
+        result.created = [step.describe()] if step is not None else []
+        result.notes.append("dry run: nothing was made or attached")
+        return result
     made: list[HostStep] = []
     attached: list[GpuDevice] = []
     try:
@@ -203,8 +208,10 @@ def _entry_target(e: Any) -> str:
 
 
 def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None = None, *,
-               live: bool | None = None, config: bool = True, wait_timeout: float = 10.0) -> HotplugResult:
-    """Detach a GPU device from ``vm`` and remove what vgpuvirt made for it (see the module docstring)."""
+               live: bool | None = None, config: bool = True, wait_timeout: float = 10.0,
+               dry_run: bool = False) -> HotplugResult:
+    """Detach a GPU device from ``vm`` and remove what vgpuvirt made for it (see the module docstring).
+    ``dry_run``: say which devices would be detached; change nothing."""
     if not conn.exists(vm):
         raise DeviceNotFound(host.name, vm, f"no domain {vm} on {conn.uri}")
     _can_hotplug(conn)
@@ -228,6 +235,10 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     mine = {s.target for s in steps}
     result.left += [f"vGPU {d.uuid}: not made by vgpuvirt for {vm} (no record, UUID not derived from the name): "
                     "left on the host" for d in chosen if isinstance(d, MdevHostdev) and str(d.uuid) not in mine]
+    if dry_run:
+        result.notes.append("dry run: nothing was detached or removed (vGPUs made for the VM are removed once "
+                            "no other domain uses them)")
+        return result
     gone: list[GpuDevice] = []
     try:
         for d in chosen:

@@ -141,8 +141,10 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
             reasons = "; ".join(f"{c.host} {c.gpu}: {c.reason}" for c in notes[:16])
             if len(notes) > 16:
                 reasons += f"; and {len(notes) - 16} more GPU(s) (--explain lists them all)"
+            done = len({a.vm for a in assignments})
             raise NoCapacity(", ".join(hosts) or "no host", vm.name,
-                             f"no GPU can serve {vm.gpus[0].describe()}: {reasons or 'no GPUs at all'}")
+                             f"no GPU can serve {vm.gpus[0].describe()} ({done} of {len(vms)} VMs fit): "
+                             f"{reasons or 'no GPUs at all'}", fit=done, wanted=len(vms))
         explain.append(Candidate(vm.name, chosen[0].gpu.host, str(chosen[0].gpu.address), "chosen",
                                  _why_best(chosen[0], policy, vm)))
         for _, o in first:

@@ -231,6 +231,11 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         for g in prov.gpus:
             made = step_from_meta(h.name, vm.name, g)
             if made is not None:
+                d = made.details()
+                if not made.done_in(h) and "parent" in d:
+                    # gone in a reboot: made again only where the capacity model has room (it was planned
+                    # blindly, and the apply then blamed a concurrent caller)
+                    h.take_again(d["parent"], [d["type"], f"nvidia-{d['type']}"], f"VM {vm.name}'s vGPU {made.target}")
                 want(made)
         if vm.start:
             want(StartDomain(h.name, vm.name))

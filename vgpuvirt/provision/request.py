@@ -119,7 +119,10 @@ class VgpuRequest:
         kw: dict[str, object] = {}
         parts = t.split(",")
         if parts and not any(op in parts[0] for op in (">=", "=")):
-            kw["type"] = parts.pop(0).strip()      # ``nvidia-231,frl=off``: a type, then options
+            first = parts.pop(0).strip()
+            # ``passthrough,boot_vga=yes`` / ``vf,vendor=intel``: a mode, then options (issue 28: it was read
+            # as a type named "passthrough"); ``nvidia-231,frl=off``: a type, then options
+            kw["mode" if first in ("passthrough", "vf") else "type"] = first
         for part in parts:
             m = re.fullmatch(r"\s*([a-z_]+)\s*(>=|=)\s*([^,]+?)\s*", part)
             if not m:

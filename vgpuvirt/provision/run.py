@@ -20,7 +20,7 @@ from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.steps import DefineDomain
+from vgpuvirt.provision.steps import CreateMdev, DefineDomain, SetVfType
 
 
 @dataclass
@@ -44,11 +44,32 @@ class ProvisionResult:
             if st.vm not in placed and isinstance(st, DefineDomain):
                 out.append({"vm": st.vm, "host": st.host, "gpu": None, "type": None, "type_name": None,
                             "device": None, "numa_node": None, "status": "created"})
+        out += self._kept_rows(placed)
+        return out
+
+    def _kept_rows(self, placed: set[str]) -> list[dict[str, Any]]:
+        """Kept VMs: one row per vGPU their metadata lists (parent, type, device), whether it is there or
+        made again; status ``started`` only when this run starts the VM, ``re-created`` when it makes a vGPU
+        of it again, else ``kept``."""
+        kinds: dict[tuple[str, str], set[str]] = {}
+        for st in self.plan.steps:
+            kinds.setdefault((st.host, st.vm), set()).add(st.kind)
+        devices: dict[tuple[str, str], list[Any]] = {}
+        for st in [*(k.step for k in self.plan.kept), *self.plan.steps]:
+            if isinstance(st, CreateMdev | SetVfType):
+                devices.setdefault((st.host, st.vm), []).append(st)
+        out: list[dict[str, Any]] = []
         for k in self.plan.kept:
-            if k.vm not in placed and isinstance(k.step, DefineDomain):
-                out.append({"vm": k.vm, "host": k.host, "gpu": None, "type": None, "type_name": None, "device": None,
-                            "numa_node": None,
-                            "status": "started" if (k.host, k.vm) in acted else "kept"})
+            if k.vm in placed or not isinstance(k.step, DefineDomain):
+                continue
+            did = kinds.get((k.host, k.vm), set())
+            status = "started" if "start" in did else "re-created" if did else "kept"
+            devs = devices.get((k.host, k.vm)) or [None]
+            for d in devs:
+                place = None if d is None else str(d.parent if isinstance(d, CreateMdev) else d.vf)
+                out.append({"vm": k.vm, "host": k.host, "gpu": place, "type": None if d is None else str(d.type),
+                            "type_name": None, "device": None if d is None else d.target, "numa_node": None,
+                            "status": status})
         return out
 
     def to_dict(self) -> dict[str, Any]:

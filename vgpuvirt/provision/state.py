@@ -10,10 +10,11 @@ proposes what the driver refuses. Whole-GPU candidates carry the verdict of the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from vgpuvirt.errors import NoCapacity
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.provision.request import TypeProfile, VmRequest, parse_resolution
@@ -113,6 +114,21 @@ class HostState:
     @property
     def used(self) -> int:
         return sum(g.used for g in self.gpus)
+
+    def take_again(self, place: str, type_ids: Sequence[str], what: str) -> None:
+        """Count one vGPU that is missing and will be made again on ``place`` (one of ``type_ids``: the forms a
+        type may be named in); :class:`NoCapacity` with "0 of 1 fit" when the GPU has no room for it. A place
+        or type the host does not show now (VFs gone) is left to the apply, which says why."""
+        g = next((g for g in self.gpus if any(p.address == place for p in g.budget.places)), None)
+        tid = next((t for t in type_ids if g is not None and t in g.budget.types), None)
+        if g is None or tid is None:
+            return
+        fit = g.budget.fit(tid)
+        if fit.fits_now < 1 or g.budget.free_place(tid, among=[place]) is None:
+            raise NoCapacity(self.name, place, f"{what} is missing and cannot be made again on {place}: 0 of 1 fit "
+                                               f"({fit.reason}); vGPUs no domain uses are listed by `vgpuvirt gc` "
+                                               "and removed by `gc --apply`", fit=0, wanted=1)
+        g.budget = g.budget.with_vgpu(tid, place)
 
     def clone(self) -> HostState:
         """A copy placement may change: GPU states and slots are copied; budgets and type profiles are
