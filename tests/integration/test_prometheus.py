@@ -223,7 +223,7 @@ def test_two_prometheus_servers_one_stuck_host_no_false_down_and_no_lost_scrape(
     scraper = CountingScraper([*hosts, hung])          # no --timeout: the budget comes from each scrape's header
     port = _free_port()
     server, _ = serve(scraper, "127.0.0.1", port)
-    interval, window = 2, 20
+    interval, window = 2, 60          # the minute: 30 scrapes per server
     proms = [_prometheus(tmp_path / f"prom{i}", port, interval=interval) for i in (1, 2)]
     try:
         for _, pport in proms:
