@@ -107,19 +107,19 @@ def add_seed(lic: License, host: str, vm: str, instance_id: str, state: HostStat
     return step
 
 
-def seed_problems(state: HostState, vm: str, step: CreateLicenseSeed) -> list[str]:
-    """What would make the seed fail to be created on ``state``'s libvirt (the plan's pre-flight)."""
+def seed_problems(state: HostState, vm: str, step: CreateLicenseSeed) -> list[tuple[str, str, str]]:
+    """What would make the seed fail to be created on ``state``'s libvirt (the plan's pre-flight), as
+    (host, VM, problem) triples, the form PreflightFailed.of groups."""
     facts = state.libvirt
     if facts is None:
         return []
     pool = facts.pools.get(step.pool)
-    where = f"{state.name}: {vm}"
     if pool is None:
-        return [f"{where}: storage pool '{step.pool}' for the license seed does not exist (pools: "
-                f"{', '.join(sorted(facts.pools)) or 'none'}; --license-pool POOL)"]
+        return [(state.name, vm, f"storage pool '{step.pool}' for the license seed does not exist (pools: "
+                                 f"{', '.join(sorted(facts.pools)) or 'none'}; --license-pool POOL)")]
     if not pool.active:
-        return [f"{where}: storage pool '{step.pool}' for the license seed is not active (virsh pool-start "
-                f"{step.pool})"]
+        return [(state.name, vm, f"storage pool '{step.pool}' for the license seed is not active "
+                                 f"(virsh pool-start {step.pool})")]
     return []
 
 
