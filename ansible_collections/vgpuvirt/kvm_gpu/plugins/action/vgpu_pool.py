@@ -93,7 +93,7 @@ class ActionModule(ActionBase):
             mine = next(s.host for h, s in zip(hosts, surveys, strict=True) if h == me)
             if not params["count"]:
                 return {"pool": params["name"], "count": 0, "per_host": {}, "unreachable": gone, "held": []}, [], mine
-            template = member_request(params, params["name"] + "-01")
+            template = member_request(params, params["name"] + "-01", on_target=False)
             pool = place_pool(surveys, params["name"], params["count"], template, policy=params["policy"],
                               unreachable=gone)
         except VgpuvirtError as exc:

@@ -135,6 +135,7 @@ attributes:
     description: Placement runs on the controller (action plugin C(vgpu_pool)).
 extends_documentation_fragment:
   - vgpuvirt.kvm_gpu.gpu_request
+  - vgpuvirt.kvm_gpu.provisioning
 seealso:
   - module: vgpuvirt.kvm_gpu.vgpu_info
   - module: vgpuvirt.kvm_gpu.vgpu_domain
@@ -169,6 +170,17 @@ EXAMPLES = r"""
       golden: /var/lib/libvirt/images/golden-win11.qcow2
       pool: default
 
+- name: 20 licensed Linux desktops on the libvirt network vdi-net, with a TPM and VNC
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: vdi
+    count: 20
+    gpus: [{series: Q}]
+    networks: [vdi-net]
+    tpm: true
+    graphics: vnc
+    license:
+      token_file: /etc/vgpuvirt/client_configuration_token.tok
+
 - name: 4 desktops of a given vGPU type, each with its own disk file
   vgpuvirt.kvm_gpu.vgpu_pool:
     name: lab
@@ -189,7 +201,9 @@ members:
   type: dict
   sample: {"vdi-01": "defined", "vdi-04": "defined"}
 plan:
-  description: The steps on this host, one line each.
+  description:
+    - The steps on this host, one line each.
+    - A licensed member's seed step names the token's SHA-256, never the token.
   returned: success
   type: list
   elements: str
