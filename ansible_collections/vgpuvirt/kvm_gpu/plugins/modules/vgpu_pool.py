@@ -170,7 +170,7 @@ EXAMPLES = r"""
       golden: /var/lib/libvirt/images/golden-win11.qcow2
       pool: default
 
-- name: 20 licensed Linux desktops on the libvirt network vdi-net, with a TPM and VNC
+- name: 20 desktops on the libvirt network vdi-net, with a TPM and VNC
   vgpuvirt.kvm_gpu.vgpu_pool:
     name: vdi
     count: 20
@@ -178,8 +178,15 @@ EXAMPLES = r"""
     networks: [vdi-net]
     tpm: true
     graphics: vnc
+
+- name: 8 licensed Linux desktops (the token file copied to each host first, with no_log)
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: lic
+    count: 8
+    gpus: [{series: Q}]
     license:
       token_file: /etc/vgpuvirt/client_configuration_token.tok
+      feature: vws
 
 - name: 4 desktops of a given vGPU type, each with its own disk file
   vgpuvirt.kvm_gpu.vgpu_pool:
