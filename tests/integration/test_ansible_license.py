@@ -167,8 +167,13 @@ def _leaks(token: str, *texts: str) -> list[str]:
 
 
 def test_licensed_desktop_and_pool_through_ansible_playbook(testbed: Any, tmp_path: Path, sim_host: FleetHost,
-                                                            seed_pool: tuple[LibvirtConnection, str, Path]) -> None:
+                                                            seed_pool: tuple[LibvirtConnection, str, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     conn, tag, pool_dir = seed_pool
+    # Ansible's own log and vgpuvirt's audit log (the modules inherit the environment: connection local)
+    ansible_log, audit_log = tmp_path / "ansible.log", tmp_path / "audit.jsonl"
+    monkeypatch.setenv("ANSIBLE_LOG_PATH", str(ansible_log))
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(audit_log))
     token = f"vgpuvirt-it-ansible-token.{uuid.uuid4().hex}.{uuid.uuid4().hex}"
     token_file = tmp_path / "client_configuration_token.tok"
     token_file.write_text(token)
@@ -211,8 +216,9 @@ def test_licensed_desktop_and_pool_through_ansible_playbook(testbed: Any, tmp_pa
     assert sorted(p.name for p in pool_dir.iterdir()) == []          # both seeds deleted
     assert host_snapshot(sim_host) == before                          # the vGPUs too
 
-    # the token: nowhere in what ansible-playbook printed, its digest is (the plan lines)
-    out = [run.stdout, run.stderr, gone.stdout, gone.stderr]
+    # the token: nowhere in what ansible-playbook printed or logged, its digest is (the plan lines, the audit)
+    out = [run.stdout, run.stderr, gone.stdout, gone.stderr, ansible_log.read_text(), audit_log.read_text()]
     assert _leaks(token, *out) == []
-    assert hashlib.sha256(token.encode()).hexdigest() in run.stdout
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    assert digest in run.stdout and digest in audit_log.read_text()
     assert json.dumps(str(token_file))[1:-1] in run.stdout            # the file's path is no secret
