@@ -92,8 +92,9 @@ options:
         type: int
   domain_options:
     description:
-      - Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), C(tpm), C(hugepages),
-        C(hyperv), C(kvm_hidden), ...).
+      - Template switches passed to vgpuvirt's domain builder (C(hugepages), C(hyperv), C(kvm_hidden), ...).
+      - The NICs, TPM, secure boot and graphics have options of their own (O(networks), O(bridges), O(tpm),
+        O(secure_boot), O(graphics)); a key set both ways is refused.
     type: dict
   policy:
     description: How GPUs are chosen among the host's GPUs.

@@ -96,7 +96,10 @@ options:
         description: The guest disk's size in GiB (default - the golden image's).
         type: int
   domain_options:
-    description: Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), ...).
+    description:
+      - Template switches passed to vgpuvirt's domain builder (C(hugepages), C(hyperv), ...).
+      - The NICs, TPM, secure boot and graphics have options of their own (O(networks), O(bridges), O(tpm),
+        O(secure_boot), O(graphics)); a key set both ways is refused.
     type: dict
   policy:
     description: How members spread over the fleet's GPUs - V(binpack) fills GPUs (and hosts) in turn, V(spread)
