@@ -538,6 +538,26 @@ def test_layout_check_mode_diff_after_is_the_layout_the_apply_makes(profile: str
     assert dry["diff"]["before"] == real["diff"]["before"] != predicted
 
 
+def test_layout_check_mode_diff_changes_only_the_gpus_that_change() -> None:
+    """Issue 28 item 10: the diff's "after" comes from the library's diff_documents. The module's own prediction
+    wrote every governed GPU in the config's words, so a GPU already in state ("fill", 8 made) showed as changing
+    from "T4-2Q: 8" to "T4-2Q: fill"; now only the GPU that changes differs, the other is as the host exports it."""
+    import yaml
+
+    host = sim("t4x2")
+    run = Runner("vgpu_layout", host)
+    fill = {"mode": "vgpu", "vgpu-devices": {"T4-2Q": "fill"}}
+    assert run(layout={"version": "v1", "configs": {"day": [{"devices": "all", **fill}]}}, config="day")["changed"]
+    night = {"version": "v1", "configs": {"day": [{"devices": [0], **fill},
+                                                  {"devices": [1], "mode": "vgpu", "vgpu-devices": {"T4-4Q": 2}}]}}
+    dry = run(check=True, layout=night, config="day")
+    assert dry["changed"] is True
+    before, after = (yaml.safe_load(dry["diff"][k])["configs"]["day"] for k in ("before", "after"))
+    assert after[0] == before[0] == {"devices": ["0000:3b:00.0"], "mode": "vgpu", "vgpu-devices": {"T4-2Q": 8}}
+    assert after[1] == {"devices": ["0000:d8:00.0"], "mode": "vgpu", "vgpu-devices": {"T4-4Q": 2}}
+    assert before[1]["vgpu-devices"] == {"T4-2Q": 8}
+
+
 def test_playbooks_and_docs_call_the_modules_by_their_fqcn() -> None:
     """A short name (vgpu_pool:) resolves only where a library/ directory holds the module, which is gone."""
     short = re.compile(r"^\s*(?:-\s+)?(" + "|".join(MODULES) + r"):", re.M)

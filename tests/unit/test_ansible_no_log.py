@@ -31,6 +31,11 @@ DECISIONS: dict[str, bool] = {
     "count": False, "placed": False, "survey": False,
     # issue 28: the pool's disks (a path, or linked clones of a golden image)
     "clone": False, **{f"clone.{k}": False for k in ("golden", "pool", "name", "capacity_gib")},
+    # issues 26 and 28: the provisioning options and a licensed desktop. The token is a secret, but the module takes
+    # the token FILE's path, read on the target; the contents never become an argument (the library shows only
+    # their SHA-256), which tests/integration/test_ansible_license.py checks in -vvv output.
+    "networks": False, "bridges": False, "tpm": False, "secure_boot": False, "graphics": False,
+    "license": False, **{f"license.{k}": False for k in ("token_file", "feature", "guest", "pool")},
     **{f"{p}.{k}": False for p in ("gpus", "need") for k in (
         "type", "min_framebuffer_mib", "min_heads", "series", "min_resolution", "mig_backed", "vendor", "mode",
         "display", "with_audio")},

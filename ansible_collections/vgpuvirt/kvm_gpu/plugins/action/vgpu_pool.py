@@ -93,7 +93,9 @@ class ActionModule(ActionBase):
             mine = next(s.host for h, s in zip(hosts, surveys, strict=True) if h == me)
             if not params["count"]:
                 return {"pool": params["name"], "count": 0, "per_host": {}, "unreachable": gone, "held": []}, [], mine
-            template = member_request(params, params["name"] + "-01")
+            # plain values: the library checks domain options' exact types, and a task's strings arrive here as
+            # Ansible's tagged str subclasses (graphics: vnc was refused as "expected a str")
+            template = member_request(_plain(params), params["name"] + "-01", on_target=False)
             pool = place_pool(surveys, params["name"], params["count"], template, policy=params["policy"],
                               unreachable=gone)
         except VgpuvirtError as exc:
@@ -111,6 +113,12 @@ def _plain(data):
         return [_plain(v) for v in data]
     if isinstance(data, str):
         return str(data)
+    if isinstance(data, bool):
+        return data
+    if isinstance(data, int):
+        return int(data)
+    if isinstance(data, float):
+        return float(data)
     return data
 
 

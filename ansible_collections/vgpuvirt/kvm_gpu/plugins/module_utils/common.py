@@ -15,7 +15,10 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 try:
     from vgpuvirt.ansible_support import run_module as _run_module
+    from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.provision.disks import ClonedDisk
+    from vgpuvirt.provision.license import License
+    from vgpuvirt.provision.request import provisioning_options
 except ImportError:
     HAS_VGPUVIRT = False
     VGPUVIRT_IMPORT_ERROR = traceback.format_exc()
@@ -50,6 +53,56 @@ CLONE_SPEC = dict(
     name=dict(type="str", default="{name}.qcow2"),
     capacity_gib=dict(type="int"),
 )
+
+
+#: A licensed desktop's NVIDIA client configuration token (vgpu_domain's and vgpu_pool's ``license``). The
+#: token FILE is read on the target (where the module runs and libvirt is), like ``disk`` and ``clone.golden``;
+#: its path is no secret (it stays visible), its contents never enter the module's arguments, and the
+#: library shows only their SHA-256. The choices are vgpuvirt.provision.license's FEATURES and GUESTS (a unit
+#: test keeps them equal: this file cannot import vgpuvirt unguarded).
+LICENSE_SPEC = dict(
+    token_file=dict(type="path", required=True, no_log=False),
+    feature=dict(type="str", choices=["vgpu", "vws", "vcs"], default="vgpu"),
+    guest=dict(type="str", choices=["linux", "windows"], default="linux"),
+    pool=dict(type="str"),
+)
+
+#: What real hosts need of a VM's domain (vgpuvirt provision's --network/--bridge/--tpm/--secure-boot/--graphics),
+#: the same options in vgpu_domain and vgpu_pool.
+PROVISIONING_SPEC = dict(
+    networks=dict(type="list", elements="str"),
+    bridges=dict(type="list", elements="str"),
+    tpm=dict(type="bool", default=False),
+    secure_boot=dict(type="bool", default=False),
+    graphics=dict(type="str", choices=["spice", "vnc", "none"]),
+)
+
+# the domain_options keys the options above set: giving one both ways is refused (which would win is a guess)
+_PROVISIONING_KEYS = {"networks": "virtio_nics", "bridges": "virtio_nics", "tpm": "tpm",
+                      "secure_boot": "secure_boot", "graphics": "graphics"}
+
+
+def domain_options(params):
+    """``VmRequest.options``: the task's ``domain_options`` with what the provisioning options ask for, through
+    vgpuvirt's provisioning_options (which checks them as the CLI's flags are checked)."""
+    opts = dict(params.get("domain_options") or {})
+    given = [k for k in _PROVISIONING_KEYS if params.get(k)]
+    clash = sorted({_PROVISIONING_KEYS[k] for k in given} & set(opts))
+    if clash:
+        both = ", ".join(k for k in given if _PROVISIONING_KEYS[k] in clash)
+        raise InvalidSpec("domain_options", clash, f"none of the keys the option(s) {both} set (give each one way)")
+    opts.update(provisioning_options(networks=params.get("networks") or (), bridges=params.get("bridges") or (),
+                                     tpm=bool(params.get("tpm")), secure_boot=bool(params.get("secure_boot")),
+                                     graphics=params.get("graphics")))
+    return opts
+
+
+def license_request(params):
+    """The task's ``license`` as vgpuvirt's License (the token file read here, on the target), or None."""
+    lic = params.get("license")
+    if not lic:
+        return None
+    return License.from_mapping({k: v for k, v in lic.items() if v is not None})
 
 
 def disk_request(params):

@@ -9,8 +9,12 @@ from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
     CLONE_SPEC,
     GPU_REQUEST_SPEC,
     HAS_VGPUVIRT,
+    LICENSE_SPEC,
+    PROVISIONING_SPEC,
     disk_request,
+    domain_options,
     gpu_requests,
+    license_request,
 )
 
 if HAS_VGPUVIRT:  # else the module fails in Ansible's words, the action plugin names the controller
@@ -28,6 +32,8 @@ ARGUMENT_SPEC = dict(
     disk=dict(type="str"),
     clone=dict(type="dict", options=CLONE_SPEC),
     domain_options=dict(type="dict"),
+    license=dict(type="dict", options=LICENSE_SPEC),
+    **PROVISIONING_SPEC,
     policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
     uri=dict(type="str", default="qemu:///system", no_log=False),  # no secret: see docs/ansible.md "Secrets"
     sysfs_root=dict(type="path", default="/"),
@@ -37,10 +43,13 @@ ARGUMENT_SPEC = dict(
 MODULE_KWARGS = dict(supports_check_mode=True, mutually_exclusive=[("disk", "clone")])
 
 
-def member_request(p, name):
-    """One member's VmRequest from the task's validated options."""
+def member_request(p, name, *, on_target=True):
+    """One member's VmRequest from the task's validated options. The action plugin (``on_target=False``, on
+    the controller) places members without their license: the token file is on the target, and a seed takes
+    no GPU."""
     gpus = tuple(VgpuRequest(**g) for g in gpu_requests(p["gpus"]))
     if not gpus:
         raise InvalidSpec("gpus", p["gpus"], f"at least one GPU for the members of pool {p['name']!r}")
     return VmRequest(name=name, gpus=gpus, template=p["template"], memory_mib=p["memory_mib"], vcpus=p["vcpus"],
-                     disk=disk_request(p), start=p["state"] == "running", options=dict(p["domain_options"] or {}))
+                     disk=disk_request(p), start=p["state"] == "running", options=domain_options(p),
+                     license=license_request(p) if on_target else None)

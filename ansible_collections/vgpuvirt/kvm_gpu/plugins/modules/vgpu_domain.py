@@ -92,8 +92,9 @@ options:
         type: int
   domain_options:
     description:
-      - Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), C(tpm), C(hugepages),
-        C(hyperv), C(kvm_hidden), ...).
+      - Template switches passed to vgpuvirt's domain builder (C(hugepages), C(hyperv), C(kvm_hidden), ...).
+      - The NICs, TPM, secure boot and graphics have options of their own (O(networks), O(bridges), O(tpm),
+        O(secure_boot), O(graphics)); a key set both ways is refused.
     type: dict
   policy:
     description: How GPUs are chosen among the host's GPUs.
@@ -130,6 +131,7 @@ attributes:
     description: Before and after show the domain's state and its GPUs.
 extends_documentation_fragment:
   - vgpuvirt.kvm_gpu.gpu_request
+  - vgpuvirt.kvm_gpu.provisioning
 seealso:
   - module: vgpuvirt.kvm_gpu.vgpu_info
   - module: vgpuvirt.kvm_gpu.vgpu_mdev
@@ -146,6 +148,26 @@ EXAMPLES = r"""
     memory_mib: 8192
     vcpus: 4
     disk: /var/lib/libvirt/images/desk-001.qcow2
+
+- name: Copy the NVIDIA client configuration token to the hypervisor (not shown in the output)
+  ansible.builtin.copy:
+    src: files/client_configuration_token.tok
+    dest: /etc/vgpuvirt/client_configuration_token.tok
+    mode: "0600"
+  no_log: true
+
+- name: A licensed Windows 11 desktop on bridge br0, with a TPM, secure boot and SPICE
+  vgpuvirt.kvm_gpu.vgpu_domain:
+    name: desk-002
+    gpus: [{type: GRID T4-2Q}]
+    bridges: [br0]
+    tpm: true
+    secure_boot: true
+    graphics: spice
+    license:
+      token_file: /etc/vgpuvirt/client_configuration_token.tok
+      feature: vgpu
+      guest: windows
 
 - name: A pool of desktops by type, defined but not started
   vgpuvirt.kvm_gpu.vgpu_domain:
@@ -191,7 +213,9 @@ domain:
       type: list
       elements: dict
 plan:
-  description: The steps taken (or, in check mode, that would be taken), one line each.
+  description:
+    - The steps taken (or, in check mode, that would be taken), one line each.
+    - A licensed desktop's seed step names the token's SHA-256, never the token.
   returned: success
   type: list
   elements: str
@@ -217,8 +241,12 @@ from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
     CLONE_SPEC,
     GPU_REQUEST_SPEC,
     HAS_VGPUVIRT,
+    LICENSE_SPEC,
+    PROVISIONING_SPEC,
     disk_request,
+    domain_options,
     gpu_requests,
+    license_request,
     new_module,
     run_module,
 )
@@ -244,6 +272,8 @@ ARGUMENT_SPEC = dict(
     disk=dict(type="path"),
     clone=dict(type="dict", options=CLONE_SPEC),
     domain_options=dict(type="dict"),
+    license=dict(type="dict", options=LICENSE_SPEC),
+    **PROVISIONING_SPEC,
     policy=dict(type="str", choices=["binpack", "spread"], default="binpack"),
     remove_storage=dict(type="bool", default=False),
     uri=dict(type="str", default="qemu:///system", no_log=False),  # no secret: see docs/ansible.md "Secrets"
@@ -288,7 +318,7 @@ def vm_request(p, start):
         raise InvalidSpec("gpus", p["gpus"], f"at least one GPU to create domain {p['name']!r}")
     return VmRequest(name=p["name"], gpus=tuple(gpus), template=p["template"], memory_mib=p["memory_mib"],
                      vcpus=p["vcpus"], host_cpus=p["host_cpus"], disk=disk_request(p), start=start,
-                     options=dict(p["domain_options"] or {}))
+                     options=domain_options(p), license=license_request(p))
 
 
 def present(module, host, conn, found):

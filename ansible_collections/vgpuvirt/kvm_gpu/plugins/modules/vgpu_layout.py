@@ -73,7 +73,9 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Plans and reports the steps, with a diff (the governed GPUs as a layout, and the planned changes).
+    description:
+      - Plans and reports the steps, with a diff - before, the governed GPUs as a layout; after, the same with the
+        GPUs the config changes in its words (a GPU already in state is as before).
   diff_mode:
     support: full
     description: Before and after are the governed GPUs exported as a layout.
@@ -125,10 +127,9 @@ from ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils.common import (
 if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.ansible_support import open_local_host as open_host
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
-    from vgpuvirt.layout import dump_layout, verbs
+    from vgpuvirt.layout import verbs
     from vgpuvirt.layout.drain import apply_with_drain
     from vgpuvirt.layout.interop import read_any as parse_layout  # mig-parted / vGPU DM files work as they are
-    from vgpuvirt.layout.model import GpuEntry, Layout, Selector
 
 ARGUMENT_SPEC = dict(
     layout=dict(type="raw"),
@@ -162,25 +163,11 @@ def the_layout(params):
     return parse_layout(raw, "layout (task argument)")
 
 
-def governed(host, layout: Layout, name):
-    """The host's state as a layout, limited to the GPUs the config governs (the diff's before/after)."""
-    cfg = layout.config(name)
-    exported = verbs.export(host)
-    dummy, gpus = verbs.read_gpus(host)
-    mine = {str(a) for a in cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])}
-    entries = [e for e in exported.config().entries if str(e.devices[0].value) in mine]
-    return dump_layout(Layout.single(cfg.name, entries, exported.source))
-
-
-def predicted(host, layout, name):
-    """The governed GPUs as the config declares them, one entry per GPU by its address (the form of the diff's
-    before, which the host exports by address): check mode's after. It is what the host exports once applied,
-    except where the config says ``fill`` (the host then reports the count that fitted)."""
-    cfg = layout.config(name)
-    dummy, gpus = verbs.read_gpus(host)
-    wanted = cfg.resolve([(g.address, g.product, g.pci_id) for g in gpus])
-    entries = [GpuEntry((Selector("address", str(a)),), e.layout) for a, e in sorted(wanted.items())]
-    return dump_layout(Layout.single(cfg.name, entries, layout.source))
+def governed(host, cfg):
+    """The governed GPUs as the host exports them and as the config would leave them (vgpuvirt's
+    diff_documents: a GPU already in state is the same in both), two layout documents: the diff."""
+    d = verbs.diff_documents(host, cfg)
+    return d.before, d.after
 
 
 def run(module, host):
@@ -188,7 +175,6 @@ def run(module, host):
     layout = the_layout(p)
     cfg = layout.config(p["config"])
     differences = verbs.check(host, cfg)
-    before = governed(host, layout, p["config"])
     if p["state"] == "asserted":
         if differences:
             module.fail_json(msg=f"{host.name} is not in layout {cfg.name}: " + "; ".join(differences),
@@ -197,9 +183,10 @@ def run(module, host):
     if module.check_mode or not differences:
         plan = verbs.plan(host, cfg)
         steps = [s.text for s in plan.phase(1) + plan.phase(2)] + [f"then: {x}" for x in plan.pending]
-        after = predicted(host, layout, p["config"]) if differences else before
+        before, after = governed(host, cfg)
         return dict(changed=bool(differences), differences=differences, steps=steps,
-                    diff=dict(before=before, after=after))
+                    diff=dict(before=before, after=after if differences else before))
+    before, dummy = governed(host, cfg)
     conns = None
     if p["uri"]:
         from vgpuvirt.libvirt_conn import LibvirtConnection
@@ -215,7 +202,7 @@ def run(module, host):
     out = dict(changed=r.changed, differences=differences, steps=[s.text for s in r.done],
                round_trips=r.round_trips, drained=report.drained.get(host.name, []),
                restarted=report.restarted.get(host.name, []), unfit=report.unfit.get(host.name, {}),
-               diff=dict(before=before, after=governed(host, layout, p["config"])))
+               diff=dict(before=before, after=governed(host, cfg)[0]))
     if not report.ok:
         module.fail_json(msg=f"{host.name}: layout {cfg.name} applied, but drained VMs no longer fit: "
                              + "; ".join(f"{vm} ({why})" for vm, why in sorted(out["unfit"].items())), **out)

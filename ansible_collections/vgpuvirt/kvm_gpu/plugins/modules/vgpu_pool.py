@@ -96,7 +96,10 @@ options:
         description: The guest disk's size in GiB (default - the golden image's).
         type: int
   domain_options:
-    description: Template switches passed to vgpuvirt's domain builder (C(graphics), C(secure_boot), ...).
+    description:
+      - Template switches passed to vgpuvirt's domain builder (C(hugepages), C(hyperv), ...).
+      - The NICs, TPM, secure boot and graphics have options of their own (O(networks), O(bridges), O(tpm),
+        O(secure_boot), O(graphics)); a key set both ways is refused.
     type: dict
   policy:
     description: How members spread over the fleet's GPUs - V(binpack) fills GPUs (and hosts) in turn, V(spread)
@@ -135,6 +138,7 @@ attributes:
     description: Placement runs on the controller (action plugin C(vgpu_pool)).
 extends_documentation_fragment:
   - vgpuvirt.kvm_gpu.gpu_request
+  - vgpuvirt.kvm_gpu.provisioning
 seealso:
   - module: vgpuvirt.kvm_gpu.vgpu_info
   - module: vgpuvirt.kvm_gpu.vgpu_domain
@@ -169,6 +173,24 @@ EXAMPLES = r"""
       golden: /var/lib/libvirt/images/golden-win11.qcow2
       pool: default
 
+- name: 20 desktops on the libvirt network vdi-net, with a TPM and VNC
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: vdi
+    count: 20
+    gpus: [{series: Q}]
+    networks: [vdi-net]
+    tpm: true
+    graphics: vnc
+
+- name: 8 licensed Linux desktops (the token file copied to each host first, with no_log)
+  vgpuvirt.kvm_gpu.vgpu_pool:
+    name: lic
+    count: 8
+    gpus: [{series: Q}]
+    license:
+      token_file: /etc/vgpuvirt/client_configuration_token.tok
+      feature: vws
+
 - name: 4 desktops of a given vGPU type, each with its own disk file
   vgpuvirt.kvm_gpu.vgpu_pool:
     name: lab
@@ -189,7 +211,9 @@ members:
   type: dict
   sample: {"vdi-01": "defined", "vdi-04": "defined"}
 plan:
-  description: The steps on this host, one line each.
+  description:
+    - The steps on this host, one line each.
+    - A licensed member's seed step names the token's SHA-256, never the token.
   returned: success
   type: list
   elements: str
