@@ -285,9 +285,12 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
 
 def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: list[str]) -> None:
     sv, dv = src.inventory.nvidia_driver_version, dst.inventory.nvidia_driver_version
-    if sv != dv:
+    # The same vGPU manager, or a newer one on the destination (a rolling upgrade moves VMs onto the hosts
+    # already upgraded); never to an older one. NVML's verdict, where it answers, is the referee for the pair.
+    if sv != dv and (sv is None or dv is None or _driver_key(dv) < _driver_key(sv)):
         refusals.append(f"vGPU manager versions differ: {src.name} runs {sv or 'none'}, {dst.name} runs "
-                        f"{dv or 'none'} (upgrade one side first)")
+                        f"{dv or 'none'} (a vGPU moves to the same or a newer vGPU manager: upgrade "
+                        f"{dst.name} first)")
     src_gpus = {m.source: _gpu_of(src.inventory, m.source_parent) for m in moves}
     for m, g in src_gpus.items():
         board = _board(g)
@@ -301,6 +304,11 @@ def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: lis
         if ecc is not None and all(_ecc(d) is not None and _ecc(d) != ecc for d in same):
             refusals.append(f"vGPU {m}: ECC is {ecc} on {src.name}, {_ecc(same[0])} on {dst.name}'s "
                             f"{_board_text(board)} (ECC mode must match)")
+
+
+def _driver_key(v: str) -> tuple[int, ...]:
+    """``580.95.05`` -> (580, 95, 5); a part that is no number counts as 0 (never seen from nvidia-smi)."""
+    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
 
 def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
