@@ -259,13 +259,15 @@ def drained(module, host):
         source = Side(host, open_libvirt(p["uri"]))
         opened.append(source.conn)
         others = []
+        peers = {}
         for t in p["to"]:
             h = open_destination(module, t)
             opened.append(h)
             c = open_libvirt(t["uri"])
             opened.append(c)
             others.append(Side(h, c))
-        peers = {s.name: t["peer_uri"] for s, t in zip(others, p["to"]) if t["peer_uri"]}
+            if t["peer_uri"]:
+                peers[h.name] = t["peer_uri"]
         before = read_cordon(host)
         # the plan first (a dry run changes nothing): check mode's answer, and the real run's "nothing to do"
         dry = drain(source, others, parallel=p["parallelism"], dry_run=True, reason=reason, peer_uris=peers)
