@@ -145,9 +145,9 @@ def _reboot(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _install_driver(ctx: Context, args: argparse.Namespace) -> int:
-    from vgpuvirt.sim import fuse
+    from vgpuvirt.sim.package import install_driver
     mnt = os.path.abspath(args.mountpoint)
-    v = fuse.install_driver(mnt, args.version)
+    v = install_driver(mnt, args.version)
     if ctx.json:
         ctx.emit_json({"mountpoint": mnt, "installed_driver": v})
     else:

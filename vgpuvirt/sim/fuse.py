@@ -19,7 +19,7 @@ from typing import Any
 
 from vgpuvirt.errors import HostError, InvalidSpec, MissingDependency
 from vgpuvirt.sim.fs import SimFs
-from vgpuvirt.sim.fs_etc import DRIVER_FILE, MODPROBE_DIR, PACKAGE_DIR, STATE_DIR, check_driver_version
+from vgpuvirt.sim.fs_etc import MODPROBE_DIR, PACKAGE_DIR, STATE_DIR
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
 
@@ -358,27 +358,6 @@ def stop(mountpoint: str, *, pid_file: str | None = None, timeout: float = 10.0)
 
 
 BOOT_ID = "proc/sys/kernel/random/boot_id"
-
-
-def install_driver(mountpoint: str, version: str) -> str:
-    """Install vGPU manager ``version`` on the simulated host mounted on ``mountpoint``: a package change (a new
-    file renamed over the package database's, as a package manager writes it). The host reports the new version
-    once its driver is reloaded: :func:`reboot` it. Returns the version written."""
-    try:
-        v = check_driver_version(version)
-    except ValueError:
-        raise InvalidSpec("driver version", version, "digits and dots, e.g. 580.95.05") from None
-    if not _ours(mountpoint):
-        raise HostError("local", f"no simulated host mounted on {mountpoint}")
-    path = os.path.join(mountpoint, DRIVER_FILE.lstrip("/"))
-    tmp = f"{path}.new"
-    try:
-        with open(tmp, "w", encoding="ascii") as fh:
-            fh.write(v + "\n")
-        os.rename(tmp, path)
-    except OSError as exc:
-        raise HostError("local", f"cannot install driver {v} on {mountpoint}: {exc.strerror}") from exc
-    return v
 
 
 def reboot(mountpoint: str, *, pid_file: str, timeout: float = 10.0) -> str:

@@ -39,7 +39,6 @@ RAMFB_MACHINE = (8, 1)
 VGPU_MAX_DOWNTIME_MS = 5000
 
 
-
 @dataclass(frozen=True)
 class Side:
     """One end of a migration: the Host (GPU side) and its libvirt connection."""
@@ -66,6 +65,10 @@ class HostFacts:
     cordon: str | None = None          # why the host is cordoned; None: it takes VMs
     #: the migratable XML of the VMs asked about (what a migration sends; rewritten for the destination)
     migratable: dict[str, str] = field(default_factory=dict)
+
+
+def _driver_key(v: str) -> tuple[int, ...]:      # 580.95.05 -> (580, 95, 5)
+    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
 
 def _version(v: int) -> tuple[int, int, int]:
@@ -285,12 +288,10 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
 
 def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: list[str]) -> None:
     sv, dv = src.inventory.nvidia_driver_version, dst.inventory.nvidia_driver_version
-    # The same vGPU manager, or a newer one on the destination (a rolling upgrade moves VMs onto the hosts
-    # already upgraded); never to an older one. NVML's verdict, where it answers, is the referee for the pair.
+    # the same vGPU manager or a newer one (a rolling upgrade moves VMs onto upgraded hosts), never an older one
     if sv != dv and (sv is None or dv is None or _driver_key(dv) < _driver_key(sv)):
-        refusals.append(f"vGPU manager versions differ: {src.name} runs {sv or 'none'}, {dst.name} runs "
-                        f"{dv or 'none'} (a vGPU moves to the same or a newer vGPU manager: upgrade "
-                        f"{dst.name} first)")
+        refusals.append(f"vGPU manager versions differ: {src.name} runs {sv or 'none'}, {dst.name} runs {dv or 'none'} "
+                        f"(a vGPU moves to the same or a newer vGPU manager: upgrade {dst.name} first)")
     src_gpus = {m.source: _gpu_of(src.inventory, m.source_parent) for m in moves}
     for m, g in src_gpus.items():
         board = _board(g)
@@ -306,11 +307,6 @@ def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: lis
                             f"{_board_text(board)} (ECC mode must match)")
 
 
-def _driver_key(v: str) -> tuple[int, ...]:
-    """``580.95.05`` -> (580, 95, 5); a part that is no number counts as 0 (never seen from nvidia-smi)."""
-    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
-
-
 def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
     """The domain XML for the destination: its mdev UUIDs and VF addresses, and the provenance that names them."""
     root = parse_xml(xml)
@@ -321,10 +317,9 @@ def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
         if m is not None:
             addr.set("uuid", m.dest)
     for hd in root.iterfind("devices/hostdev[@type='pci']"):
-        src_addr = hd.find("source/address")
-        if src_addr is None:
+        addr = hd.find("source/address")
+        if addr is None:
             continue
-        addr = src_addr
         m = by_vf.get(str(pci_from_address(addr, "hostdev source address")))
         if m is None:
             continue
