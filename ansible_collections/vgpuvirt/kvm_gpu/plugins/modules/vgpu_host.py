@@ -235,8 +235,7 @@ def set_mark(module, host, reason):
     same = (before is None) if reason is None else (before is not None and before.reason == reason)
     diff = dict(before=dict(cordon=before.reason if before else None), after=dict(cordon=reason))
     if same:
-        return dict(changed=False, cordon=_cordon_dict(before), diff=dict(before=diff["before"],
-                                                                           after=diff["before"]))
+        return dict(changed=False, cordon=_cordon_dict(before), diff=dict(before=diff["before"], after=diff["before"]))
     if module.check_mode:
         would = None if reason is None else dict(reason=reason, by=BY, since=None)
         return dict(changed=True, cordon=would, diff=diff)
