@@ -1,7 +1,6 @@
 """Migration pre-checks and the plan (pure once the facts are read): every refusal at once, the destination's
-vGPUs through the capacity model, and the domain XML rewritten for the destination. See
-:mod:`vgpuvirt.provision.mobility.migrate` for the whole flow.
-"""
+vGPUs through the capacity model, and the domain XML rewritten for the destination (the whole flow:
+:mod:`vgpuvirt.provision.mobility.migrate`)."""
 
 from __future__ import annotations
 
@@ -317,9 +316,10 @@ def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
         if m is not None:
             addr.set("uuid", m.dest)
     for hd in root.iterfind("devices/hostdev[@type='pci']"):
-        addr = hd.find("source/address")
-        if addr is None:
+        src_addr = hd.find("source/address")
+        if src_addr is None:
             continue
+        addr = src_addr
         m = by_vf.get(str(pci_from_address(addr, "hostdev source address")))
         if m is None:
             continue
