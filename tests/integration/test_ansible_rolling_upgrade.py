@@ -10,11 +10,12 @@ migration address), where tiny TCG VMs run and move peer-to-peer. A real QEMU ca
 VM carries its vGPU as an ownership record, which each drain reserves on the destination and frees on the source.
 Hosts m5..m7 are this test's own: the migration tests (m1..m4) drain their hosts, which would move our VMs too.
 
-What it proves: each host is drained in turn (serial: 1) while the others take its VMs, including onto hosts
-already upgraded (a newer vGPU manager), upgraded (a simulated package change and reboot), checked and
-uncordoned; afterwards every VM runs, none was ever stopped (libvirt's state reason on its last host is
-"migrated", which a VM shut down and started again would not have), every host reports the new driver version and
-is uncordoned, and each VM's vGPU is on the host it runs on, nowhere else.
+What it proves: check mode plans every host's drain and changes nothing; each host is drained in turn (serial: 1)
+while the others take its VMs, including onto hosts already upgraded (a newer vGPU manager), upgraded (a simulated
+package change and reboot), checked and uncordoned; afterwards every VM runs, none was ever stopped (libvirt's
+state reason on its last host is "migrated", which a VM shut down and started again would not have), every host
+reports the new driver version and is uncordoned, and each VM's vGPU is on the host it runs on, nowhere else; a
+rerun changes nothing.
 """
 
 from __future__ import annotations
@@ -133,7 +134,19 @@ def test_rolling_upgrade_moves_every_vm_live_and_upgrades_every_host(fleet: list
     assert old == {"550.90.05"}
     inv = tmp_path / "inventory.json"
     inventory_file(inv, fleet, testbed)
-    run = Ansible(tmp_path, inv).playbook(PLAYBOOK, extra={"vgpu_driver_version": NEW_DRIVER})
+    ans = Ansible(tmp_path, inv)
+    start = placement(fleet, vms)
+
+    # check mode: each host's drain is planned and reported, nothing is cordoned, moved or upgraded
+    dry = ans.playbook(PLAYBOOK, "--check", "--diff", extra={"vgpu_driver_version": NEW_DRIVER})
+    assert dry.rc == 0, dry.explain()
+    assert all(r.changed >= 1 and r.failed == 0 for r in dry.recap.values()) and len(dry.recap) == 3, dry.explain()
+    assert placement(fleet, vms) == start
+    for h in fleet:
+        with h.gpu() as gpu:
+            assert read_cordon(gpu) is None and inventory(gpu, use_nvml=False).nvidia_driver_version == "550.90.05"
+
+    run = ans.playbook(PLAYBOOK, extra={"vgpu_driver_version": NEW_DRIVER})
     assert run.rc == 0, run.explain()
     assert all(r.failed == 0 and r.unreachable == 0 for r in run.recap.values()) and len(run.recap) == 3, run.explain()
 
@@ -159,6 +172,21 @@ def test_rolling_upgrade_moves_every_vm_live_and_upgrades_every_host(fleet: list
             assert read_cordon(gpu) is None, h.name                       # back in service
             mine = {str(mdev_uuid_for(vm, 0)) for vm, on in where.items() if on == h.name}
             assert {str(m.uuid) for m in inv_h.mdevs} == mine, h.name     # each vGPU where its VM runs, only there
-    # every host's turn drained it; the summary lines name the moves
+    # every host's turn drained it; no VM was shut down
     assert run.stdout.count("TASK [Drain - cordon the host and live-migrate its VMs to the others]") == 3
     assert "shut-down" not in run.stdout
+
+    # a rerun: every host runs the version already, so nothing changes and no VM moves
+    again = ans.playbook(PLAYBOOK, extra={"vgpu_driver_version": NEW_DRIVER})
+    assert again.rc == 0, again.explain()
+    assert all(r.changed == 0 and r.failed == 0 for r in again.recap.values()), again.explain()
+    assert placement(fleet, vms) == where
+
+
+def placement(fleet: list[RollHost], vms: list[str]) -> dict[str, str]:
+    """VM -> the host whose libvirtd holds it."""
+    out: dict[str, str] = {}
+    for h in fleet:
+        with LibvirtConnection(h.libvirt_uri) as c:
+            out.update({vm: h.name for vm in vms if c.exists(vm)})
+    return out
