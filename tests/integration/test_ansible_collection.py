@@ -22,7 +22,7 @@ from test_ansible_fleet import COLLECTION_SRC, REPO, ansible_bin, installed_coll
 
 pytestmark = [pytest.mark.integration]
 
-MODULES = ("vgpu_domain", "vgpu_info", "vgpu_layout", "vgpu_mdev", "vgpu_passthrough", "vgpu_pool")
+MODULES = ("vgpu_domain", "vgpu_host", "vgpu_info", "vgpu_layout", "vgpu_mdev", "vgpu_passthrough", "vgpu_pool")
 
 
 def test_the_collection_builds_and_installs_with_every_part_it_needs() -> None:

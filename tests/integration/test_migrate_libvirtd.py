@@ -163,7 +163,7 @@ def test_refusals_come_all_at_once_from_real_hosts(pair: Any) -> None:
     _m1, _m2, c1, c2 = pair
     a = SimHost.from_profile("t4x2", name="sim-a")
     b = SimHost.from_profile("l40s-vgpu17", name="sim-b")
-    b.model.driver_version = "580.65.06"
+    b.model.driver_version = "535.54.06"        # older than a's: refused (a newer one would be allowed)
     name = f"w24-ref-{uuid.uuid4().hex[:8]}"
     u = _reserve(a, name)
     try:

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 COLLECTION = REPO / "ansible_collections" / "vgpuvirt" / "kvm_gpu"
 LIBRARY = COLLECTION / "plugins" / "modules"
 FQCN = "vgpuvirt.kvm_gpu"
-MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain", "vgpu_pool", "vgpu_layout")
+MODULES = ("vgpu_info", "vgpu_mdev", "vgpu_passthrough", "vgpu_domain", "vgpu_pool", "vgpu_layout", "vgpu_host")
 # the collection's own imports (ansible_collections.vgpuvirt.kvm_gpu.plugins.module_utils...) resolve from here
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -204,7 +204,7 @@ def test_missing_vgpuvirt_fails_with_missing_required_lib(name: str, monkeypatch
     assert mod.HAS_VGPUVIRT is False
     args = {"vgpu_info": {}, "vgpu_mdev": {"name": "x"}, "vgpu_passthrough": {"addresses": ["0000:01:00.0"]},
             "vgpu_domain": {"name": "x"}, "vgpu_pool": {"name": "x"},
-            "vgpu_layout": {"path": "/nonexistent.yaml"}}[name]
+            "vgpu_layout": {"path": "/nonexistent.yaml"}, "vgpu_host": {"reason": "x"}}[name]
     out = io.StringIO()
     with patch_module_args(args), contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         mod.main()

@@ -131,7 +131,7 @@ def test_a_vgpu17_vf_moves_to_a_free_vf_of_the_same_board() -> None:
 @pytest.mark.parametrize(("change", "reason"), [
     ("board", "no such board"),
     ("ecc", "ECC is Enabled on src, Disabled on dst"),
-    ("driver", "vGPU manager versions differ: src runs 550.90.05, dst runs 550.127.05"),
+    ("driver", "vGPU manager versions differ: src runs 550.90.05, dst runs 535.54.06"),
     ("viommu", "virtual IOMMU"),
     ("postcopy", "post-copy"),
     ("ramfb", "ramfb='on' on machine type pc-q35-7.2"),
@@ -154,7 +154,7 @@ def test_each_precheck_refuses_with_its_reason(change: str, reason: str) -> None
     if change == "ecc":
         b.model.ecc_enabled = False
     elif change == "driver":
-        b.model.driver_version = "550.127.05"
+        b.model.driver_version = "535.54.06"     # older on the destination (newer is allowed: see below)
     elif change == "viommu":
         extra = "<iommu model='intel'/>"
     elif change == "postcopy":
@@ -183,6 +183,19 @@ def test_each_precheck_refuses_with_its_reason(change: str, reason: str) -> None
     assert not plan.ok
     assert any(reason in r for r in plan.refusals), plan.refusals
     assert not plan.steps and not plan.dest_xml
+
+
+def test_a_newer_vgpu_manager_on_the_destination_is_allowed_an_older_one_not() -> None:
+    """A rolling upgrade moves VMs from hosts not yet upgraded onto those already upgraded, never back."""
+    a, b = SimHost.from_profile("t4x2", name="src"), SimHost.from_profile("t4x2", name="dst")
+    b.model.driver_version = "550.127.05"        # newer than the profile's 550.90.05
+    u = mdev_on(a, "vm1")
+    plan = plan_migration("vm1", facts(a, {"vm1": domain("vm1", mdevs=(u,))}, active=("vm1",)), facts(b, {}))
+    assert plan.ok, plan.refusals
+    back = mdev_on(b, "vm2")
+    plan = plan_migration("vm2", facts(b, {"vm2": domain("vm2", mdevs=(back,))}, active=("vm2",)), facts(a, {}))
+    assert plan.refusals == ["vGPU manager versions differ: dst runs 550.127.05, src runs 550.90.05 (a vGPU moves "
+                             "to the same or a newer vGPU manager: upgrade src first)"]
 
 
 def test_refusals_come_all_at_once() -> None:

@@ -32,6 +32,11 @@ def register(sub: Any) -> None:
     rb.add_argument("mountpoint")
     rb.add_argument("--pid-file", required=True, help="the file `sim mount --background --pid-file` wrote")
     rb.set_defaults(func=_reboot)
+    drv = s.add_parser("install-driver", help="install a vGPU manager version on a mounted simulated host "
+                                              "(reported after `sim reboot`)")
+    drv.add_argument("mountpoint")
+    drv.add_argument("version", help="the new version, e.g. 580.95.05")
+    drv.set_defaults(func=_install_driver)
     um = s.add_parser("umount", help="unmount a simulated sysfs")
     um.add_argument("mountpoint")
     um.add_argument("--pid-file", default=None, help="wait for (and remove) the server named in this file")
@@ -136,4 +141,16 @@ def _reboot(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit_json({"mountpoint": os.path.abspath(args.mountpoint), "boot_id": boot_id})
     else:
         ctx.console().print(plain(f"rebooted the simulated host on {args.mountpoint} (boot_id {boot_id})"))
+    return 0
+
+
+def _install_driver(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.sim.package import install_driver
+    mnt = os.path.abspath(args.mountpoint)
+    v = install_driver(mnt, args.version)
+    if ctx.json:
+        ctx.emit_json({"mountpoint": mnt, "installed_driver": v})
+    else:
+        ctx.console().print(plain(f"vGPU manager {v} installed on {args.mountpoint}; it loads at the next "
+                                  "`sim reboot`"))
     return 0

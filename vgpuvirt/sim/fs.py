@@ -47,7 +47,10 @@ class SimFs(DeviceTree, EtcTree):
                                  "driver": Dir(self._proc_driver)}
         files = self.model.state_files
         state = Dir(lambda: {n: Attr(show=lambda n=n: files[n], mode=0o600) for n in sorted(files)})  # type: ignore[misc]
-        var: dict[str, Node] = {"lib": Dir(lambda: {"vgpuvirt": state})}
+        # the simulated package database: the vGPU manager version installed (what `sim install-driver` writes)
+        pkg = Dir(lambda: {"driver_version": Attr(
+            show=lambda: (self.model.installed_driver or self.model.driver_version) + "\n", mode=0o644)})
+        var: dict[str, Node] = {"lib": Dir(lambda: {"vgpuvirt": state, "vgpuvirt-sim": pkg})}
         self._root = Dir(lambda: {"sys": Dir(self._sys), "etc": Dir(self._etc), "proc": Dir(lambda: proc),
                                   "var": Dir(lambda: var)})
 

@@ -6,6 +6,7 @@ its loaded parameters, the registry options among them), ``/proc/cmdline``, and 
 from __future__ import annotations
 
 import errno
+import re
 from typing import Any
 
 from vgpuvirt.sim.devices import gpu_uuid
@@ -15,6 +16,18 @@ from vgpuvirt.sim.model import SimModel
 
 MODPROBE_DIR = "/etc/modprobe.d"
 STATE_DIR = "/var/lib/vgpuvirt"
+#: The simulated package database: ``driver_version`` there is the vGPU manager installed on disk.
+PACKAGE_DIR = "/var/lib/vgpuvirt-sim"
+DRIVER_FILE = f"{PACKAGE_DIR}/driver_version"
+_DRIVER_VERSION = re.compile(r"^[0-9]{1,4}(\.[0-9]{1,4}){1,3}\Z")
+
+
+def check_driver_version(text: str) -> str:
+    """A vGPU manager version as nvidia-smi prints it (``580.95.05``); anything else is refused."""
+    v = text.strip()
+    if not _DRIVER_VERSION.match(v):
+        raise ValueError(f"not a driver version: {text!r} (expected digits and dots, e.g. 580.95.05)")
+    return v
 
 
 class EtcTree:
@@ -73,6 +86,16 @@ class EtcTree:
         """The agent's ``replace_file`` op: only plain file names directly in /etc/modprobe.d and in vgpuvirt's
         state directory exist here."""
         directory, _, name = path.rpartition("/")
+        if path == DRIVER_FILE:
+            # a package install: the new version waits on disk until the driver is reloaded (a reboot)
+            try:
+                version = check_driver_version(value)
+            except ValueError:
+                raise oserror(errno.EINVAL) from None
+            with self.model.lock:
+                self.model.installed_driver = version
+                self.model.bump()
+            return
         if directory not in (MODPROBE_DIR, STATE_DIR) or not name or name.startswith("."):
             raise oserror(errno.EROFS)
         with self.model.lock:

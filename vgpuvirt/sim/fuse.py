@@ -19,7 +19,7 @@ from typing import Any
 
 from vgpuvirt.errors import HostError, InvalidSpec, MissingDependency
 from vgpuvirt.sim.fs import SimFs
-from vgpuvirt.sim.fs_etc import MODPROBE_DIR, STATE_DIR
+from vgpuvirt.sim.fs_etc import MODPROBE_DIR, PACKAGE_DIR, STATE_DIR
 from vgpuvirt.sim.model import SimModel
 from vgpuvirt.sim.profiles import Profile, load_profile
 
@@ -117,7 +117,7 @@ class SimFuse(_Operations):  # type: ignore[misc]
         # Only the agent's replace_file in /etc/modprobe.d and vgpuvirt's state directory creates a file: a
         # temporary name beside the target, written, then renamed over it (the rename is what the model sees).
         self._tick()
-        if path.rpartition("/")[0] not in (MODPROBE_DIR, STATE_DIR) or path in self.staged:
+        if path.rpartition("/")[0] not in (MODPROBE_DIR, STATE_DIR, PACKAGE_DIR) or path in self.staged:
             raise OSError(errno.EACCES, os.strerror(errno.EACCES))
         self.staged[path] = ""
         return 0

@@ -45,6 +45,9 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
         self.driver_version = profile.driver_version
         self.ecc_enabled = True
         self.vgpu_migration = True        # NVML's migration capability bit (a vGPU manager with migration off: False)
+        # the vGPU manager package installed on disk (``sim install-driver``); the driver loads it at the next
+        # reboot, as a real host loads a new vGPU manager only once the old module is unloaded. None: the loaded one
+        self.installed_driver: str | None = None
         # vgpuvirt's own state on the host (/var/lib/vgpuvirt: the cordon mark); on disk, so a reboot keeps it
         self.state_files: dict[str, str] = {}
         self._build(boot=False)
@@ -135,6 +138,8 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
             # injected faults stand for the hardware and stay too
             self.sched, self.telemetry = sched, telemetry
             sched.reload_driver()
+            if self.installed_driver:
+                self.driver_version = self.installed_driver
             self.boot_id = str(_uuid.uuid4())
             self.boots += 1
             # version only grows: caches (the vGPU cache, the FUSE server's) key on it

@@ -1,7 +1,6 @@
 """Migration pre-checks and the plan (pure once the facts are read): every refusal at once, the destination's
-vGPUs through the capacity model, and the domain XML rewritten for the destination. See
-:mod:`vgpuvirt.provision.mobility.migrate` for the whole flow.
-"""
+vGPUs through the capacity model, and the domain XML rewritten for the destination (the whole flow:
+:mod:`vgpuvirt.provision.mobility.migrate`)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ RAMFB_MACHINE = (8, 1)
 VGPU_MAX_DOWNTIME_MS = 5000
 
 
-
 @dataclass(frozen=True)
 class Side:
     """One end of a migration: the Host (GPU side) and its libvirt connection."""
@@ -66,6 +64,10 @@ class HostFacts:
     cordon: str | None = None          # why the host is cordoned; None: it takes VMs
     #: the migratable XML of the VMs asked about (what a migration sends; rewritten for the destination)
     migratable: dict[str, str] = field(default_factory=dict)
+
+
+def _driver_key(v: str) -> tuple[int, ...]:      # 580.95.05 -> (580, 95, 5)
+    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
 
 def _version(v: int) -> tuple[int, int, int]:
@@ -285,9 +287,10 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
 
 def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: list[str]) -> None:
     sv, dv = src.inventory.nvidia_driver_version, dst.inventory.nvidia_driver_version
-    if sv != dv:
-        refusals.append(f"vGPU manager versions differ: {src.name} runs {sv or 'none'}, {dst.name} runs "
-                        f"{dv or 'none'} (upgrade one side first)")
+    # the same vGPU manager or a newer one (a rolling upgrade moves VMs onto upgraded hosts), never an older one
+    if sv != dv and (sv is None or dv is None or _driver_key(dv) < _driver_key(sv)):
+        refusals.append(f"vGPU manager versions differ: {src.name} runs {sv or 'none'}, {dst.name} runs {dv or 'none'} "
+                        f"(a vGPU moves to the same or a newer vGPU manager: upgrade {dst.name} first)")
     src_gpus = {m.source: _gpu_of(src.inventory, m.source_parent) for m in moves}
     for m, g in src_gpus.items():
         board = _board(g)
