@@ -17,8 +17,9 @@ from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
-from vgpuvirt.model import MdevTypeId, PciAddress, VgpuTypeId
+from vgpuvirt.model import MdevTypeId, PciAddress
 from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
+from vgpuvirt.provision.device_steps import device_step
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
 
 # Re-exported: callers import the derived names from plan (they moved to identity for the steps).
@@ -35,7 +36,6 @@ from vgpuvirt.provision.steps import (
     DefineDomain,
     HostStep,
     SetMixedSize,
-    SetVfType,
     StartDomain,
     Step,
     step_from_meta,
@@ -121,21 +121,6 @@ def domain_meta(xml: str) -> dict[str, Any] | None:
     """The vgpuvirt metadata of a domain (which host, which GPUs it created), or None when foreign."""
     prov = Provenance.read(xml)
     return prov.to_dict() if prov is not None else None
-
-
-def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
-    """The step that makes an assignment's device; None when the device exists already (whole GPU, VF)."""
-    frl_off = vm.gpus[a.index].frl is False
-    if frl_off and not (a.kind == "mdev" and a.type.id.startswith("nvidia-")):
-        # NVIDIA documents vgpu_params on the mdev only; a vGPU 17+ VF's equivalent is not documented.
-        raise InvalidSpec("GPU request", f"frl=off for {vm.name}", "an NVIDIA mdev vGPU: the frame rate limiter "
-                          f"of a {a.kind} device ({a.type.id} on {a.slot}) cannot be turned off through vgpu_params")
-    if a.kind == "mdev":
-        return CreateMdev(a.host, vm.name, mdev_uuid_for(vm.name, a.index), a.slot, MdevTypeId.parse(a.type.id),
-                          "frame_rate_limiter=0" if frl_off else None)
-    if a.kind == "vendor-vf":
-        return SetVfType(a.host, vm.name, a.slot, VgpuTypeId.parse(a.type.id))
-    return None
 
 
 def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
