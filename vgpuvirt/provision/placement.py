@@ -105,6 +105,7 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
     assignments: list[Assignment] = []
     explain: list[Candidate] = []
     memo: EvalMemo = {}      # each VM changes one GPU: the others' evaluations carry over to the next VM
+    lower: dict[int, tuple[Option, str]] = {}   # id(option) -> (option, its "ranked lower" line)
     for vm in vms:
         first, notes = rank(vm, vm.gpus[0], host_list, policy, order, memo)
         chosen: list[Option] | None = None
@@ -145,10 +146,15 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
                              f"no GPU can serve {vm.gpus[0].describe()}: {reasons or 'no GPUs at all'}")
         explain.append(Candidate(vm.name, chosen[0].gpu.host, str(chosen[0].gpu.address), "chosen",
                                  _why_best(chosen[0], policy, vm)))
+        best = chosen[0].gpu
         for _, o in first:
-            if (o.gpu.host, o.gpu.address) != (chosen[0].gpu.host, chosen[0].gpu.address):
-                explain.append(Candidate(vm.name, o.gpu.host, str(o.gpu.address), "eligible",
-                                         f"{o.reason}; ranked lower ({policy})"))
+            if o.gpu.host != best.host or o.gpu.address != best.address:   # the cheap test first
+                # Options carry over from VM to VM (rank's memo): each one's line is worded once, not once per
+                # VM (a fleet's pool of VMs lists every eligible GPU for every VM).
+                worded = lower.get(id(o))
+                if worded is None or worded[0] is not o:
+                    worded = lower[id(o)] = (o, f"{o.reason}; ranked lower ({policy})")
+                explain.append(Candidate(vm.name, o.gpu.host, str(o.gpu.address), "eligible", worded[1]))
         explain.extend(notes)
         for i, o in enumerate(chosen):
             assignments.append(Assignment(vm.name, i, o.gpu.host, o.gpu.address, o.slot.address, o.slot.kind,
