@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import GpuState, HostState, Slot
@@ -17,8 +17,10 @@ Policy = Literal["binpack", "spread"]
 POLICIES = ("binpack", "spread")
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """One line of a plan's explanation. (A named tuple, not a frozen dataclass: a fleet's plan makes one per
+    eligible GPU per VM, 16,000 for 32 hosts of 8 VMs, and a tuple is made in half the time.)"""
+
     vm: str
     host: str
     gpu: str
