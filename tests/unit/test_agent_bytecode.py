@@ -96,3 +96,13 @@ def test_an_agent_failure_reports_its_line(tmp_path: Path) -> None:
     line = next(n for n, text in enumerate(Path(agent.__file__).read_text().splitlines(), 1)
                 if "os.sched_getaffinity(0)" in text)
     assert f'File "vgpuvirt-agent", line {line}, in _answer' in proc.stderr.decode()
+
+
+def test_bytecode_too_big_to_share_argv_with_a_request_goes_as_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    # on a Python whose location tables are not thinned the bytecode would not leave room for a 64 KiB request
+    boot = agent_command(sys.executable, True)[-1]
+    assert "marshal.loads" in boot and len(boot) < ssh_agent.BYTECODE_BOOTSTRAP_MAX + 1024
+    monkeypatch.setattr(ssh_agent, "BYTECODE_BOOTSTRAP_MAX", 1024)
+    monkeypatch.setattr(ssh_agent, "_BOOTSTRAP", {})
+    assert agent_command(sys.executable, True)[-1] == agent_command(sys.executable, False)[-1]
+    assert "compile(" in agent_command(sys.executable, True)[-1]

@@ -70,6 +70,10 @@ FOREIGN_BYTECODE = b"vgpuvirt-agent: bytecode for another python"
 # varints (end line, columns); 15: no location.
 _LOCATION_TABLE_VERSIONS = ((3, 11), (3, 12), (3, 13))
 
+#: The largest bytecode bootstrap sent (base64). It shares one 128 KiB argument (MAX_ARG_STRLEN) with a request
+#: of up to 64 KiB (ssh.ARGV_REQUEST_MAX); the thinned agent takes ~42 KiB, its full tables ~73 KiB.
+BYTECODE_BOOTSTRAP_MAX = 56 * 1024
+
 
 def _varint_end(table: bytes, i: int) -> int:
     while table[i] & 0x40:
@@ -133,6 +137,9 @@ def _agent_bootstrap(bytecode: bool) -> str:
     if sys.version_info[:2] in _LOCATION_TABLE_VERSIONS:
         code = _without_columns(code)
     blob = base64.b64encode(zlib.compress(marshal.dumps(code), 9)).decode("ascii")
+    if len(blob) > BYTECODE_BOOTSTRAP_MAX:
+        # (a Python whose location tables this module does not know how to thin): the source, which is smaller
+        return _agent_bootstrap(False)
     guard = repr((importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
     return ("import sys,zlib,binascii,marshal\n"
             "if (getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None),"
