@@ -15,7 +15,8 @@ must be visible to the testbed's sshd). Prints:
   figure;
 * the agent's start on the host: an empty request, one exec each (no resident agent), with the agent sent as
   source (compiled on the host, the old way) and as this client's bytecode, interleaved with `true` over the
-  same link for --start-rounds rounds: best and median, and the ratios to `true` (target: <= 1.3x);
+  same link for --start-rounds rounds, next to `python3 -I -S -c pass` (the interpreter's own start): best and
+  median, and the ratios to `true` (target: <= 1.3x);
   --start-only prints only this;
 * LocalHost inventory of the same materialized tree, and `mdevctl types` on that tree (real mdevctl in a
   mount namespace with the tree bound over /sys) for comparison.
@@ -131,7 +132,8 @@ def agent_start(env: dict[str, object], port: int, rtt_ms: float, rounds: int) -
     source.bytecode = False
     bytecode = ssh_host(env, port, "/", resident=False)
     calls: dict[str, Callable[[], object]] = {
-        "true": lambda: source.run(["true"]), "source": lambda: source.read([]),
+        "true": lambda: source.run(["true"]), "python": lambda: source.run(["python3", "-I", "-S", "-c", "pass"]),
+        "source": lambda: source.read([]),
         "bytecode": lambda: bytecode.read([])}
     for call in calls.values():   # connect, open the spare channels, compile the bootstrap
         call()
@@ -147,6 +149,9 @@ def agent_start(env: dict[str, object], port: int, rtt_ms: float, rounds: int) -
     t_best, t_med = min(runs["true"]), statistics.median(runs["true"])
     print(f"agent start, added RTT {rtt_ms:.0f} ms, {rounds} interleaved rounds, one exec each: `true` best "
           f"{t_best * 1000:.1f} ms, median {t_med * 1000:.1f} ms")
+    p_best, p_med = min(runs["python"]), statistics.median(runs["python"])
+    print(f"  `python3 -I -S -c pass` (the interpreter's own start, the floor): best {p_best * 1000:6.1f} ms "
+          f"({p_best / t_best:.2f}x true), median {p_med * 1000:6.1f} ms ({p_med / t_med:.2f}x true)")
     for name in ("source", "bytecode"):
         best, med = min(runs[name]), statistics.median(runs[name])
         print(f"  empty agent request, agent as {name:8s}: best {best * 1000:6.1f} ms ({best / t_best:.2f}x true), "
