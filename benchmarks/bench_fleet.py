@@ -13,6 +13,9 @@ host's metrics. Per host count, the median of --repeat runs (fresh hosts each ru
   metrics; the libvirt test driver's work stays counted (it runs in this process);
 * the straight line: N x the 1-host figure of the same run; the ratio (target: 32 hosts <= 32x one host, and
   <= 15 ms client CPU per host per provisioning of 8 VMs).
+* the plan alone (placement, steps, XML: pure client work on the hosts' gathered inventories, no libvirt and
+  no hosts), best of --plan-rounds runs per host count, against the same straight line: the least noisy
+  figure on a busy machine, and where a cost growing with hosts x VMs shows first;
 --profile-top N prints the N costliest functions (cProfile, cumulative) of one provisioning on the largest
 host count. --e2e-hosts N adds the end-to-end figure over real sshd + FUSE (bench_provision.py's hosts
 scaling section, N hosts): it needs the testbed (scripts/testbed.sh start).
@@ -38,6 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown  # noqa: E402
+from vgpuvirt.provision.plan import plan  # noqa: E402
+from vgpuvirt.provision.run import gather  # noqa: E402
+from vgpuvirt.provision.state import host_states  # noqa: E402
 from vgpuvirt.services.metrics import collect_many  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 
@@ -113,6 +119,29 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
     return c1 - c0, w1 - w0, c2 - c1b, w2 - w1
 
 
+def plan_alone(n: int, a: argparse.Namespace, node: str, rounds: int) -> float:
+    """Best CPU time of plan() for n hosts' gathered inventories (nothing is applied: the hosts stay empty)."""
+    hosts, conns = fleet(n, a.profile, node, f"p{n}")
+    try:
+        invs, doms = gather(hosts, conns)
+        states = host_states(invs, doms)
+        vms = VmRequest.pool(f"p{n}-vm", n * a.vms_per_host, gpu=VgpuRequest.parse(a.gpu), memory_mib=256, vcpus=1)
+        best = float("inf")
+        if a.freeze:   # as in one_run: the simulated hosts' objects are no client's
+            gc.collect()
+            gc.freeze()
+        for _ in range(rounds):
+            c0 = time.process_time()
+            p = plan(invs, vms, domains=doms, policy="spread", states=states)
+            best = min(best, time.process_time() - c0)
+            assert len(p.assignments) == len(vms)
+        return best
+    finally:
+        gc.unfreeze()
+        for c in conns.values():
+            c.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="1,8,16,32")
@@ -122,6 +151,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile-top", type=int, default=0)
     ap.add_argument("--e2e-hosts", type=int, default=0)
+    ap.add_argument("--plan-rounds", type=int, default=7)
     ap.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
                     help="keep the simulated hosts' objects out of the garbage collector's passes (default: on)")
     a = ap.parse_args()
@@ -150,6 +180,11 @@ def main() -> int:
     print(f"straight line: {big} hosts take {med[big][0] / p1c:.1f}x one host's provisioning CPU "
           f"(line: {big}x; target <= {big}x) and {med[big][2] / m1c:.1f}x its metrics CPU; "
           f"{med[big][0] / big * 1e3:.1f} ms CPU per host per provisioning of {a.vms_per_host} VMs (target <= 15 ms)")
+    if a.plan_rounds:
+        alone = {n: plan_alone(n, a, node, a.plan_rounds) for n in counts}
+        print(f"plan alone (best of {a.plan_rounds}): " + ", ".join(
+            f"{n} host(s) {alone[n] * 1e3:.1f} ms ({alone[n] / (n * alone[1]):.2f}x line)" for n in counts)
+            + f"; {big} hosts take {alone[big] / alone[1]:.1f}x one host's (line: {big}x)")
     if a.profile_top:
         prof = cProfile.Profile()
         one_run(big, a, node, "prof", prof)

@@ -1,6 +1,7 @@
 """Inventory of the `large` profile over real sshd with 25 ms added RTT, against a naive per-file reader.
 
     .venv/bin/python benchmarks/bench_inventory.py [--rtt-ms 25] [--naive-files 200] [--repeat 3] [--tree-dir DIR]
+                                                   [--start-rounds 20] [--start-only]
 
 Needs the testbed (scripts/testbed.sh start; this script starts it if needed). The profile is materialized
 on tmpfs (/dev/shm) by default: sysfs is an in-memory filesystem too (--tree-dir picks another place; it
@@ -12,6 +13,11 @@ must be visible to the testbed's sshd). Prints:
   many minutes) to the paths the inventory reads, and to every file a per-file tool opens (each VF's type
   names and descriptions too, which the inventory samples once per PF); the ratios against the batched
   figure;
+* the agent's start on the host: an empty request, one exec each (no resident agent), with the agent sent as
+  source (compiled on the host, the old way) and as this client's bytecode, interleaved with `true` over the
+  same link for --start-rounds rounds, next to `python3 -I -S -c pass` (the interpreter's own start): best and
+  median, and the ratios to `true` (target: <= 1.3x);
+  --start-only prints only this;
 * LocalHost inventory of the same materialized tree, and `mdevctl types` on that tree (real mdevctl in a
   mount namespace with the tree bound over /sys) for comparison.
 Targets (issue 4): batched <= 2 RTT + 100 ms, and >= 50x faster than per-file.
@@ -120,6 +126,38 @@ def mdevctl_types(tree: str) -> float | None:
     return dt
 
 
+def agent_start(env: dict[str, object], port: int, rtt_ms: float, rounds: int) -> None:
+    """An empty request, one exec each, as source and as bytecode, interleaved with `true` on one link."""
+    source = ssh_host(env, port, "/", resident=False)
+    source.bytecode = False
+    bytecode = ssh_host(env, port, "/", resident=False)
+    calls: dict[str, Callable[[], object]] = {
+        "true": lambda: source.run(["true"]), "python": lambda: source.run(["python3", "-I", "-S", "-c", "pass"]),
+        "source": lambda: source.read([]),
+        "bytecode": lambda: bytecode.read([])}
+    for call in calls.values():   # connect, open the spare channels, compile the bootstrap
+        call()
+    runs: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            runs[name].append(time.perf_counter() - t0)
+    assert bytecode.bytecode, "the testbed's python refused this client's bytecode"
+    source.close()
+    bytecode.close()
+    t_best, t_med = min(runs["true"]), statistics.median(runs["true"])
+    print(f"agent start, added RTT {rtt_ms:.0f} ms, {rounds} interleaved rounds, one exec each: `true` best "
+          f"{t_best * 1000:.1f} ms, median {t_med * 1000:.1f} ms")
+    p_best, p_med = min(runs["python"]), statistics.median(runs["python"])
+    print(f"  `python3 -I -S -c pass` (the interpreter's own start, the floor): best {p_best * 1000:6.1f} ms "
+          f"({p_best / t_best:.2f}x true), median {p_med * 1000:6.1f} ms ({p_med / t_med:.2f}x true)")
+    for name in ("source", "bytecode"):
+        best, med = min(runs[name]), statistics.median(runs[name])
+        print(f"  empty agent request, agent as {name:8s}: best {best * 1000:6.1f} ms ({best / t_best:.2f}x true), "
+              f"median {med * 1000:6.1f} ms ({med / t_med:.2f}x true)  (target <= 1.3x)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="large")
@@ -127,9 +165,18 @@ def main() -> int:
     ap.add_argument("--naive-files", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tree-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--start-rounds", type=int, default=20)
+    ap.add_argument("--start-only", action="store_true")
     a = ap.parse_args()
 
     env = testbed_env()
+    if a.start_only:
+        port, proxy = start_proxy(("127.0.0.1", int(str(env["ssh_port"]))), a.rtt_ms / 2000.0)
+        try:
+            agent_start(env, port, a.rtt_ms, a.start_rounds)
+        finally:
+            proxy.stop()
+        return 0
     base = a.tree_dir or str(env.get("mnt_dir") or tempfile.gettempdir())
     tree = tempfile.mkdtemp(prefix=f"bench-{a.profile}-", dir=base)
     n_written = materialize(a.profile, tree)
@@ -179,6 +226,7 @@ def main() -> int:
         empty_agent, _ = best_median(lambda: per_exec.read([]), a.repeat)
         exec_best, exec_med = best_median(lambda: inventory(per_exec), a.repeat)
         per_exec.close()
+        agent_start(env, port, a.rtt_ms, a.start_rounds)
         paths = sorted(snap)[: a.naive_files]
         naive = naive_read(host, tree, paths)
         host.close()

@@ -7,15 +7,19 @@ for every exec, and N (our client's TCP port) tells our sessions from anyone els
 
 from __future__ import annotations
 
+import base64
 import errno
+import json
 import os
 import re
 import signal
 import socket
 import string
 import subprocess
+import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,6 +229,41 @@ def test_a_request_too_big_for_argv_goes_on_stdin(testbed: Testbed, wtree: Path)
     h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"))
     assert h.apply([Op.write("/sys/class/x/a", big)]).ok
     assert (wtree / "sys/class/x/a").read_text() == big
+
+
+def test_a_request_at_the_argv_limit_fits_beside_the_bytecode_bootstrap(testbed: Testbed, wtree: Path) -> None:
+    # the bootstrap (the agent's bytecode) and the largest argv request share one 128 KiB argument
+    import random
+    rng = random.Random(25)
+    value = "".join(rng.choice(string.ascii_letters) for _ in range(63 * 1024))
+    # the request as SSHHost packs it comes within 2% of the limit (the rest of the request is a few dozen bytes)
+    packed = len(base64.b64encode(zlib.compress(json.dumps({"ops": [{"value": value}]}).encode(), 6)))
+    assert 0.95 * ARGV_REQUEST_MAX < packed < ARGV_REQUEST_MAX - 200
+    h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"), resident=False)
+    assert h.apply([Op.write("/sys/class/x/a", value)]).ok
+    assert (wtree / "sys/class/x/a").read_text() == value
+    assert h.bytecode
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_host_python_that_refuses_the_bytecode_gets_the_source_once(
+        testbed: Testbed, wtree: Path, monkeypatch: pytest.MonkeyPatch, resident: bool) -> None:
+    from vgpuvirt.host import ssh_agent
+    boot = ssh_agent.agent_command("python3", True)[-1]
+    ours = repr((ssh_agent.importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
+    monkeypatch.setitem(ssh_agent._BOOTSTRAP, True, boot.replace(ours, repr((b"\x00\x00\r\n", "cpython-0"))))
+    h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"), resident=resident)
+    h.run(["true"])
+    port = client_port(h)
+    execs0 = server_execs(testbed, port)
+    res = h.apply([Op.write("/sys/class/x/a", "new")])   # not idempotent: the refused exec ran nothing
+    assert res.ok
+    assert (wtree / "sys/class/x/a").read_text() == "new"
+    assert not h.bytecode
+    assert server_execs(testbed, port) - execs0 == 2      # the refused bootstrap, then the source
+    (wtree / "sys/class/x/a").write_text("again")
+    assert h.read(["/sys/class/x/a"]).text("/sys/class/x/a") == "again"
+    assert server_execs(testbed, port) - execs0 == (3 if not resident else 2)   # no second refusal
 
 
 def test_on_error_stop_over_ssh(testbed: Testbed, wtree: Path) -> None:

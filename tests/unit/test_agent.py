@@ -218,13 +218,15 @@ def test_the_standalone_agent_reads_in_parallel_and_reports_its_time(sriov_tree:
     assert proc.stderr == b""
 
 
-def test_an_inventory_sized_request_runs_without_importing_typing_subprocess_json_or_re(sriov_tree: Path) -> None:
+@pytest.mark.parametrize("bytecode", [False, True])
+def test_an_inventory_sized_request_runs_without_importing_typing_subprocess_json_or_re(sriov_tree: Path,
+                                                                                       bytecode: bool) -> None:
     # each remote exec pays the agent's imports: typing is the type checker's, subprocess the exec op's, and
     # json/re/base64 are replaced by the C codec and binascii (re alone was a third of the start)
     from vgpuvirt.host.ssh import agent_command
     req = json.dumps({"root": str(sriov_tree), "reads": READS, "compress": True}).encode()
     blob = base64.b64encode(zlib.compress(req)).decode()
-    boot = agent_command(sys.executable)[-1]
+    boot = agent_command(sys.executable, bytecode)[-1]
     probe = (f"import sys, atexit; atexit.register(lambda: sys.stderr.write(repr(sorted(m for m in "
              f"('typing', 'subprocess', 'json', 're', 'base64', 'fnmatch') if m in sys.modules)))); {boot}")
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe, blob], capture_output=True, check=True)

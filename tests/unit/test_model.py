@@ -265,3 +265,19 @@ def test_a_value_of_the_wrong_type_is_refused_as_invalid(call: Callable[[object]
     # found by tests/fuzz: a number or None from YAML/JSON (Ansible, request files) gave AttributeError/TypeError
     with pytest.raises(InvalidSpec):
         call(bad)
+
+
+def test_a_pci_address_formatted_once_still_compares_hashes_and_copies_by_its_fields() -> None:
+    # str() is cached on the instance (placement formats the same addresses thousands of times): the cache
+    # must not take part in equality, hashing, ordering, repr, asdict, replace or pickling
+    import dataclasses
+    import pickle
+    a, b = PciAddress.parse("0000:3b:00.0"), PciAddress.parse("3b:00.0")
+    assert str(a) == "0000:3b:00.0" and str(a) == str(a)
+    assert a == b and hash(a) == hash(b) and not a < b and repr(a) == repr(b)
+    assert dataclasses.asdict(a) == {"domain": 0, "bus": 0x3B, "slot": 0, "function": 0}
+    c = dataclasses.replace(a, function=1)
+    assert str(c) == "0000:3b:00.1"
+    d = pickle.loads(pickle.dumps(a))
+    assert d == b and str(d) == "0000:3b:00.0"
+    assert {a: 1}[b] == 1

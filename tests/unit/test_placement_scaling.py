@@ -75,3 +75,48 @@ def test_the_memo_places_exactly_as_evaluating_everything(monkeypatch: pytest.Mo
     fast = outcome()
     _without_memo(monkeypatch)
     assert fast == outcome()
+
+
+def test_a_pool_on_a_fleet_ranks_again_only_the_host_the_last_vm_went_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ranking every GPU of every host for each VM made a fleet's placement grow with hosts x VMs even with
+    # the memo (the keys, the sort, the notes): a VM of the same kind as the one before re-ranks one host
+    looked: list[int] = []
+    real = options.rank
+
+    def counted(vm: Any, req: Any, hosts: Any, *a: Any, **kw: Any) -> Any:
+        looked.append(sum(len(h.gpus) for h in hosts))
+        return real(vm, req, hosts, *a, **kw)
+
+    monkeypatch.setattr(placement, "rank", counted)
+    hosts = host_states([t4_host(f"h{i}") for i in range(8)])        # 16 GPUs, 2 per host
+    got, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts, policy="spread")
+    assert len(got) == 64
+    assert sum(looked) <= 16 + 63 * 2, sum(looked)                     # was 64 x 16 = 1,024
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+@pytest.mark.parametrize("case", range(2))
+def test_the_reused_ranking_places_and_explains_exactly_as_ranking_everything(
+        monkeypatch: pytest.MonkeyPatch, policy: str, case: int) -> None:
+    _name, invs, vms = _scenarios()[case]
+    # mixed kinds and pools, plus a run of pinned and NUMA-strict VMs between two pools of one kind
+    vms = [*vms, *VmRequest.pool("p", 2, gpu=VgpuRequest.parse("fb>=1G"), host=host_states(invs).popitem()[0],
+                                 start=False),
+           *VmRequest.pool("q", 3, gpu=VgpuRequest.parse("fb>=1G"), start=False)]
+
+    def outcome() -> object:
+        try:
+            return place(vms, host_states(invs), policy=policy)  # type: ignore[arg-type]
+        except NoCapacity as exc:
+            return str(exc)
+
+    fast = outcome()
+    real = options.rank
+
+    def everything(vm: Any, host_list: Any, pol: Any, order: Any, memo: Any, last: Any) -> Any:
+        req = vm.gpus[0]
+        ranked, notes = real(vm, req, host_list, pol, order, memo)
+        return ranked, notes, placement._Ranked((req, vm.host, vm.numa_node, vm.numa_strict), ranked, notes, None)
+
+    monkeypatch.setattr(placement, "_rank_reusing", everything)
+    assert fast == outcome()

@@ -41,7 +41,7 @@ from vgpuvirt.errors import (
     TransportError,
 )
 from vgpuvirt.host.base import BaseHost, Result
-from vgpuvirt.host.ssh_agent import _read_frame, agent_command, sudo_problem
+from vgpuvirt.host.ssh_agent import FOREIGN_BYTECODE, _read_frame, agent_command, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
 from vgpuvirt.model import resolvable_host_name
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 RetryFactory = Callable[[], tenacity.Retrying]
 
 # Largest request (base64 of zlib'd JSON) sent in argv. The remote shell gets the whole command line as
-# one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the agent's bootstrap takes ~7 KiB of it.
+# one argument, which Linux caps at 128 KiB (MAX_ARG_STRLEN); the agent's bootstrap takes ~42 KiB of it.
 ARGV_REQUEST_MAX = 64 * 1024
 
 
@@ -117,6 +117,9 @@ class SSHHost(BaseHost):
         self.python = python
         #: seconds the agent itself spent on the host in the last batched call (the rest is network and ssh)
         self.last_agent_s: float | None = None
+        #: send the agent compiled by this client (no compilation on the host); set False for good once the
+        #: host's Python turned out to read other bytecode (its bootstrap refused, having run nothing)
+        self.bytecode = True
         if lock_path is not None:
             self.lock_path = lock_path
         self._client: paramiko.SSHClient | None = None
@@ -274,8 +277,8 @@ class SSHHost(BaseHost):
                 chan.close()
                 chan = self._resident = None
             if chan is None:
-                chan = self._resident = self._start(transport, [*agent_command(self.python), "--serve", *first],
-                                                    timeout)
+                argv = [*agent_command(self.python, self.bytecode), "--serve", *first]
+                chan = self._resident = self._start(transport, argv, timeout)
                 if not first:
                     chan.sendall(struct.pack(">I", len(packed)) + packed)
             else:
@@ -363,8 +366,14 @@ class SSHHost(BaseHost):
             finally:
                 self._resident_lock.release()
         else:
-            argv, stdin = [*agent_command(self.python), *in_argv], b"" if in_argv else payload
+            argv, stdin = [*agent_command(self.python, self.bytecode), *in_argv], b"" if in_argv else payload
             rc, out, err = self._call(lambda: self._exec_once(argv, stdin, self.command_timeout), idempotent)
+        if rc != 0 and self.bytecode and FOREIGN_BYTECODE in err:
+            # Another Python on the host: the bootstrap stopped before the agent ran, so sending the same
+            # request again (from source, as every later call will) cannot do anything twice.
+            log.debug("%s: the host's python reads other bytecode; the agent goes as source", self.name)
+            self.bytecode = False
+            return self._exchange(request, idempotent=idempotent)
         problem = sudo_problem(self.name, rc, err) if self.sudo else None
         if problem is not None:
             raise problem

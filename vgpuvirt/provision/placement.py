@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.model import PciAddress
@@ -96,6 +97,35 @@ def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Polic
     return assignments, explain
 
 
+class _Ranked(NamedTuple):
+    kind: object                                        # what of the VM and its first request rank reads
+    options: list[tuple[tuple[object, ...], Option]]
+    notes: list[Candidate]
+    changed: str | None                                 # the host the VM was placed on
+
+
+def _rank_reusing(vm: VmRequest, host_list: Sequence[HostState], policy: Policy, order: Mapping[str, int],
+                  memo: EvalMemo, last: _Ranked | None
+                  ) -> tuple[list[tuple[tuple[object, ...], Option]], list[Candidate], _Ranked]:
+    """rank() of every host for the VM's first request, reusing the previous VM's ranking when that VM was of
+    the same kind: a placement changes only the host it lands on, and a ranking key reads only its own GPU
+    and host, so only that host is ranked again. A pool of VMs over a fleet then ranks hosts + VMs GPUs,
+    not hosts x VMs (what is still per GPU per VM is the merge: list copies and a sort of sorted runs)."""
+    req = vm.gpus[0]
+    kind = (req, vm.host, vm.numa_node, vm.numa_strict)
+    if last is None or last.changed is None or last.kind != kind:
+        options, notes = rank(vm, req, host_list, policy, order, memo)
+        return options, notes, _Ranked(kind, options, notes, None)
+    changed = last.changed
+    again, fresh = rank(vm, req, [h for h in host_list if h.name == changed], policy, order, memo)
+    options = [kv for kv in last.options if kv[1].gpu.host != changed] + again
+    options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
+    notes = [Candidate(vm.name, c.host, c.gpu, c.verdict, c.reason) for c in last.notes if c.host != changed]
+    notes += fresh
+    notes.sort(key=lambda c: order[c.host])   # stable: in host order, as rank() lists them
+    return options, notes, _Ranked(kind, options, notes, None)
+
+
 def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Policy
             ) -> tuple[list[Assignment], list[Candidate]]:
     """Each VM in order takes its best-ranked option. Raises NoCapacity (with the explanation of the VM that
@@ -105,8 +135,10 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
     assignments: list[Assignment] = []
     explain: list[Candidate] = []
     memo: EvalMemo = {}      # each VM changes one GPU: the others' evaluations carry over to the next VM
+    lines: dict[int, tuple[Option, str, str, str]] = {}   # id(option) -> (option, its explain line's fields)
+    last: _Ranked | None = None                  # the previous VM's ranking, and the host it went to
     for vm in vms:
-        first, notes = rank(vm, vm.gpus[0], host_list, policy, order, memo)
+        first, notes, last = _rank_reusing(vm, host_list, policy, order, memo, last)
         chosen: list[Option] | None = None
         for _, opt in first:
             # Every GPU of one VM sits on one host: try the remaining requests on the same host.
@@ -147,11 +179,17 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
                              f"{reasons or 'no GPUs at all'}", fit=done, wanted=len(vms))
         explain.append(Candidate(vm.name, chosen[0].gpu.host, str(chosen[0].gpu.address), "chosen",
                                  _why_best(chosen[0], policy, vm)))
+        best = chosen[0].gpu
         for _, o in first:
-            if (o.gpu.host, o.gpu.address) != (chosen[0].gpu.host, chosen[0].gpu.address):
-                explain.append(Candidate(vm.name, o.gpu.host, str(o.gpu.address), "eligible",
-                                         f"{o.reason}; ranked lower ({policy})"))
+            # Options carry over from VM to VM (the memo, the reused ranking): each one's line is made once,
+            # and each VM pays for a look-up (a pool of VMs lists every eligible GPU of the fleet for every VM).
+            line = lines.get(id(o))
+            if line is None or line[0] is not o:
+                line = lines[id(o)] = (o, o.gpu.host, str(o.gpu.address), f"{o.reason}; ranked lower ({policy})")
+            if line[1] != best.host or o.gpu.address != best.address:   # the cheap test first
+                explain.append(Candidate(vm.name, line[1], line[2], "eligible", line[3]))
         explain.extend(notes)
+        last = last._replace(changed=chosen[0].gpu.host)
         for i, o in enumerate(chosen):
             assignments.append(Assignment(vm.name, i, o.gpu.host, o.gpu.address, o.slot.address, o.slot.kind,
                                           o.type, o.slot.functions, o.gpu.numa_node))

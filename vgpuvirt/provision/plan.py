@@ -17,7 +17,7 @@ from typing import Any
 
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
-from vgpuvirt.model import MdevTypeId, PciAddress
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
 from vgpuvirt.provision.device_steps import device_step
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
@@ -299,13 +299,12 @@ def _adopt_lost(todo: Sequence[VmRequest], hs: Mapping[str, HostState], kept: li
     """Assignments for the vGPUs a lost batch created for VMs that have no domain yet (UUIDs are derived
     from the VM name, so they are found again); a VM is adopted only when all of its vGPUs are, on one host."""
     ready: list[Assignment] = []
+    where: dict[MdevUuid, list[tuple[HostState, str, str]]] = {}   # one pass over the hosts, not one per vGPU
+    for h in hs.values():
+        for u, (parent, t) in h.existing_mdevs.items():
+            where.setdefault(u, []).append((h, parent, t))
     for vm in todo:
-        found: list[tuple[HostState, str, str]] = []
-        for i in range(len(vm.gpus)):
-            u = mdev_uuid_for(vm.name, i)
-            on = [(h, *h.existing_mdevs[u]) for h in hs.values() if u in h.existing_mdevs]
-            if on:
-                found.append(on[-1])
+        found = [on[-1] for i in range(len(vm.gpus)) if (on := where.get(mdev_uuid_for(vm.name, i)))]
         if len(found) != len(vm.gpus) or len({h.name for h, _, _ in found}) != 1:
             continue
         picks = [_adopt(vm, i, h, parent, t) for i, (h, parent, t) in enumerate(found)]
