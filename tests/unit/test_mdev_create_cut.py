@@ -56,7 +56,9 @@ def test_cut_create_prints_the_uuid_first_and_the_rerun_converges(host, capsys, 
     assert len(mdevs(host)) == 1                        # the lost batch did create it
     (made,) = mdevs(host)
     if as_json:
-        assert out == ""                                # stdout stays JSON-only (nothing: it failed)
+        # stdout stays JSON-only: the refusal's error object (issue 28), naming the UUID to converge with
+        error = json.loads(out)
+        assert error["ok"] is False and error["error"] == "TransportError" and f"--uuid {made}" in error["message"]
         intent = json.loads(err.splitlines()[0])        # the intent line came before the request
         assert intent["uuid"] == made and intent["intent"] == "mdev.create" and intent["parent"] == PARENT
     else:
