@@ -29,7 +29,7 @@ from vgpuvirt.libvirt_bound import LibvirtTimeout, RetryFactory, default_retry
 from vgpuvirt.libvirt_bound import no_retry as no_retry
 from vgpuvirt.libvirt_migrate import MigrationCalls
 from vgpuvirt.libvirt_storage import StorageCalls
-from vgpuvirt.libvirt_uri import connect_failure
+from vgpuvirt.libvirt_uri import connect_failure, ssh_probe
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
@@ -108,7 +108,8 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
                     self._conn = self._bounded(None, "connect", lambda: opener(self.uri))
                 except libvirt.libvirtError as exc:
                     code = exc.get_error_code()
-                    raise LibvirtError(connect_failure(self.uri, exc.get_error_message()) + f" (libvirt error {code})",
+                    why = connect_failure(self.uri, exc.get_error_message(), probe=ssh_probe)
+                    raise LibvirtError(why + f" (libvirt error {code})",
                                        code=code, uri=self.uri) from exc
                 except SystemError as exc:
                     raise self._undecodable(None, "connect") from exc

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 import tempfile
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -169,6 +170,10 @@ def _known_hosts_of(uri: str) -> str | None:
     return None
 
 
+#: libvirt's messages that say only that the ssh link closed (the ssh child's stderr was not read in time: seen
+#: under load as "Cannot recv data: Value too large for defined data type" for a changed host key)
+_LINK_CLOSED = r"Cannot recv data|End of file while reading data|Connection reset"
+
 _REASONS: tuple[tuple[str, str], ...] = (
     # (pattern in libvirt's message, reason); {kh} {key} {where} are filled in
     (r"No \S+ host key is known for|Can't verify the session host key|host key .* was not accepted",
@@ -190,15 +195,45 @@ _REASONS: tuple[tuple[str, str], ...] = (
      "libvirtd is not running on {where} (its socket does not answer)"),
     (r"ssh: (not found|No such file)|Cannot find 'ssh'",
      "the OpenSSH client (ssh) is not installed on this machine: libvirt's ssh transport runs it"),
-    (r"Cannot recv data|End of file while reading data|Connection reset",
-     "the link to {where} closed during set-up: {msg}"),
+    (_LINK_CLOSED, "the link to {where} closed during set-up: {msg}"),
 )
 
 
-def connect_failure(uri: str, message: str | None) -> str:
+SSH_PROBE_TIMEOUT_S = 15
+
+
+def ssh_probe(uri: str) -> str | None:
+    """ssh's own stderr for the connection ``uri`` makes, through the same wrapper (strict host key, batch mode),
+    running ``true``: asked only after libvirt failed without saying why. None when ``uri`` is not a
+    ``+ssh`` URI through a vgpuvirt wrapper, or the probe itself cannot run."""
+    parts = urlsplit(uri)
+    cmd = _param(uri, "command")
+    if not parts.scheme.endswith("+ssh") or not parts.hostname or not cmd or _known_hosts_of(uri) is None:
+        return None
+    argv = [cmd, "-T", "-p", str(parts.port or 22)]
+    if parts.username:
+        argv += ["-l", unquote(parts.username)]
+    key = _param(uri, "keyfile")
+    if key:
+        argv += ["-i", key]
+    try:
+        r = subprocess.run([*argv, "--", parts.hostname, "true"], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=SSH_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stderr if r.returncode != 0 else None
+
+
+def connect_failure(uri: str, message: str | None, probe: Any = None) -> str:
     """One line saying why opening ``uri`` failed, from libvirt's message (which names neither the file nor
-    the flag, and for the ``ssh`` transport often just says the data link closed)."""
+    the flag, and for the ``ssh`` transport often just says the data link closed). ``probe(uri)`` (e.g.
+    :func:`ssh_probe`) is asked for ssh's own words when libvirt's say only that the link closed."""
     msg = " ".join((message or "no reason given").split())
+    specific = any(re.search(p, msg, re.IGNORECASE) for p, _r in _REASONS if p != _LINK_CLOSED)
+    if probe is not None and not specific and re.search(_LINK_CLOSED, msg, re.IGNORECASE):
+        said = probe(uri)
+        if said:
+            msg = " ".join(said.split()) + f" (libvirt: {msg})"
     parts = urlsplit(uri)
     where = parts.hostname or "this machine"
     if parts.hostname and parts.port:

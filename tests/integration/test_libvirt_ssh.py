@@ -12,7 +12,7 @@ import pytest
 from vgpuvirt.cli import main
 from vgpuvirt.errors import LibvirtError
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.libvirt_uri import default_uri
+from vgpuvirt.libvirt_uri import default_uri, ssh_probe
 
 
 def test_the_default_uri_of_an_ssh_host_reaches_libvirtd_with_its_key_and_known_hosts(testbed: Any) -> None:
@@ -45,6 +45,17 @@ def test_a_changed_host_key_is_refused(testbed: Any, tmp_path: Path) -> None:
     kh = _known_hosts_with(tmp_path, testbed, " ".join(key.with_suffix(".pub").read_text().split()[:2]))
     with pytest.raises(LibvirtError, match="CHANGED"), LibvirtConnection(default_uri(testbed.ssh(known_hosts=kh))) as c:
         _ = c.driver
+
+
+def test_the_ssh_probe_gets_ssh_s_own_words_for_a_changed_key(testbed: Any, tmp_path: Path) -> None:
+    """What the connection's failure falls back on when libvirt only says the link closed: the same wrapper, the
+    same strict options, ssh's stderr (and None where the key is right: nothing to explain)."""
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    kh = _known_hosts_with(tmp_path, testbed, " ".join(key.with_suffix(".pub").read_text().split()[:2]))
+    said = ssh_probe(default_uri(testbed.ssh(known_hosts=kh)))
+    assert said is not None and "REMOTE HOST IDENTIFICATION HAS CHANGED" in said
+    assert ssh_probe(default_uri(testbed.ssh())) is None
 
 
 def test_the_cli_default_uri_for_an_ssh_host_uses_identity_and_known_hosts(

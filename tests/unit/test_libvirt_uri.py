@@ -111,6 +111,23 @@ def test_ssh_transport_failures_name_the_wrappers_known_hosts(message: str, reas
     assert line.startswith("libvirt qemu+ssh://root@127.0.0.1:2222/system: ")
 
 
+def test_a_link_that_closed_without_ssh_words_asks_ssh_itself(_cache: Path) -> None:
+    """Under load libvirt may read the ssh child's end before its stderr (seen in a full parallel run: "Cannot
+    recv data: Value too large for defined data type" for a changed key): ssh's own words are then asked for."""
+    uri = ssh_uri("127.0.0.1", port=2222, username="root", identity="/k/id", known_hosts="/k/kh")
+    asked: list[str] = []
+
+    def probe(u: str) -> str:
+        asked.append(u)
+        return SSH_CHANGED.removeprefix("Cannot recv data: ")
+
+    bare = "Cannot recv data: Value too large for defined data type"
+    line = connect_failure(uri, bare, probe=probe)
+    assert asked == [uri] and "host key of 127.0.0.1:2222 CHANGED" in line and "\n" not in line, line
+    assert "closed during set-up" in connect_failure(uri, bare)               # no probe: the old generic line
+    assert "CHANGED" in connect_failure(uri, SSH_CHANGED, probe=lambda u: pytest.fail("asked needlessly"))
+
+
 URI = "qemu+libssh://root@127.0.0.1:2222/system?known_hosts=/k/kh&known_hosts_verify=normal&keyfile=/k/id&sshauth=privkey"
 
 
