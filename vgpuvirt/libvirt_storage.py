@@ -239,7 +239,11 @@ class StorageCalls:
                 except LibvirtError as exc:      # a pool busy with another job still lists what it had
                     log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
             for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
-                vols[str(v.name())] = str(v.path())
+                try:
+                    vols[str(v.name())] = str(self._call(None, f"read volume of {name}", lambda v=v: v.path()))
+                except LibvirtError as exc:  # deleted between the listing and this read (another caller)
+                    if exc.code != VIR_ERR_NO_STORAGE_VOL:
+                        raise
             # info(): [state, capacity, allocation, available], in bytes
             available = int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
         return PoolFacts(name, active, target, vols, available)
