@@ -327,7 +327,7 @@ EOF
 
 mig_up() {
   local n=${1:-} i
-  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 8)) || die "usage: $0 mig-up N (1..8)" 2
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 12)) || die "usage: $0 mig-up N (1..12)" 2
   need_root; need_bins
   command -v nsenter >/dev/null || die "missing nsenter: run scripts/testbed.sh install first" 4
   [ -f "$ENV_FILE" ] || start
@@ -343,7 +343,7 @@ mig_up() {
 
 mig_libvirtd_down() {
   local n=${1:-}
-  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 8)) || die "usage: $0 mig-libvirtd-down N (1..8)" 2
+  [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 12)) || die "usage: $0 mig-libvirtd-down N (1..12)" 2
   need_root; take_lock
   stop_pidfile "libvirtd m$n" "$MIG/m$n/libvirtd.pid" libvirtd
 }

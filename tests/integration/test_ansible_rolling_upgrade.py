@@ -42,9 +42,7 @@ from vgpuvirt.services.inventory import inventory
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.provenance import Provenance
 
-# xdist_group: the migration hosts' libvirtds are shared (a drain moves every VM vgpuvirt owns on a host, and one
-# test kills a libvirtd that `mig-up` would restart): under `--dist loadgroup` these modules run on one worker.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("migration-hosts")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PLAYBOOK = REPO / "examples" / "ansible" / "rolling_upgrade.yml"
 T4 = PciAddress.parse("0000:3b:00.0")

@@ -26,9 +26,7 @@ from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml.provenance import Provenance
 
-# xdist_group: the migration hosts' libvirtds are shared (a drain moves every VM vgpuvirt owns on a host, and one
-# test kills a libvirtd that `mig-up` would restart): under `--dist loadgroup` these modules run on one worker.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("migration-hosts")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 T4 = PciAddress.parse("0000:3b:00.0")
@@ -179,11 +177,14 @@ def test_refusals_come_all_at_once_from_real_hosts(pair: Any) -> None:
         _cleanup(name, c1, c2)
 
 
-def test_host_drain_moves_the_vms_and_they_come_back(pair: Any) -> None:
+def test_host_drain_moves_the_vms_and_they_come_back(testbed: Any) -> None:
     from vgpuvirt.provision.mobility.drain import drain
     from vgpuvirt.services.cordon import read_cordon, set_cordon
 
-    _m1, _m2, c1, c2 = pair
+    # hosts m8 and m9 of their own: a drain moves every VM vgpuvirt owns on the host, so another test's VM on a
+    # shared host (a parallel worker's suspend test) would be moved too
+    m8, m9 = testbed.migration_hosts(9)[7:]
+    c1, c2 = LibvirtConnection(m8.libvirt_uri), LibvirtConnection(m9.libvirt_uri)
     a, b = SimHost.from_profile("t4x2", name="sim-a"), SimHost.from_profile("t4x2", name="sim-b")
     names = [f"w24-drain{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
     try:
@@ -208,6 +209,8 @@ def test_host_drain_moves_the_vms_and_they_come_back(pair: Any) -> None:
     finally:
         for n in names:
             _cleanup(n, c1, c2)
+        c1.close()
+        c2.close()
 
 
 def test_offline_move_of_a_shut_off_vm(pair: Any) -> None:
