@@ -240,7 +240,7 @@ class StorageCalls:
                     log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
             for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
                 try:
-                    vols[str(v.name())] = str(self._call(None, f"read volume of {name}", lambda v=v: v.path()))
+                    vols[str(v.name())] = str(self._call(None, f"read volume of {name}", v.path))
                 except LibvirtError as exc:  # deleted between the listing and this read (another caller)
                     if exc.code != VIR_ERR_NO_STORAGE_VOL:
                         raise

@@ -41,7 +41,7 @@ from vgpuvirt.errors import (
     TransportError,
 )
 from vgpuvirt.host.base import BaseHost, Result
-from vgpuvirt.host.ssh_agent import FOREIGN_BYTECODE, _read_frame, agent_command, sudo_problem
+from vgpuvirt.host.ssh_agent import FOREIGN_BYTECODE, agent_command, read_frame, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
 from vgpuvirt.model import resolvable_host_name
 
@@ -283,7 +283,7 @@ class SSHHost(BaseHost):
                     chan.sendall(struct.pack(">I", len(packed)) + packed)
             else:
                 chan.sendall(struct.pack(">I", len(packed)) + packed)
-            answer = _read_frame(chan)
+            answer = read_frame(chan)
             if answer is not None:
                 return 0, answer, b""
             # The agent ended without answering: report it as the exec path would.

@@ -41,7 +41,7 @@ def sudo_problem(host: str, rc: int, err: bytes) -> RemoteRequirementMissing | N
     return None
 
 
-def _read_frame(chan: paramiko.Channel) -> bytes | None:
+def read_frame(chan: paramiko.Channel) -> bytes | None:
     """One ``length + bytes`` frame from the resident agent; None if its output ended first."""
     buf = bytearray()
     need = 4

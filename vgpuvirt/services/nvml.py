@@ -56,7 +56,7 @@ def load_pynvml(*, required: bool) -> ModuleType | None:
         return None
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -81,8 +81,8 @@ class _Query:
 
 
 def _type_info(nvml: Any, q: _Query, handle: Any, type_id: int) -> dict[str, Any]:
-    name = q(f"vgpu_type[{type_id}].name", lambda: _text(nvml.nvmlVgpuTypeGetName(type_id)))
-    klass = q(f"vgpu_type[{type_id}].class", lambda: _text(nvml.nvmlVgpuTypeGetClass(type_id)))
+    name = q(f"vgpu_type[{type_id}].name", lambda: nvml_text(nvml.nvmlVgpuTypeGetName(type_id)))
+    klass = q(f"vgpu_type[{type_id}].class", lambda: nvml_text(nvml.nvmlVgpuTypeGetClass(type_id)))
     fb = q(f"vgpu_type[{type_id}].framebuffer", lambda: int(nvml.nvmlVgpuTypeGetFramebufferSize(type_id)))
     max_inst = q(f"vgpu_type[{type_id}].max_instances",
                  lambda: int(nvml.nvmlVgpuTypeGetMaxInstances(handle, type_id)))
@@ -97,14 +97,14 @@ def _type_info(nvml: Any, q: _Query, handle: Any, type_id: int) -> dict[str, Any
 
 def _active_info(nvml: Any, q: _Query, inst: int) -> dict[str, Any]:
     vm = q(f"vgpu_instance[{inst}].vm_id", lambda: nvml.nvmlVgpuInstanceGetVmID(inst))
-    mdev = q(f"vgpu_instance[{inst}].mdev_uuid", lambda: _text(nvml.nvmlVgpuInstanceGetMdevUUID(inst)))
+    mdev = q(f"vgpu_instance[{inst}].mdev_uuid", lambda: nvml_text(nvml.nvmlVgpuInstanceGetMdevUUID(inst)))
     return {
         "instance": int(inst),
         "type_id": q(f"vgpu_instance[{inst}].type", lambda: int(nvml.nvmlVgpuInstanceGetType(inst))),
-        "uuid": q(f"vgpu_instance[{inst}].uuid", lambda: _text(nvml.nvmlVgpuInstanceGetUUID(inst))) or None,
+        "uuid": q(f"vgpu_instance[{inst}].uuid", lambda: nvml_text(nvml.nvmlVgpuInstanceGetUUID(inst))) or None,
         "mdev_uuid": (mdev or "").lower() or None,
         # pynvml returns (bytes, int) here: its str-decoding decorator does not look inside tuples.
-        "vm_id": _text(vm[0]) if vm else None,
+        "vm_id": nvml_text(vm[0]) if vm else None,
         "gpu_instance_id": q(f"vgpu_instance[{inst}].gpu_instance_id",
                              lambda: int(nvml.nvmlVgpuInstanceGetGpuInstanceId(inst))),
     }
@@ -139,12 +139,12 @@ def fb_memory(nvml: Any, handle: Any) -> FbMemory | None:
     return FbMemory(int(m.total) // _MIB, int(m.used) // _MIB, None)
 
 
-def _bus_id(nvml: Any, handle: Any) -> PciAddress | None:
+def handle_address(nvml: Any, handle: Any) -> PciAddress | None:
     info = nvml.nvmlDeviceGetPciInfo(handle)
     bus_id = getattr(info, "busId", None)
     if bus_id:
         try:
-            return PciAddress.from_nvml(_text(bus_id))
+            return PciAddress.from_nvml(nvml_text(bus_id))
         except InvalidSpec:
             pass
     try:
@@ -155,7 +155,7 @@ def _bus_id(nvml: Any, handle: Any) -> PciAddress | None:
 
 def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
     q = _Query(nvml)
-    address = q("pci_info", lambda: _bus_id(nvml, handle))
+    address = q("pci_info", lambda: handle_address(nvml, handle))
     mem = q("memory_info", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
     # an older pynvml lacks the architecture call: the fact is then unknown, not an error
     brand = q("brand", lambda: int(nvml.nvmlDeviceGetBrand(handle))) if hasattr(nvml, "nvmlDeviceGetBrand") else None
@@ -175,10 +175,10 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
     return NvidiaGpuFacts(
         source="nvml",
         address=address,
-        product_name=q("name", lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        product_name=q("name", lambda: nvml_text(nvml.nvmlDeviceGetName(handle))),
         product_brand=BRANDS.get(brand) if brand is not None else None,
         architecture=ARCHITECTURES.get(arch) if arch is not None else None,
-        uuid=q("uuid", lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+        uuid=q("uuid", lambda: nvml_text(nvml.nvmlDeviceGetUUID(handle))),
         memory_total_mib=int(mem.total) // (1024 * 1024) if mem is not None else None,
         virtualization_mode=VIRTUALIZATION_MODES.get(virt, str(virt)) if virt is not None else None,
         host_vgpu_mode=HOST_VGPU_MODES.get(host_mode, str(host_mode)) if host_mode is not None else None,
@@ -204,7 +204,7 @@ def collect(nvml: Any) -> NvmlReport:
         return NvmlReport(available=False, error=str(exc))
     try:
         try:
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            driver = nvml_text(nvml.nvmlSystemGetDriverVersion())
         except nvml.NVMLError:
             driver = None
         try:

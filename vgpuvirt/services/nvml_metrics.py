@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.metrics_model import Ecc, MemoryRepair, PcieLink, Scheduler
-from vgpuvirt.services.nvml import _bus_id, _text, fb_memory
+from vgpuvirt.services.nvml import fb_memory, handle_address, nvml_text
 from vgpuvirt.services.nvsmi_readings import GpuReadings
 from vgpuvirt.services.vgpu_query import ActiveVgpu
 
@@ -80,8 +80,8 @@ def _readings(nvml: Any, h: Any, addr: PciAddress) -> GpuReadings:
         return int(n) if n is not None else None
 
     return GpuReadings(
-        address=addr, name=q(lambda: _text(nvml.nvmlDeviceGetName(h))),
-        uuid=q(lambda: _text(nvml.nvmlDeviceGetUUID(h))),
+        address=addr, name=q(lambda: nvml_text(nvml.nvmlDeviceGetName(h))),
+        uuid=q(lambda: nvml_text(nvml.nvmlDeviceGetUUID(h))),
         fb_total_mib=mem.total if mem is not None else None,
         fb_used_mib=mem.used if mem is not None else None,
         fb_reserved_mib=mem.reserved if mem is not None else None,
@@ -136,8 +136,8 @@ def _vgpus(nvml: Any, h: Any, addr: PciAddress) -> list[ActiveVgpu]:
         vtype = _call(nvml, "nvmlVgpuInstanceGetType", i)
         s = samples.get(i)
         fields: dict[str, str | None] = {
-            "VM UUID": _text(vm[0]) if vm and int(vm[1]) == 1 else None,       # NVML_VGPU_VM_ID_UUID
-            "MDEV UUID": _text(mdev) or None if mdev is not None else None,
+            "VM UUID": nvml_text(vm[0]) if vm and int(vm[1]) == 1 else None,       # NVML_VGPU_VM_ID_UUID
+            "MDEV UUID": nvml_text(mdev) or None if mdev is not None else None,
             "vGPU Type": str(int(vtype)) if vtype is not None else None,
             "GPU Instance ID": str(gi) if gi is not None and int(gi) < 0xFFFFFFFF else None,
             "Frame Rate Limit": f"{int(frl)} FPS" if frl else None,
@@ -166,7 +166,7 @@ def collect_nvml(nvml: Any) -> NvmlMetrics:
         out = NvmlMetrics(available=True)
         for n in range(count):
             h = _call(nvml, "nvmlDeviceGetHandleByIndex", n)
-            addr = _q(nvml, lambda: _bus_id(nvml, h)) if h is not None else None  # noqa: B023 (called at once)
+            addr = _q(nvml, lambda: handle_address(nvml, h)) if h is not None else None  # noqa: B023 (called at once)
             if addr is None:
                 continue
             out.readings[addr] = _readings(nvml, h, addr)

@@ -21,7 +21,7 @@ GRAPHICS_KINDS = ("spice", "vnc")
 _UNFIT = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 
-def _host_path(what: str, path: str) -> str:
+def host_path(what: str, path: str) -> str:
     if not isinstance(path, str) or not path.startswith("/") or _UNFIT.search(path):
         raise InvalidSpec(what, path, "an absolute path without control characters")
     return path
@@ -36,7 +36,7 @@ class Disk:
     target: str = "vda"
 
     def __post_init__(self) -> None:
-        _host_path("disk path", self.path)
+        host_path("disk path", self.path)
         if self.format not in DISK_FORMATS:
             raise InvalidSpec("disk format", self.format, " | ".join(DISK_FORMATS))
         if not isinstance(self.target, str) or not _TARGET_RE.match(self.target):
@@ -74,7 +74,7 @@ class CdRom:
     bus: str = "sata"
 
     def __post_init__(self) -> None:
-        _host_path("CD-ROM image", self.path)
+        host_path("CD-ROM image", self.path)
         if self.bus not in CDROM_BUSES:
             raise InvalidSpec("CD-ROM bus", self.bus, " | ".join(CDROM_BUSES))
         if not isinstance(self.target, str) or not _CD_TARGET_RE.match(self.target):
@@ -155,7 +155,7 @@ class EvdevInput:
     grab_all: bool = True
 
     def __post_init__(self) -> None:
-        _host_path("evdev device", self.device)
+        host_path("evdev device", self.device)
         if not self.device.startswith("/dev/input/"):
             raise InvalidSpec("evdev device", self.device, "a path under /dev/input/")
 

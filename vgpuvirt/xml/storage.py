@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from vgpuvirt.errors import InvalidSpec, XmlError
 from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, sub
-from vgpuvirt.xml.parts import _host_path
+from vgpuvirt.xml.parts import host_path
 
 # libvirt's volName/poolName: no '/' (a name is one path component), printable; we also refuse leading dots
 # and spaces so a name never means "..", a hidden file or a shell surprise.
@@ -41,7 +41,7 @@ class StoragePool:
     def __post_init__(self) -> None:
         check_name("storage pool name", self.name)
         if self.target is not None:
-            _host_path("storage pool directory", self.target)
+            host_path("storage pool directory", self.target)
 
     def to_element(self) -> Element:
         if self.type not in POOL_TYPES or self.target is None:
@@ -87,7 +87,7 @@ class Volume:
             if fmt not in VOLUME_FORMATS:
                 raise InvalidSpec(what, fmt, " | ".join(VOLUME_FORMATS))
         if self.backing is not None:
-            _host_path("backing image", self.backing)
+            host_path("backing image", self.backing)
             if self.format != "qcow2":
                 raise InvalidSpec("volume format", self.format, "qcow2 for a volume with a backing image")
         if self.capacity_bytes is not None and (not isinstance(self.capacity_bytes, int)
