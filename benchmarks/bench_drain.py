@@ -23,12 +23,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.libvirt_conn import DomainInfo, LibvirtConnection
 from vgpuvirt.model import MdevTypeId, PciAddress
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.mobility import Side, migrate
 from vgpuvirt.provision.mobility.drain import drain
-from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost
 

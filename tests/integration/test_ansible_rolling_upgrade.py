@@ -32,11 +32,11 @@ import pytest
 from lxml import etree
 from test_ansible_fleet import REPO, Ansible, repo_python, require_fleet_parts  # type: ignore[import-not-found]
 
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, PciAddress
-from vgpuvirt.provision.identity import mdev_uuid_for
-from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.cordon import read_cordon
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.services.mutation import apply_items

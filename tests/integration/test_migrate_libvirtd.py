@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from lxml import etree
 
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.errors import ProvisioningError
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.mobility import MigrationRefused, Side, migrate
-from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml.provenance import Provenance

@@ -39,10 +39,12 @@ from sim_referee import (
 )
 
 from vgpuvirt import inventory
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.nvidia_mode import SetMixedSize
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.provision import VgpuRequest, VmRequest, plan
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.provision.steps import CreateMdev, SetMixedSize, SetVfType
 from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 from vgpuvirt.sim.model import SimModel
 

@@ -12,8 +12,8 @@ import pytest
 from lxml import etree
 from test_ansible_modules import Runner, conn, sim  # type: ignore[import-not-found]
 
+from vgpuvirt.change.identity import mdev_uuid_for
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.services.cordon import CORDON_FILE, read_cordon
 from vgpuvirt.xml.provenance import Provenance
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 from provision_fixtures import drop_test_domains
 
+from vgpuvirt.change.nvidia_mode import SetMixedSize
 from vgpuvirt.errors import LibvirtError, NoCapacity, ProvisioningError
 from vgpuvirt.host.base import Op
 from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision
-from vgpuvirt.provision.steps import SetMixedSize
 from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budgets
 from vgpuvirt.services.inventory import inventory

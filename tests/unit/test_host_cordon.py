@@ -98,9 +98,9 @@ def _facts(host: SimHost, domains: dict[str, str], active: tuple[str, ...] = ())
 
 
 def _vgpu_vm(host: SimHost, vm: str) -> str:
+    from vgpuvirt.change.identity import mdev_uuid_for
+    from vgpuvirt.change.mdev import CreateMdev
     from vgpuvirt.model import MdevTypeId, PciAddress
-    from vgpuvirt.provision.identity import mdev_uuid_for
-    from vgpuvirt.provision.steps import CreateMdev
     from vgpuvirt.services.mutation import apply_items
 
     u = mdev_uuid_for(vm, 0)

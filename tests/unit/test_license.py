@@ -21,13 +21,13 @@ import pytest
 import yaml
 from conftest import require_part  # type: ignore[import-not-found]
 
+from vgpuvirt.change.domain import DefineDomain
 from vgpuvirt.cli import main
 from vgpuvirt.errors import InvalidSpec, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts, PoolFacts
 from vgpuvirt.provision import VmRequest, plan
 from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.license import License, seed_iso
-from vgpuvirt.provision.steps import DefineDomain
 from vgpuvirt.provision.steps_license import CreateLicenseSeed
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost

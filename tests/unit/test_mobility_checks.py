@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
+from vgpuvirt.change.domain import DefineDomain
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.mobility import HostFacts, MigrateDomain, plan_migration
-from vgpuvirt.provision.steps import CreateMdev, DefineDomain, SetVfType
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost

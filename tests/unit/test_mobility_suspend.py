@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.mobility.checks import Side
 from vgpuvirt.provision.mobility.suspend import resume, suspend
-from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml.provenance import Provenance

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from provision_fixtures import drop_test_domains
 
+from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.errors import LibvirtError, ProvisioningError, TransportError
 from vgpuvirt.host.base import Op
 from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.plan import mdev_uuid_for
 from vgpuvirt.provision.run import gather
-from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from provision_fixtures import desktop_host, l40s_host, t4_host
 
+from vgpuvirt.change.domain import DefineDomain
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_states
-from vgpuvirt.provision.steps import DefineDomain
 
 Q2 = VgpuRequest(type="nvidia-231")
 

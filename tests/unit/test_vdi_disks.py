@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import pytest
 from provision_fixtures import drop_test_domains
 
+from vgpuvirt.change.domain import DefineDomain
+from vgpuvirt.change.storage import CreateVolume
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.run import gather
-from vgpuvirt.provision.steps import DefineDomain
-from vgpuvirt.provision.steps_storage import CreateVolume
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain, build_domain
 from vgpuvirt.xml.parts import Disk

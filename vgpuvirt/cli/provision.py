@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from vgpuvirt.change.step import Step
 from vgpuvirt.cli.context import plain, printable
 from vgpuvirt.cli.license_args import add_license_args, license_from_args
 from vgpuvirt.cli.targets import add_connect, open_targets
@@ -22,7 +23,6 @@ from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.placement import POLICIES
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.provision.request import NicRequest, VgpuRequest, VmRequest, provisioning_options
-from vgpuvirt.provision.steps import Step
 
 __all__ = ["add_request_args", "add_target_args", "open_targets", "progress_bar", "run"]
 

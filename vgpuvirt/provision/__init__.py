@@ -9,14 +9,14 @@
     apply(p, host, conn)               # or ProvisioningError, with everything it did undone
 """
 
-from vgpuvirt.provision.apply import ApplyResult, apply
+from vgpuvirt.provision.apply import apply
 from vgpuvirt.provision.placement import Assignment, Candidate, place
 from vgpuvirt.provision.plan import Plan, plan
 from vgpuvirt.provision.request import NicRequest, TypeProfile, VgpuRequest, VmRequest, provisioning_options
 from vgpuvirt.provision.run import provision
-from vgpuvirt.provision.steps import STEP_KINDS, DomainStep, HostStep, Step
 from vgpuvirt.provision.teardown import TeardownResult, teardown
 
-__all__ = ["STEP_KINDS", "ApplyResult", "Assignment", "Candidate", "DomainStep", "HostStep", "NicRequest", "Plan",
-           "Step", "TeardownResult", "TypeProfile", "VgpuRequest", "VmRequest", "apply", "place", "plan", "provision",
-           "provisioning_options", "teardown"]
+__all__ = [
+    "Assignment", "Candidate", "NicRequest", "Plan", "TeardownResult", "TypeProfile", "VgpuRequest", "VmRequest",
+    "apply", "place", "plan", "provision", "provisioning_options", "teardown",
+]

@@ -3,15 +3,17 @@ one mapping from a placement's kind to its change, for the plan."""
 
 from __future__ import annotations
 
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.step import DeviceStep
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, VgpuTypeId
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.placement import Assignment
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.steps import CreateMdev, HostStep, SetVfType
 
 
-def device_step(vm: VmRequest, a: Assignment) -> HostStep | None:
+def device_step(vm: VmRequest, a: Assignment) -> DeviceStep | None:
     """The step that makes an assignment's device; None when the device exists already (whole GPU, VF)."""
     frl_off = vm.gpus[a.index].frl is False
     if frl_off and not (a.kind == "mdev" and a.type.id.startswith("nvidia-")):

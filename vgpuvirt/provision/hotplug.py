@@ -21,15 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.identity import MAX_GPUS_PER_VM, made_for, mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.step import DeviceStep, step_from_meta
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import DeviceNotFound, InvalidSpec, NoCapacity, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.by_need import place_one
-from vgpuvirt.provision.identity import MAX_GPUS_PER_VM, made_for, mdev_uuid_for
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.request import VgpuRequest
-from vgpuvirt.provision.steps import CreateMdev, HostStep, SetVfType, step_from_meta
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
@@ -92,7 +94,7 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
     inv = inventory(host, domains=pairs)
     a = place_one(inv, req, vm=vm, domains=pairs)
     own = dict(pairs)[vm]
-    step: HostStep | None = None
+    step: DeviceStep | None = None
     devices: list[GpuDevice]
     if a.kind == "mdev":
         taken = set(domain_device_refs(own).mdevs) | {m.uuid for m in inv.mdevs}
@@ -114,7 +116,7 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
         result.created = [step.describe()] if step is not None else []
         result.notes.append("dry run: nothing was made or attached")
         return result
-    made: list[HostStep] = []
+    made: list[DeviceStep] = []
     attached: list[GpuDevice] = []
     try:
         if step is not None:
@@ -142,7 +144,7 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
     return result
 
 
-def _undo_attach(host: Host, conn: LibvirtConnection, vm: str, made: list[HostStep], attached: list[GpuDevice],
+def _undo_attach(host: Host, conn: LibvirtConnection, vm: str, made: list[DeviceStep], attached: list[GpuDevice],
                  live: bool | None, config: bool, wait_timeout: float) -> list[str]:
     out: list[str] = []
     for d in reversed(attached):
@@ -221,7 +223,7 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     chosen = select_devices(dom, device)
     sources = {_source(d) for d in chosen}
     prov = Provenance.read(views_before[0])
-    steps: list[HostStep] = []
+    steps: list[DeviceStep] = []
     for e in (prov.gpus if prov is not None else ()):
         made = step_from_meta(host.name, vm, e)
         if made is not None and made.target in sources:
@@ -259,7 +261,7 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     refs = domain_refs(views)
     still = refs.get(vm)
     refs[vm] = domain_refs({vm: views_before})[vm]
-    todo: list[HostStep] = []
+    todo: list[DeviceStep] = []
     due: set[str] = set()          # still this VM's to remove (held elsewhere, or removal failed): keep its record
     for v in judge(vm, steps, refs):
         if v.refusal is not None:

@@ -3,7 +3,7 @@
 Provenance metadata is plain XML inside the domain: whoever can define a domain can copy another's.
 So metadata only says which devices to *consider*. A device is removed for domain D only when
 
-1. its creation record says it was made for D (:meth:`HostStep.not_made_for`): an mdev's UUID is
+1. its creation record says it was made for D (:meth:`DeviceStep.not_made_for`): an mdev's UUID is
    derived from D's name, which copied metadata cannot fake; a vGPU 17+ VF, which has no
    name-derived identity, must be a hostdev of D itself; and
 2. no other domain uses it, in its live XML or in its persistent XML (libvirt's view of every
@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from vgpuvirt.provision.steps import HostStep
+from vgpuvirt.change.step import DeviceStep
 from vgpuvirt.xml.refs import DomainRefs, domain_device_refs
 
 
 @dataclass(frozen=True)
 class Verdict:
-    step: HostStep
+    step: DeviceStep
     refusal: str | None = None       # why the device is left; None: remove it
     blocks: bool = False             # True: D's own device, still due (D stays defined for a rerun)
 
@@ -40,7 +40,7 @@ def domain_refs(views: Mapping[str, Sequence[str]]) -> dict[str, DomainRefs]:
     return out
 
 
-def judge(vm: str, steps: Sequence[HostStep], refs: Mapping[str, DomainRefs]) -> list[Verdict]:
+def judge(vm: str, steps: Sequence[DeviceStep], refs: Mapping[str, DomainRefs]) -> list[Verdict]:
     """One verdict per device ``vm``'s metadata lists, against every domain's devices."""
     own = refs.get(vm, DomainRefs())
     out: list[Verdict] = []

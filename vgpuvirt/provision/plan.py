@@ -15,33 +15,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.domain import DefineDomain, StartDomain
+
+# Re-exported: callers import the derived names from plan (they moved to identity for the steps).
+from vgpuvirt.change.identity import NAMESPACE as NAMESPACE
+from vgpuvirt.change.identity import domain_uuid_for as domain_uuid_for
+from vgpuvirt.change.identity import mdev_uuid_for as mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.nvidia_mode import SetMixedSize
+from vgpuvirt.change.step import HostStep, Phase, Step, step_from_meta
+from vgpuvirt.change.storage import CreateVolume
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
 from vgpuvirt.provision.device_steps import device_step
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
-
-# Re-exported: callers import the derived names from plan (they moved to identity for the steps).
-from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
-from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
-from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
 from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, problems_of
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
-from vgpuvirt.provision.steps import (
-    CreateMdev,
-    DefineDomain,
-    HostStep,
-    SetMixedSize,
-    StartDomain,
-    Step,
-    step_from_meta,
-)
 from vgpuvirt.provision.steps_license import add_seed, seed_problems
-from vgpuvirt.provision.steps_storage import CreateVolume
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.parts import CpuPinning
 from vgpuvirt.xml.provenance import Provenance
@@ -279,7 +274,9 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     if problems:
         raise PreflightFailed.of(problems)
     hosts = list(hs)
-    steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
+    # a host's device steps in plan order (one batch: a mixed-size switch before the vGPUs it is for), then its
+    # libvirt steps by rank (volumes and defines, then starts)
+    steps.sort(key=lambda s: (hosts.index(s.host), s.phase == Phase.DOMAINS, s.rank if s.phase == Phase.DOMAINS else 0))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
 

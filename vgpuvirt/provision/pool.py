@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.domain import DefineDomain
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.host.base import Host
 from vgpuvirt.host.snapshot import Snapshot
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, domain_meta, plan
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.steps import DefineDomain
 
 #: Member names: PREFIX-01 .. PREFIX-99, PREFIX-100 ... (the index keeps at least two digits, so a pool
 #: that grows past 99 keeps the names it has).

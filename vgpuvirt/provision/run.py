@@ -11,22 +11,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from vgpuvirt.change.domain import DefineDomain
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.runner import Progress, Report, conn_for, hosts_by_name
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import NoCapacity, PreflightFailed, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import PciAddress
-from vgpuvirt.provision.apply import ApplyResult, Progress, _conn_for, _hosts_by_name, apply
+from vgpuvirt.provision.apply import apply
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
 from vgpuvirt.provision.request import VmRequest
-from vgpuvirt.provision.steps import CreateMdev, DefineDomain, SetVfType
 
 
 @dataclass
 class ProvisionResult:
     plan: Plan
-    applied: ApplyResult | None
+    applied: Report | None
     inventory_seconds: float
     plan_seconds: float
 
@@ -87,7 +90,7 @@ def gather(hosts: Mapping[str, Host], conn: LibvirtConnection | Mapping[str, Lib
     from vgpuvirt.services.inventory import inventory
 
     def one(name: str) -> tuple[str, Any, list[tuple[str, str]], LibvirtFacts | None]:
-        c = _conn_for(conn, name)
+        c = conn_for(conn, name)
         pairs = list(c.domain_xml_pairs())
         lv = c.facts() if facts is not None else None
         return name, inventory(hosts[name], domains=pairs), pairs, lv
@@ -108,7 +111,7 @@ def provision(hosts: Host | Sequence[Host] | Mapping[str, Host],
               policy: Policy = "binpack", heterogeneous: bool = False, dry_run: bool = False,
               progress: Progress | None = None, on_plan: Callable[[Plan], None] | None = None,
               wait_timeout: float = 10.0) -> ProvisionResult:
-    by_name = _hosts_by_name(hosts)
+    by_name = hosts_by_name(hosts)
     t0 = time.monotonic()
     facts: dict[str, LibvirtFacts] = {}
     invs, doms = gather(by_name, conn, facts)

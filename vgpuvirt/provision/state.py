@@ -115,6 +115,23 @@ class HostState:
     def used(self) -> int:
         return sum(g.used for g in self.gpus)
 
+    # -- what a step's done_in asks (vgpuvirt.change.step.HostFacts) --------------------------------------
+    def has_mdev(self, uuid: MdevUuid) -> bool:
+        return uuid in self.existing_mdevs
+
+    def vf_type(self, vf: PciAddress) -> int | None:
+        return self.vf_types.get(vf)
+
+    def domain_xml(self, name: str) -> str | None:
+        return self.domains.get(name)
+
+    def mixed_size(self, gpu: PciAddress) -> bool:
+        return any(g.address == gpu and g.budget.sizing == "mixed" and not g.switch_to_mixed for g in self.gpus)
+
+    def volumes(self, pool: str) -> frozenset[str] | None:
+        p = self.libvirt.pools.get(pool) if self.libvirt is not None else None
+        return frozenset(p.volumes) if p is not None else None
+
     def take_again(self, place: str, type_ids: Sequence[str], what: str) -> None:
         """Count one vGPU that is missing and will be made again on ``place`` (one of ``type_ids``: the forms a
         type may be named in); :class:`NoCapacity` with "0 of 1 fit" when the GPU has no room for it. A place

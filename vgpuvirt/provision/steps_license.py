@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from vgpuvirt.change.step import DomainStep, HostFacts, Phase
 from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.license import License, seed_iso, seed_volume_name
-from vgpuvirt.provision.steps import DomainStep
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.parts import CdRom
 from vgpuvirt.xml.provenance import Provenance
@@ -32,6 +32,7 @@ class CreateLicenseSeed(DomainStep):
     """Create the VM's license seed volume (an ISO image uploaded through libvirt) in a storage pool."""
 
     kind: ClassVar[str] = "create-license-seed"
+    phase: ClassVar[Phase] = Phase.DOMAINS
     rank: ClassVar[int] = 1                 # with the defines, and before its own (plan order)
     host: str
     vm: str
@@ -55,11 +56,9 @@ class CreateLicenseSeed(DomainStep):
     def details(self) -> dict[str, str]:
         return {"pool": self.pool, "volume": self.volume, "token_sha256": self.token_sha256, "guest": self.guest}
 
-    def done_in(self, state: HostState) -> bool:
+    def done_in(self, facts: HostFacts) -> bool:
         # The name is derived from the VM's: a volume of that name was made for this VM (by a cut run).
-        facts = state.libvirt
-        pool = facts.pools.get(self.pool) if facts is not None else None
-        return pool is not None and self.volume in pool.volumes
+        return self.volume in (facts.volumes(self.pool) or ())
 
     def run(self, conn: LibvirtConnection) -> None:
         conn.upload_volume(self.pool, Volume(self.volume, "raw", capacity_bytes=len(self.image)), self.image,

@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.runner import conn_for, hosts_by_name
+from vgpuvirt.change.step import DeviceStep, step_from_meta
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.provision.apply import _conn_for, _hosts_by_name
 from vgpuvirt.provision.ownership import domain_refs, judge
-from vgpuvirt.provision.steps import HostStep, step_from_meta
 from vgpuvirt.provision.steps_license import seed_volumes
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.provenance import Provenance
@@ -59,7 +59,7 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
              patterns: Sequence[str] = (), remove_storage: bool = False, dry_run: bool = False,
              progress: Callable[[str, str], None] | None = None, wait_timeout: float = 10.0) -> TeardownResult:
     """Remove the VMs named (or matching a glob in ``patterns``) that vgpuvirt made on these hosts."""
-    by_name = _hosts_by_name(hosts)
+    by_name = hosts_by_name(hosts)
     wanted = set(names) if names is not None else None
     if wanted is None and not patterns:
         wanted = set()
@@ -69,8 +69,8 @@ def teardown(hosts: Host | Sequence[Host] | Mapping[str, Host],
 
     def one(hname: str) -> TeardownResult:
         r = TeardownResult()
-        c = _conn_for(conn, hname)
-        mine: dict[str, list[HostStep]] = {}
+        c = conn_for(conn, hname)
+        mine: dict[str, list[DeviceStep]] = {}
         seeds: dict[str, list[tuple[str, str]]] = {}
         for d in c.domains():
             if not _selected(d.name, wanted, patterns):
@@ -158,13 +158,13 @@ def _of_host(views: Sequence[str], hname: str) -> bool:
     return prov is None or prov.host in (hname, None)
 
 
-def _remove_vgpus(host: Host, c: LibvirtConnection, mine: Mapping[str, Sequence[HostStep]], r: TeardownResult,
+def _remove_vgpus(host: Host, c: LibvirtConnection, mine: Mapping[str, Sequence[DeviceStep]], r: TeardownResult,
                   dry_run: bool, wait_timeout: float) -> set[str]:
     """Remove the domains' provable, unused vGPUs in one batch; the names of the domains that still
     have a vGPU due (its removal failed, or another domain uses it)."""
     hname = host.name
     due: set[str] = set()
-    todo: list[tuple[str, HostStep]] = []
+    todo: list[tuple[str, DeviceStep]] = []
     try:
         # On a libvirt shared by several hosts (test fleets), another host's domains name ITS devices, which
         # may have the same addresses as ours: only this host's domains (and foreign ones) can hold ours.

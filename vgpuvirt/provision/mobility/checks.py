@@ -9,16 +9,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vgpuvirt.change.domain import DefineDomain
+from vgpuvirt.change.identity import mdev_uuid_for
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import DomainName, MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.provision.identity import mdev_uuid_for
 from vgpuvirt.provision.mobility.steps import MigrateDomain
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_state
-from vgpuvirt.provision.steps import CreateMdev, DefineDomain, SetVfType, Step
 from vgpuvirt.services.inventory import Inventory, inventory
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.element import pci_from_address
@@ -26,6 +28,7 @@ from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs
 
 if TYPE_CHECKING:  # pragma: no cover
+    from vgpuvirt.change.step import Step
     from vgpuvirt.provision.state import HostState
 
 #: What VFIO device migration needs on both hosts (VFIO migration uAPI v2 in QEMU and libvirt).

@@ -25,12 +25,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.step import DeviceStep
+from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.mobility.checks import MigrationPlan, Move, Side, plan_migration, read_both
 from vgpuvirt.provision.mobility.steps import JobProgress, MigrateDomain
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.provision.steps import CreateMdev, HostStep, SetVfType
 from vgpuvirt.services.mutation import apply_items
 
 # -- run it ---------------------------------------------------------------------------------------
@@ -65,7 +67,7 @@ class MigrationRefused(VgpuvirtError):
 def release_source(side: Side, moves: list[Move], vm: str, *, attempts: int = 5, wait_s: float = 0.5) -> list[str]:
     """Free the source's vGPUs once the VM left. A VF's type is reset only after QEMU has let go of it, which
     is not always at once: retried ``attempts`` times."""
-    todo: list[HostStep] = []
+    todo: list[DeviceStep] = []
     for m in moves:
         if m.kind == "mdev" and m.source_parent:
             todo.append(CreateMdev(side.name, vm, MdevUuid.parse(m.source), PciAddress.parse(m.source_parent),
@@ -77,7 +79,7 @@ def release_source(side: Side, moves: list[Move], vm: str, *, attempts: int = 5,
         if not todo:
             break
         outcomes = apply_items(side.host, [s.undo_item(10.0) for s in todo], on_error="continue")
-        left: list[HostStep] = []
+        left: list[DeviceStep] = []
         for s, o in zip(todo, outcomes, strict=True):
             if o.ok:
                 out.append(f"{side.name}: {s.undone()}")

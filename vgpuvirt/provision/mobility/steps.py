@@ -1,4 +1,4 @@
-"""The migration's own step kind, on the one engine (:mod:`vgpuvirt.provision.apply`): the destination's
+"""The migration's own step kind, on the one engine (:mod:`vgpuvirt.change.runner`): the destination's
 vGPUs are the usual CreateMdev / SetVfType steps, then this step moves the domain; the journal undoes the
 reservation when it fails."""
 
@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from vgpuvirt.change.step import DomainStep, HostFacts, Phase
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.provision.steps import DomainStep
 
 JobProgress = Callable[[dict[str, Any]], None]
 
@@ -21,6 +21,7 @@ class MigrateDomain(DomainStep):
     undefined on the source). Run on the destination's connection, after the host's reservation batch."""
 
     kind: ClassVar[str] = "migrate"
+    phase: ClassVar[Phase] = Phase.DOMAINS
     rank: ClassVar[int] = 1
     host: str
     vm: str
@@ -43,7 +44,7 @@ class MigrateDomain(DomainStep):
     def details(self) -> dict[str, str]:
         return {"peer_uri": self.peer_uri}
 
-    def done_in(self, state: Any) -> bool:
+    def done_in(self, facts: HostFacts) -> bool:
         return False
 
     def run(self, conn: LibvirtConnection) -> None:

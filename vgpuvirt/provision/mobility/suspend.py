@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.domain import StartDomain
+from vgpuvirt.change.step import Step, step_from_meta
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName
 from vgpuvirt.provision.mobility.checks import Side
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.provision.steps import StartDomain, Step, step_from_meta
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.provenance import Provenance

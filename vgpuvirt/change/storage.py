@@ -1,17 +1,16 @@
 """The storage step kind: a VM's linked-clone disk, created through libvirt's storage API before the
-domain that uses it is defined, and deleted again by a rollback (see :mod:`.steps` for the step contract)."""
+domain that uses it is defined, and deleted again by a rollback (see :mod:`.step` for the step contract)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from vgpuvirt.provision.steps import DomainStep
+from vgpuvirt.change.step import DomainStep, HostFacts, Phase
 from vgpuvirt.xml.storage import Volume
 
 if TYPE_CHECKING:  # pragma: no cover
     from vgpuvirt.libvirt_conn import LibvirtConnection
-    from vgpuvirt.provision.state import HostState
 
 
 @dataclass(frozen=True)
@@ -19,6 +18,7 @@ class CreateVolume(DomainStep):
     """Create the VM's qcow2 overlay of the golden image in a storage pool (a linked clone)."""
 
     kind: ClassVar[str] = "create-volume"
+    phase: ClassVar[Phase] = Phase.DOMAINS
     rank: ClassVar[int] = 1                 # with the defines, and before its own (plan order)
     host: str
     vm: str
@@ -38,11 +38,9 @@ class CreateVolume(DomainStep):
     def details(self) -> dict[str, str]:
         return {"pool": self.pool, "volume": self.volume.name, "backing": str(self.volume.backing)}
 
-    def done_in(self, state: HostState) -> bool:
+    def done_in(self, facts: HostFacts) -> bool:
         # The name is derived from the VM's: a volume of that name was made for this VM (by a cut run).
-        facts = state.libvirt
-        pool = facts.pools.get(self.pool) if facts is not None else None
-        return pool is not None and self.volume.name in pool.volumes
+        return self.volume.name in (facts.volumes(self.pool) or ())
 
     def run(self, conn: LibvirtConnection) -> None:
         conn.create_volume(self.pool, self.volume)

@@ -1,0 +1,87 @@
+"""Mediated devices: create a vGPU (its undo removes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from vgpuvirt.change.identity import made_for
+from vgpuvirt.change.step import DeviceStep, HostFacts, Phase
+from vgpuvirt.host.base import Op, Snapshot
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
+from vgpuvirt.services import mdev as mdev_svc
+from vgpuvirt.services import sysfs
+from vgpuvirt.services.mutation import Planned
+from vgpuvirt.xml.refs import DomainRefs
+
+
+@dataclass(frozen=True)
+class CreateMdev(DeviceStep):
+    """Create one mdev vGPU of ``type`` on ``parent`` with a UUID derived from the VM."""
+
+    kind: ClassVar[str] = "create-mdev"
+    phase: ClassVar[Phase] = Phase.DEVICES
+    rank: ClassVar[int] = 70
+    meta_kind: ClassVar[str] = "mdev"
+    host: str
+    vm: str
+    uuid: MdevUuid
+    parent: PciAddress
+    type: MdevTypeId
+    vgpu_params: str | None = None          # NVIDIA's nvidia/vgpu_params, written before any VM opens it
+
+    @property
+    def target(self) -> str:
+        return str(self.uuid)
+
+    def describe(self) -> str:
+        params = f" with vgpu_params {self.vgpu_params}" if self.vgpu_params else ""
+        return f"create vGPU {self.type} {self.uuid} on {self.parent}{params} (for {self.vm})"
+
+    def kept(self) -> str:
+        return f"vGPU {self.type} {self.uuid} on {self.parent}"
+
+    def details(self) -> dict[str, str]:
+        return {"parent": str(self.parent), "type": str(self.type)}
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return facts.has_mdev(self.uuid)
+
+    def item(self, wait_timeout: float) -> Planned:
+        spec = mdev_svc.MdevSpec(self.parent, self.type, self.uuid)
+        planned = mdev_svc.create_item(self.host, spec, wait_timeout=wait_timeout)
+        if not self.vgpu_params:
+            return planned
+        # In the create's group and batch: the VM is defined and started only after this batch.
+        params = Op.write(f"{self.state_path()}/nvidia/vgpu_params", self.vgpu_params, group=f"create:{self.uuid}")
+        return replace(planned, ops=(*planned.ops, params))
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return mdev_svc.remove_item(self.host, self.uuid, wait_timeout=wait_timeout)
+
+    def state_path(self) -> str:
+        return sysfs.mdev(self.uuid)
+
+    def happened(self, snap: Snapshot) -> bool:
+        return snap.has(self.state_path())
+
+    def undone(self) -> str:
+        return f"removed vGPU {self.uuid}"
+
+    def meta(self) -> dict[str, str]:
+        return {"kind": "mdev", "uuid": str(self.uuid), "parent": str(self.parent), "type": str(self.type)}
+
+    def not_made_for(self, own: DomainRefs) -> str | None:
+        # The UUID is derived from the VM name: copied metadata names the other VM's UUIDs.
+        if made_for(self.uuid, self.vm):
+            return None
+        return f"its UUID is not one vgpuvirt derives from the name {self.vm} (metadata copied from another domain?)"
+
+    def used_by(self, refs: DomainRefs) -> bool:
+        return self.uuid in refs.mdevs
+
+    @classmethod
+    def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> CreateMdev:
+        return cls(host, vm, MdevUuid.parse(entry["uuid"]), PciAddress.parse(entry["parent"]),
+                   MdevTypeId.parse(entry["type"]))

@@ -1,0 +1,56 @@
+"""NVIDIA vGPU modes of a whole GPU: mixed-size (``nvidia-smi vgpu -shm``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from vgpuvirt.change.step import HostFacts, HostStep, Phase
+from vgpuvirt.host.base import Snapshot
+from vgpuvirt.model import PciAddress
+from vgpuvirt.services import nvidia_modes, sysfs
+from vgpuvirt.services.mutation import Planned
+
+
+@dataclass(frozen=True)
+class SetMixedSize(HostStep):
+    """Switch an idle NVIDIA GPU to mixed-size mode (``--heterogeneous``), before the vGPUs planned on it.
+
+    The mode is not in sysfs, so a batch cut mid-flight cannot tell whether it happened (``happened`` is
+    False: the rollback leaves the GPU's mode, which holds no device, and says so). It leaves no
+    provenance entry: teardown keeps the mode (equal-size sizes fit a mixed-size GPU too)."""
+
+    kind: ClassVar[str] = "mixed-size"
+    phase: ClassVar[Phase] = Phase.PREPARE
+    rank: ClassVar[int] = 45
+    host: str
+    vm: str
+    gpu: PciAddress
+
+    @property
+    def target(self) -> str:
+        return str(self.gpu)
+
+    def describe(self) -> str:
+        return f"switch GPU {self.gpu} to mixed-size mode (nvidia-smi vgpu -shm 1; it holds no vGPU)"
+
+    def details(self) -> dict[str, str]:
+        return {"gpu": str(self.gpu)}
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return facts.mixed_size(self.gpu)
+
+    def item(self, wait_timeout: float) -> Planned:
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, True)
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, False)
+
+    def state_path(self) -> str:
+        return sysfs.pci(self.gpu, "class")
+
+    def happened(self, snap: Snapshot) -> bool:
+        return False
+
+    def undone(self) -> str:
+        return f"switched GPU {self.gpu} back to equal-size mode"

@@ -1,0 +1,72 @@
+"""NVIDIA vGPU 17+ on SR-IOV VFs: give a VF a vGPU type (its undo resets it to 0)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from vgpuvirt.change.step import DeviceStep, HostFacts
+from vgpuvirt.host.base import Snapshot
+from vgpuvirt.model import PciAddress, VgpuTypeId
+from vgpuvirt.services import sysfs, vendor_vgpu
+from vgpuvirt.services.mutation import Planned
+from vgpuvirt.xml.refs import DomainRefs
+
+
+@dataclass(frozen=True)
+class SetVfType(DeviceStep):
+    """Give an NVIDIA vGPU 17+ VF a vGPU type (``nvidia/current_vgpu_type``)."""
+
+    kind: ClassVar[str] = "set-vf-type"
+    rank: ClassVar[int] = 60
+    meta_kind: ClassVar[str] = "vendor-vf"
+    host: str
+    vm: str
+    vf: PciAddress
+    type: VgpuTypeId
+
+    @property
+    def target(self) -> str:
+        return str(self.vf)
+
+    def describe(self) -> str:
+        return f"set vGPU type {self.type} on VF {self.vf} (for {self.vm})"
+
+    def kept(self) -> str:
+        return f"vGPU type {self.type} on VF {self.vf}"
+
+    def details(self) -> dict[str, str]:
+        return {"parent": str(self.vf), "type": str(self.type)}
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return facts.vf_type(self.vf) == self.type.value
+
+    def item(self, wait_timeout: float) -> Planned:
+        return vendor_vgpu.assign_item(self.host, self.vf, self.type, wait_timeout=wait_timeout)
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return vendor_vgpu.release_item(self.host, self.vf, wait_timeout=wait_timeout)
+
+    def state_path(self) -> str:
+        return sysfs.vf_type(self.vf)
+
+    def happened(self, snap: Snapshot) -> bool:
+        return snap.text(self.state_path()) == str(self.type)
+
+    def undone(self) -> str:
+        return f"reset VF {self.vf}"
+
+    def meta(self) -> dict[str, str]:
+        return {"kind": "vendor-vf", "vf": str(self.vf), "type": str(self.type)}
+
+    def not_made_for(self, own: DomainRefs) -> str | None:
+        # A VF has no name-derived identity; the domain vgpuvirt defined for it holds it as a hostdev.
+        return None if self.vf in own.pci else f"VF {self.vf} is not a hostdev of {self.vm}"
+
+    def used_by(self, refs: DomainRefs) -> bool:
+        return self.vf in refs.pci
+
+    @classmethod
+    def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> SetVfType:
+        return cls(host, vm, PciAddress.parse(entry["vf"]), VgpuTypeId.parse(entry["type"]))
