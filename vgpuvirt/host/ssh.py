@@ -135,6 +135,12 @@ class SSHHost(BaseHost):
         self._resident: paramiko.Channel | None = None
         self._resident_lock = threading.Lock()
 
+    @property
+    def is_local(self) -> bool:
+        # Even ssh://localhost: the far end may be a container, another user's namespace or a forwarded port,
+        # and this process cannot prove it is the same machine.
+        return False
+
     # -- connection -------------------------------------------------------------------------
     def _connect(self) -> paramiko.SSHClient:
         with self._conn_lock:

@@ -82,12 +82,10 @@ INVENTORY_ARGVS: tuple[tuple[str, ...], ...] = (NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_
 
 
 def _nvml_wanted(host: Host, use_nvml: bool | None) -> bool:
-    from vgpuvirt.host.local import LocalHost
-
-    local_root = isinstance(host, LocalHost) and host.sysfs_root == "/"
+    local_root = host.is_local and host.sysfs_root == "/"
     if use_nvml and not local_root:
         raise InvalidSpec("use_nvml", use_nvml,
-                          "NVML only on LocalHost reading the real / (it describes the machine we run on)")
+                          "NVML only on the machine we run on (a LocalHost) reading the real /")
     return local_root if use_nvml is None else use_nvml
 
 

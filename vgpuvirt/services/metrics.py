@@ -103,9 +103,7 @@ class Collector:
         self.static = StaticFacts()
 
     def _nvml(self, host: Host) -> NvmlMetrics | None:
-        from vgpuvirt.host.local import LocalHost
-
-        if self.use_nvml is False or not (isinstance(host, LocalHost) and host.sysfs_root == "/"):
+        if self.use_nvml is False or not (host.is_local and host.sysfs_root == "/"):
             if self.use_nvml:
                 raise InvalidSpec("use_nvml", True, "NVML only on LocalHost reading the real / (it describes "
                                                     "the machine we run on)")
