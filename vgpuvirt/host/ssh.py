@@ -137,9 +137,7 @@ class SSHHost(BaseHost):
 
     @property
     def is_local(self) -> bool:
-        # Even ssh://localhost: the far end may be a container, another user's namespace or a forwarded port,
-        # and this process cannot prove it is the same machine.
-        return False
+        return False    # even ssh://localhost may reach a container or a forwarded port: no proof of "here"
 
     # -- connection -------------------------------------------------------------------------
     def _connect(self) -> paramiko.SSHClient:
