@@ -105,9 +105,9 @@ class Collector:
         try:
             read = read_host(host, _WANTS, globs=METRICS_GLOBS, static=self.static, now=started,
                              programs=self.programs, use_nvml=self.use_nvml, nvml_module=self.nvml_module)
-        except (InvalidSpec, MissingDependency):
-            raise               # the caller's own request (NVML where it cannot be read), not a host problem
         except (VgpuvirtError, OSError) as exc:
+            if isinstance(exc, InvalidSpec | MissingDependency) and host.round_trips == rt0:
+                raise       # refused before the host was asked (NVML where it cannot be read): the caller's error
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
                                error=f"{type(exc).__name__}: {exc}")
