@@ -130,6 +130,26 @@ def test_nvidia_tools_only_where_nvml_did_not_answer() -> None:
     assert there.nvml_readings is None and there.smi is not None and there.kernel_log is not None
 
 
+def test_a_stale_kept_report_reads_again_only_what_the_caller_wants() -> None:
+    from test_metrics_query_gpu import _host  # type: ignore[import-not-found]
+
+    h = _host("a30-mig")
+    qx, lgi, lgip = ("nvidia-smi", "-q", "-x"), mig.LGI_ARGV, mig.LGIP_ARGV
+    for argv in (["nvidia-smi", "mig", "-dgi"], ["nvidia-smi", "-i", "0", "-mig", "0"]):
+        assert h.run(argv).ok
+    c, static = Collector(clock=lambda: 1000.0), StaticFacts()
+    for _ in range(2):                  # the second time MIG is off everywhere: the listings are left out
+        c.collect(h)
+        inventory(h, static=static)
+    for argv in (["nvidia-smi", "-i", "0", "-mig", "1"], ["nvidia-smi", "mig", "-cgi", "1g.6gb", "-C"]):
+        assert h.run(argv).ok
+    h.batches.clear()
+    c.collect(h)
+    inventory(h, static=static)
+    # MIG went on: each reads -q -x again with the MIG listings IT reads (metrics -lgi; inventory -lgi, -lgip)
+    assert (h.batches[1], h.batches[3]) == ([qx, lgi], [qx, lgi, lgip])
+
+
 # ------------------------------------------------------------------------------------------ outputs unchanged
 
 

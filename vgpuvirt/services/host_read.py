@@ -206,7 +206,7 @@ def read_host(host: Host, wants: Iterable[Want], *, globs: Sequence[str] | None 
     if static is not None and static.fresh(host.name, at):
         left_out.add(Want.NVIDIA_SMI)
         if static.mig_off(host.name):
-            left_out |= MIG_TABLES      # no MIG anywhere: the MIG listings have nothing to say
+            left_out |= MIG_TABLES & want      # no MIG anywhere: the MIG listings have nothing to say
     runs = [argv for w, argv in _PROGRAMS if w in want and w not in left_out]
     if static is not None:
         runs.insert(0, QUERY_GPU_ARGV)
