@@ -114,13 +114,12 @@ def ssh_uri(hostname: str, *, port: int = 22, username: str | None = None, ident
 def default_uri(host: Any) -> str:
     """The libvirt URI for a Host: ``test:///default`` for a simulated host, ``qemu:///system`` for this
     machine, :func:`ssh_uri` with the host's own SSH settings for an SSH host."""
-    from vgpuvirt.host.local import LocalHost
     from vgpuvirt.host.ssh import SSHHost
 
     if isinstance(host, SSHHost):
         return ssh_uri(host.hostname, port=host.port, username=host.username, identity=host.key_filename,
                        known_hosts=host.known_hosts)
-    if isinstance(host, LocalHost):
+    if host.is_local:
         return "qemu:///system"
     return "test:///default"
 

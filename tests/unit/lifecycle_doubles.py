@@ -48,6 +48,10 @@ class RecordingHost:
     def round_trips(self) -> int:
         return len(self.calls)
 
+    @property
+    def is_local(self) -> bool:
+        return False
+
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             idempotent: bool = False) -> Result:
         self.calls.append(("run", tuple(argv)))

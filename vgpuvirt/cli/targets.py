@@ -115,10 +115,9 @@ def open_targets(args: argparse.Namespace) -> Iterator[tuple[dict[str, BaseHost]
 def local_domains(host: BaseHost) -> list[tuple[str, str]] | None:
     """The domains of this machine's libvirt (``qemu:///system``), for a verb on the local host that must
     respect the devices VMs use; None, with a note on stderr, when that libvirt does not answer."""
-    from vgpuvirt.host.local import LocalHost
     from vgpuvirt.libvirt_conn import LibvirtConnection
 
-    if not isinstance(host, LocalHost):
+    if not host.is_local:
         return None
     try:
         with LibvirtConnection(LOCAL_URI, readonly=True) as conn:

@@ -58,6 +58,12 @@ class Host(Protocol):
     @property
     def round_trips(self) -> int: ...
 
+    @property
+    def is_local(self) -> bool:
+        """Whether this host is the machine this process runs on: its programs, its libvirt (``qemu:///system``)
+        and its NVML are the ones here. A host only answers True when it knows it (LocalHost)."""
+        ...
+
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             idempotent: bool = False) -> Result: ...
 
@@ -93,6 +99,12 @@ class BaseHost:
     @property
     def round_trips(self) -> int:
         return self._round_trips
+
+    @property
+    def is_local(self) -> bool:
+        # Only a host that runs its programs in this process's own machine can say yes; the others answer
+        # for a machine elsewhere (SSH), a model (sim) or a record (capture).
+        return False
 
     def _count_round_trip(self) -> None:
         with self._rt_lock:

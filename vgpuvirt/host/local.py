@@ -30,6 +30,10 @@ class LocalHost(BaseHost):
         if self.audit_override is not None:
             self.audit_path = self.audit_override
 
+    @property
+    def is_local(self) -> bool:
+        return True         # its programs run here (a sysfs_root elsewhere moves only the sysfs paths)
+
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
         return agent.handle(request, agent.OsFs(self.sysfs_root), audit_path=self.audit_override)

@@ -278,6 +278,10 @@ class ReplayHost(BaseHost):
                          str(self.capture.get("sysfs_root") or "/"))
         self.fs = ReplayFs(self.capture)
 
+    @property
+    def is_local(self) -> bool:
+        return False        # a record of a host as it was, even when recorded here: NVML now is not that host
+
     def _refuse(self, what: str) -> ReadOnlyHost:
         return ReadOnlyHost(self.name, f"refused: {what} (capture {self.path} is a read-only record of this "
                                        "host; run it against the host itself)")

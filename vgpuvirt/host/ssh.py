@@ -135,6 +135,10 @@ class SSHHost(BaseHost):
         self._resident: paramiko.Channel | None = None
         self._resident_lock = threading.Lock()
 
+    @property
+    def is_local(self) -> bool:
+        return False    # even ssh://localhost may reach a container or a forwarded port: no proof of "here"
+
     # -- connection -------------------------------------------------------------------------
     def _connect(self) -> paramiko.SSHClient:
         with self._conn_lock:

@@ -15,15 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vgpuvirt.errors import DeviceError, HostError, InvalidSpec, ProvisioningError, VgpuvirtError
-from vgpuvirt.host.base import Host, Op
+from vgpuvirt.host.base import Host
 from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now, missing_claims, with_claims
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
-from vgpuvirt.services import mig, vgpu_scheduler
+from vgpuvirt.services import vgpu_scheduler
 from vgpuvirt.services.gpu_capacity_build import physical_gpus
-from vgpuvirt.services.inventory import INVENTORY_GLOBS
-from vgpuvirt.services.inventory_build import build_inventory
+from vgpuvirt.services.host_read import MIG_TABLES, Want, read_host
 from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.mutation import apply_items
 
@@ -58,28 +57,24 @@ class HostApply:
 
 
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
-    """One round trip: the inventory and, where the host reads its real / (nvidia-smi describes that tree),
-    nvidia-smi's report and MIG tables (``-q -x``, ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and
-    every GPU's vGPU scheduler (NVML, modprobe.d, the module's registry parameters)."""
-    # the vGPU scheduler of every GPU NVML sees (one call) and the modprobe.d / module-parameter reads ride along
+    """One round trip (:func:`~vgpuvirt.services.host_read.read_host`): the inventory and, where the host reads
+    its real / (nvidia-smi describes that tree), nvidia-smi's report and MIG tables (``-q -x``,
+    ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and every GPU's vGPU scheduler (NVML, modprobe.d, the
+    module's registry parameters)."""
     domains = list(domains) if domains is not None else None      # read twice: the inventory, the claims
     real_root = host.sysfs_root == "/"      # elsewhere (a materialized tree) nvidia-smi would not describe it
-    ops = [*(Op.exec(a, timeout=60.0, read_only=True) for a in mig.READ_ARGVS if real_root),
-           *vgpu_scheduler.read_ops(None)]
-    batch = host.apply(ops, lock=False, on_error="continue",
-                       reads_after=[*INVENTORY_GLOBS, *vgpu_scheduler.READ_GLOBS])
-    if not any(p.startswith("/sys/bus/pci/devices/") for p in batch.after):
+    wants = {Want.SYSFS, Want.SCHEDULER, *((Want.NVIDIA_SMI, *MIG_TABLES) if real_root else ())}
+    read = read_host(host, wants)
+    if not any(p.startswith("/sys/bus/pci/devices/") for p in read.snapshot):
         raise HostError(host.name, f"no sysfs tree here: nothing under {host.sysfs_root.rstrip('/')}/sys/bus/pci")
-    n = len(mig.READ_ARGVS) if real_root else 0
-    inv = build_inventory(batch.after, host=host.name, domains=domains, nvidia_smi=batch[0] if n else None,
-                          mig_lgi=batch[1] if n else None, mig_lgip=batch[3] if n else None)
+    inv = read.inventory(domains)
     nvidia = [str(g.address) for g in physical_gpus(inv) if (g.vendor or "").lower() == "0x10de"]
     try:
-        sched: vgpu_scheduler.SchedulerRead | None = vgpu_scheduler.parse_read(host.name, nvidia,
-                                                                               batch.results[n:], batch.after)
+        sched: vgpu_scheduler.SchedulerRead | None = vgpu_scheduler.parse_read(host.name, nvidia, read.scheduler,
+                                                                               read.snapshot)
     except (InvalidSpec, ValueError):
         sched = None        # unreadable registry options: no layout reads them then, and one that sets a policy says so
-    gpus = gpus_now(inv, mig.build_mig_state(host.name, list(batch.results)) if n else None, sched)
+    gpus = gpus_now(inv, read.mig_state() if real_root else None, sched)
     # the mdevs defined VMs name that are missing (a reboot): the plan makes those again, with their UUIDs
     return inv, with_claims(gpus, missing_claims(inv, domains)) if domains is not None else gpus
 

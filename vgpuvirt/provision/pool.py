@@ -100,12 +100,12 @@ class Survey:
 
 
 def take_survey(host: Host, domain_pairs: Iterable[tuple[str, str]], *, name: str | None = None) -> Survey:
-    """Read what placement needs from ``host`` in ONE round trip (the inventory's reads, kept raw). ``name``:
-    the host's name in the domains' metadata (default ``host.name``)."""
-    from vgpuvirt.services.inventory import INVENTORY_GLOBS
+    """Read what placement needs from ``host`` in ONE round trip (the inventory's sysfs reads, kept raw: the
+    controller builds the inventory). ``name``: the host's name in the domains' metadata (default ``host.name``)."""
+    from vgpuvirt.services.host_read import Want, read_host
 
     name = name or host.name
-    return Survey(name, host.read(INVENTORY_GLOBS), tuple(own_domains(domain_pairs, name)))
+    return Survey(name, read_host(host, {Want.SYSFS}).snapshot, tuple(own_domains(domain_pairs, name)))
 
 
 # ------------------------------------------------------------------------------------------------ placement

@@ -48,6 +48,7 @@ from vgpuvirt.services.inventory_parse import (
 )
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 from vgpuvirt.services.nvml import NvmlReport
+from vgpuvirt.services.nvsmi_report import SmiReport, smi_report
 from vgpuvirt.services.sysfs import iommu_off
 
 
@@ -106,7 +107,7 @@ def _sysfs_part(snap: Snapshot, usage: Usage) -> _SysfsPart:
 
 
 def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[str, str]] | None = None,
-                    nvidia_smi: OpResult | None = None, nvml: NvmlReport | None = None,
+                    nvidia_smi: OpResult | SmiReport | None = None, nvml: NvmlReport | None = None,
                     mig_lgi: OpResult | None = None, mig_lgip: OpResult | None = None,
                     kernel_log: OpResult | None = None, health: HealthInputs | None = None,
                     cache: SysfsCache | None = None) -> Inventory:
@@ -117,19 +118,20 @@ def build_inventory(snap: Snapshot, *, host: str = "", domains: Iterable[tuple[s
     uses the same parse), instead of parsing them here. ``cache``: the host's :class:`SysfsCache`, to reuse the
     sysfs part of the previous build when the snapshot and domains are the same (the result is equal)."""
     doms = tuple(domains) if domains is not None else None
+    smi = smi_report(nvidia_smi)        # parsed once here when it comes raw: the facts and the health read it
     usage = Usage.from_domains(doms)
     part = cache.part(snap, doms, usage) if cache is not None else _sysfs_part(snap, usage)
     devices, groups, mdevs, parents = part.devices, part.groups, list(part.mdevs), list(part.parents)
     warnings: list[str] = [*usage.warnings, *part.warnings]
     sources: dict[str, str] = {"sysfs": "ok"}
-    facts = nvidia_facts(nvidia_smi, nvml, dict(part.type_names), warnings, sources, mig_lgi, mig_lgip)
+    facts = nvidia_facts(smi, nvml, dict(part.type_names), warnings, sources, mig_lgi, mig_lgip)
     vfs = vendor_vfs(part.raw_vfs, facts.type_names, usage)
     gpus = _gpus(devices, groups, parents, mdevs, vfs, facts, warnings)
     if any(GUEST_NOTE in g.notes for g in gpus):
         warnings.append("this OS is a VM guest (nvidia-smi: Virtualization Mode Pass-Through): GPUs passed "
                         "through to it can be used here whole, not split into vGPUs or assigned to VMs"
                         + ("; its IOMMU is off, as in most guests" if not part.iommu_enabled else ""))
-    gpus = with_health(gpus, health or health_inputs(nvidia_smi, kernel_log), warnings, sources)
+    gpus = with_health(gpus, health or health_inputs(smi, kernel_log), warnings, sources)
     if usage.given:
         _domain_warnings(usage, devices, mdevs, vfs, warnings)
     return Inventory(

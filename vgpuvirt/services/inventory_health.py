@@ -15,7 +15,8 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_health import assess
 from vgpuvirt.services.inventory_model import Gpu
 from vgpuvirt.services.kernel_log import KernelLog, parse_kernel_log
-from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
+from vgpuvirt.services.nvsmi_readings import GpuReadings
+from vgpuvirt.services.nvsmi_report import SmiReport, smi_report
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,12 @@ def _kernel_log(result: OpResult | None) -> tuple[KernelLog | None, str | None]:
     return parse_kernel_log(result.stdout), "ok"
 
 
-def health_inputs(nvidia_smi: OpResult | None, kernel_log: OpResult | None) -> HealthInputs:
-    """Parse both outputs once. Whatever nvidia-smi printed counts, even with a non-zero exit (a lost GPU
-    fails it, the others are still listed)."""
+def health_inputs(nvidia_smi: OpResult | SmiReport | None, kernel_log: OpResult | None) -> HealthInputs:
+    """Parse both outputs once (``nvidia_smi`` is parsed here only when it comes raw). Whatever nvidia-smi
+    printed counts, even with a non-zero exit (a lost GPU fails it, the others are still listed)."""
     klog, source = _kernel_log(kernel_log)
-    readings = parse_readings(nvidia_smi.stdout) if nvidia_smi is not None else {}
+    smi = smi_report(nvidia_smi)
+    readings = smi.readings if smi is not None else {}
     return HealthInputs(readings, klog, source)
 
 

@@ -13,8 +13,9 @@ from vgpuvirt.services import parsers as P
 from vgpuvirt.services.inventory_model import PciDevice, VendorType, VendorVf
 from vgpuvirt.services.inventory_parse import Index, Usage, entry_int, entry_text, errno_text, pci_key
 from vgpuvirt.services.mig_parse import parse_lgip
-from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_mig_lgi, parse_nvidia_smi_xml
+from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_mig_lgi
 from vgpuvirt.services.nvml import NvmlReport
+from vgpuvirt.services.nvsmi_report import SmiReport
 
 
 @dataclass
@@ -43,12 +44,13 @@ def _with_gpu_instances(gpus: list[NvidiaGpuFacts], lgi: OpResult | None,
             for i, g in enumerate(gpus)]
 
 
-def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, str],
+def _smi_facts(smi: SmiReport | None, warnings: list[str], sources: dict[str, str],
                lgi: OpResult | None = None,
                lgip: OpResult | None = None) -> tuple[dict[PciAddress, NvidiaGpuFacts], str | None]:
-    if result is None:
+    if smi is None:
         sources["nvidia_smi"] = "not run"
         return {}, None
+    result = smi.result
     if result.rc == 127 or result.errno == _errno.ENOENT:
         sources["nvidia_smi"] = "not installed"
         return {}, None
@@ -57,7 +59,7 @@ def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, 
         sources["nvidia_smi"] = f"failed (exit {result.rc})"
         warnings.append(f"nvidia-smi -q -x failed (exit {result.rc}): {' '.join(tail) or 'no output'}")
         return {}, None
-    report = parse_nvidia_smi_xml(result.stdout)
+    report = smi.facts
     if report.error:
         sources["nvidia_smi"] = "unreadable"
         warnings.append(f"nvidia-smi -q -x: {report.error}")
@@ -67,7 +69,7 @@ def _smi_facts(result: OpResult | None, warnings: list[str], sources: dict[str, 
     return {g.address: g for g in gpus if g.address is not None}, report.driver_version
 
 
-def nvidia_facts(nvidia_smi: OpResult | None, nvml: NvmlReport | None, type_names: dict[int, str],
+def nvidia_facts(nvidia_smi: SmiReport | None, nvml: NvmlReport | None, type_names: dict[int, str],
                  warnings: list[str], sources: dict[str, str], mig_lgi: OpResult | None = None,
                  mig_lgip: OpResult | None = None) -> NvidiaFacts:
     """Merge nvidia-smi's and NVML's per-GPU facts; ``type_names`` (from the VFs) is completed in place."""

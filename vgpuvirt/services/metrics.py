@@ -35,27 +35,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import replace
 from typing import Any
 
-from vgpuvirt.errors import InvalidSpec, VgpuvirtError
-from vgpuvirt.host.base import Host, Op, OpResult
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
+from vgpuvirt.errors import InvalidSpec, MissingDependency, VgpuvirtError
+from vgpuvirt.host.base import Host
+from vgpuvirt.services.host_read import INVENTORY_GLOBS, Want, read_host
 from vgpuvirt.services.inventory_build import SysfsCache
-from vgpuvirt.services.inventory_health import health_inputs
 from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.metrics_build import build_host_metrics
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV
 from vgpuvirt.services.nvidia_static import StaticFacts
-from vgpuvirt.services.nvml import load_pynvml
-from vgpuvirt.services.nvml_metrics import NvmlMetrics, collect_nvml
 from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
 from vgpuvirt.services.sysfs import PCI
 from vgpuvirt.services.vgpu_query import VGPU_QUERY_ARGV
 
 __all__ = ["METRICS_ARGVS", "METRICS_GLOBS", "Collector", "collect", "collect_many"]
 
+#: What one collection reads (:func:`~.host_read.read_host`): with its :class:`StaticFacts`, ``--query-gpu``
+#: gives the readings every time and ``-q -x`` runs only when the kept one is stale.
+_WANTS = frozenset({Want.SYSFS, Want.NVIDIA_SMI, Want.MIG_GPU_INSTANCES, Want.VGPU_QUERY, Want.KERNEL_LOG,
+                    Want.NVML_READINGS})
 #: The programs of one collection, in order (all read-only; ``mig -lgi`` exits 6 when there is no GI).
 #: ``--query-gpu`` gives the readings every time; ``-q -x`` runs only when :class:`StaticFacts` says so.
 METRICS_ARGVS: tuple[tuple[str, ...], ...] = (QUERY_GPU_ARGV, NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, VGPU_QUERY_ARGV,
@@ -70,12 +70,6 @@ _NOT_FOR_METRICS = frozenset(f"{PCI}/*/{a}" for a in ("subsystem_vendor", "subsy
 METRICS_GLOBS: tuple[str, ...] = tuple(g for g in INVENTORY_GLOBS if g not in _NOT_FOR_METRICS)
 
 Domains = Iterable[tuple[str, str]]
-
-
-def _ops(programs: Mapping[str, str], argvs: Sequence[tuple[str, ...]] = METRICS_ARGVS) -> list[Op]:
-    return [Op.exec((programs.get(argv[0], argv[0]), *argv[1:]), timeout=60.0, read_only=True,
-                    ok_codes=(0, 6) if argv == NVIDIA_SMI_LGI_ARGV else (0,))
-            for argv in argvs]
 
 
 class Collector:
@@ -102,70 +96,41 @@ class Collector:
         # per host: the last `nvidia-smi -q -x` (the facts only it gives), re-read when stale (see StaticFacts)
         self.static = StaticFacts()
 
-    def _nvml(self, host: Host) -> NvmlMetrics | None:
-        from vgpuvirt.host.local import LocalHost
-
-        if self.use_nvml is False or not (isinstance(host, LocalHost) and host.sysfs_root == "/"):
-            if self.use_nvml:
-                raise InvalidSpec("use_nvml", True, "NVML only on LocalHost reading the real / (it describes "
-                                                    "the machine we run on)")
-            return None
-        module = self.nvml_module or load_pynvml(required=bool(self.use_nvml))
-        return collect_nvml(module) if module is not None else None
-
     def collect(self, host: Host, *, domains: Domains | None = None) -> HostMetrics:
         """One host's metrics in ONE round trip. A host that fails (transport, agent) gives ``up=False`` with
         the reason in ``error``; nothing is raised for a host problem."""
         started = self.clock()
         t0 = time.perf_counter()
         rt0 = host.round_trips
-        nvml = self._nvml(host)
-        fresh = self.static.fresh(host.name, started)
-        left_out: set[tuple[str, ...]] = {NVIDIA_SMI_ARGV} if fresh else set()
-        if fresh and self.static.mig_off(host.name):
-            left_out.add(NVIDIA_SMI_LGI_ARGV)     # no MIG anywhere: the GPU-instance table has nothing to say
-        argvs = [a for a in METRICS_ARGVS if a not in left_out]
         try:
-            batch = host.apply(_ops(self.programs, argvs), lock=False, on_error="continue",
-                               reads_after=METRICS_GLOBS)
-            got = dict(zip(argvs, batch.results, strict=True))
-
-            def read_again() -> OpResult:
-                # -q -x no longer describes the GPUs: read it, and what was left out with it (MIG may be on now)
-                again = [NVIDIA_SMI_ARGV, *(a for a in METRICS_ARGVS if a in left_out and a != NVIDIA_SMI_ARGV)]
-                b = host.apply(_ops(self.programs, again), lock=False, on_error="continue")
-                got.update(zip(again, b.results, strict=True))
-                return got[NVIDIA_SMI_ARGV]
-
-            smi, readings = self.static.resolve(host.name, got[QUERY_GPU_ARGV], got.get(NVIDIA_SMI_ARGV), started,
-                                                read_again)
-            lgi, vq, dmesg = got.get(NVIDIA_SMI_LGI_ARGV), got[VGPU_QUERY_ARGV], got[DMESG_ARGV]
+            read = read_host(host, _WANTS, globs=METRICS_GLOBS, static=self.static, now=started,
+                             programs=self.programs, use_nvml=self.use_nvml, nvml_module=self.nvml_module)
         except (VgpuvirtError, OSError) as exc:
+            if isinstance(exc, InvalidSpec | MissingDependency) and host.round_trips == rt0:
+                raise       # refused before the host was asked (NVML where it cannot be read): the caller's error
             return HostMetrics(host=host.name, up=False, collected_at=started,
                                duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
                                error=f"{type(exc).__name__}: {exc}")
         doms = list(domains) if domains is not None else None
-        # parsed once: the inventory's health and the metrics share it (--query-gpu's readings when it answered)
-        health = health_inputs(smi if readings is None else None, dmesg)
-        if readings is not None:
-            health = replace(health, readings=readings)
         with self._lock:
             cache = self._sysfs.setdefault(host.name, SysfsCache())
-        inv = build_inventory(batch.after, host=host.name, domains=doms, nvidia_smi=smi, mig_lgi=lgi,
-                              kernel_log=dmesg, health=health, cache=cache)
+        # the parsed -q -x and kernel log are shared by the inventory's health and the metrics (read.health)
+        inv = read.inventory(doms, cache=cache)
+        nvml = read.nvml_readings
         sources = dict(inv.sources)
         if nvml is not None:
             sources["nvml"] = "ok" if nvml.available else f"unavailable ({nvml.error})"
-        klog = health.klog
+        klog = read.health.klog
         with self._lock:
             cursor = self._cursors.get(host.name)
             if klog is not None and klog.last_uptime_s is not None:
                 if cursor is not None and klog.last_uptime_s < cursor:
                     cursor = None      # the log went back in time: the host rebooted, every XID is new
                 self._cursors[host.name] = klog.last_uptime_s
-        return build_host_metrics(inv, smi=smi, vgpu_query=vq, klog=klog, cursor=cursor, domains=doms or (),
-                                  sources=sources, collected_at=started, duration_s=time.perf_counter() - t0,
-                                  round_trips=host.round_trips - rt0, nvml=nvml, readings=health.readings)
+        return build_host_metrics(inv, smi=read.smi, vgpu_query=read.vgpu_query, klog=klog, cursor=cursor,
+                                  domains=doms or (), sources=sources, collected_at=started,
+                                  duration_s=time.perf_counter() - t0, round_trips=host.round_trips - rt0,
+                                  nvml=nvml, readings=read.health.readings)
 
     def collect_many(self, hosts: Sequence[Host], *, domains: Mapping[str, Domains] | None = None,
                      workers: int | None = None, timeout: float | None = None) -> MetricsSnapshot:

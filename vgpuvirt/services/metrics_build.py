@@ -25,7 +25,8 @@ from vgpuvirt.services.metrics_model import (
     VgpuMetrics,
 )
 from vgpuvirt.services.nvml_metrics import NvmlMetrics
-from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
+from vgpuvirt.services.nvsmi_readings import GpuReadings
+from vgpuvirt.services.nvsmi_report import SmiReport, smi_report
 from vgpuvirt.services.vgpu_query import ActiveVgpu, parse_vgpu_query
 from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.refs import domain_device_refs
@@ -154,7 +155,7 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
     )
 
 
-def build_host_metrics(inv: Inventory, *, smi: OpResult | None, vgpu_query: OpResult | None,
+def build_host_metrics(inv: Inventory, *, smi: OpResult | SmiReport | None, vgpu_query: OpResult | None,
                        klog: KernelLog | None, cursor: float | None, domains: Iterable[tuple[str, str]],
                        sources: dict[str, str], collected_at: float, duration_s: float | None,
                        round_trips: int | None, nvml: NvmlMetrics | None = None,
@@ -163,7 +164,8 @@ def build_host_metrics(inv: Inventory, *, smi: OpResult | None, vgpu_query: OpRe
     ``smi``'s, already parsed by the caller (the inventory's health used them too)."""
     # a lost GPU makes nvidia-smi exit non-zero while it still reports the others: read what it printed
     # (a copy: NVML's are merged in below, the caller's mapping stays as it was)
-    by_gpu = dict(readings) if readings is not None else parse_readings(smi.stdout) if smi is not None else {}
+    parsed = smi_report(smi) if readings is None else None
+    by_gpu = dict(readings) if readings is not None else dict(parsed.readings) if parsed is not None else {}
     vq_ok = vgpu_query is not None and vgpu_query.ok
     sources = {**sources, "vgpu_query": _source(vgpu_query)}
     active = parse_vgpu_query(vgpu_query.stdout) if vq_ok and vgpu_query is not None else []

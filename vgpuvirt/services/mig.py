@@ -27,6 +27,7 @@ from vgpuvirt.services.mig_parse import (
     parse_lgipp,
 )
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, parse_nvidia_smi_xml
+from vgpuvirt.services.nvsmi_report import SmiReport
 
 LGIP_ARGV = ("nvidia-smi", "mig", "-lgip")
 LGIPP_ARGV = ("nvidia-smi", "mig", "-lgipp")
@@ -135,8 +136,9 @@ def _listing(r: OpResult | None, what: str, errors: list[str]) -> str:
     return ""
 
 
-def build_mig_state(host: str, results: list[OpResult | None]) -> MigState:
-    """The state from the five results of :data:`READ_ARGVS` (pure)."""
+def build_mig_state(host: str, results: list[OpResult | None], parsed: SmiReport | None = None) -> MigState:
+    """The state from the five results of :data:`READ_ARGVS` (pure). ``parsed``: the first one already parsed (a
+    read that hands its one parse of ``-q -x`` to the inventory too)."""
     smi, lgi, lci, lgip, lgipp = (list(results) + [None] * 5)[:5]
     if smi is None or smi.rc == 127 or smi.errno == _errno.ENOENT:
         return MigState(host, available=False, errors=("nvidia-smi is not installed",))
@@ -144,7 +146,7 @@ def build_mig_state(host: str, results: list[OpResult | None]) -> MigState:
         tail = (smi.stderr or smi.stdout or smi.error or "").strip().splitlines()[-1:]
         return MigState(host, available=False, errors=(f"nvidia-smi -q -x failed (exit {smi.rc}): "
                                                        f"{' '.join(tail) or 'no output'}",))
-    report = parse_nvidia_smi_xml(smi.stdout)
+    report = parsed.facts if parsed is not None else parse_nvidia_smi_xml(smi.stdout)
     if report.error:
         return MigState(host, available=False, errors=(f"nvidia-smi -q -x: {report.error}",))
     errors: list[str] = []

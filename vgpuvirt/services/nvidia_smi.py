@@ -83,7 +83,7 @@ class NvidiaSmiReport:
     error: str | None = None
 
 
-def _clean(text: str | None) -> str | None:
+def clean(text: str | None) -> str | None:
     if text is None:
         return None
     t = " ".join(text.split())
@@ -93,7 +93,7 @@ def _clean(text: str | None) -> str | None:
 
 
 def _mib(text: str | None) -> int | None:
-    t = _clean(text)
+    t = clean(text)
     if t is None:
         return None
     m = re.fullmatch(r"(\d+)\s*MiB", t)
@@ -106,25 +106,36 @@ def _supported(text: str | None) -> bool | None:
     return {"supported": True, "not supported": False}.get(" ".join(text.split()).lower())
 
 
-def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
-    """Parse the whole document; an unparseable one yields an empty report with ``error`` set."""
+def parse_root(text: str | bytes | None) -> tuple[Any, str | None]:
+    """The document's root element (lxml), or None and why not. The one XML parse of a ``-q -x`` answer:
+    :func:`report_of` and :func:`~vgpuvirt.services.nvsmi_readings.readings_of` both read the tree it gives."""
     from lxml import etree
 
     if not text:
-        return NvidiaSmiReport(None, None, [], error="empty output")
+        return None, "empty output"
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
                              recover=False)
     try:
-        root = etree.fromstring(text.encode() if isinstance(text, str) else text, parser)
+        return etree.fromstring(text.encode() if isinstance(text, str) else text, parser), None
     except etree.XMLSyntaxError as exc:
-        return NvidiaSmiReport(None, None, [], error=f"unparseable nvidia-smi XML: {exc}")
+        return None, f"unparseable nvidia-smi XML: {exc}"
+
+
+def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
+    """Parse the whole document; an unparseable one yields an empty report with ``error`` set."""
+    root, error = parse_root(text)
+    return report_of(root) if root is not None else NvidiaSmiReport(None, None, [], error=error)
+
+
+def report_of(root: Any) -> NvidiaSmiReport:
+    """The facts of a parsed ``-q -x`` document (:func:`parse_root`)."""
     if root.tag != "nvidia_smi_log":
         return NvidiaSmiReport(None, None, [], error=f"unexpected root element <{root.tag}>")
     gpus: list[NvidiaGpuFacts] = []
     for g in root.iterfind("gpu"):
         def t(path: str, g: Any = g) -> str | None:
             el = g.find(path)
-            return _clean(el.text) if el is not None else None
+            return clean(el.text) if el is not None else None
 
         bus_id = g.get("id") or t("pci/pci_bus_id")
         try:
@@ -153,8 +164,8 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
         ))
     drv = root.find("driver_version")
     cuda = root.find("cuda_version")
-    return NvidiaSmiReport(_clean(drv.text) if drv is not None else None,
-                           _clean(cuda.text) if cuda is not None else None, gpus)
+    return NvidiaSmiReport(clean(drv.text) if drv is not None else None,
+                           clean(cuda.text) if cuda is not None else None, gpus)
 
 
 def parse_mig_lgi(text: str | None) -> dict[int, list[tuple[int, str]]]:

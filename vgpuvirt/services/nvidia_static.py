@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.nvidia_smi import parse_nvidia_smi_xml
+from vgpuvirt.services.nvidia_smi import NvidiaSmiReport, parse_nvidia_smi_xml
 from vgpuvirt.services.nvsmi_readings import GpuReadings
+from vgpuvirt.services.nvsmi_report import SmiReport
 from vgpuvirt.services.query_gpu import QueryGpuReport, parse_query_gpu
 
-__all__ = ["Fingerprint", "StaticFacts", "fingerprint_of_query", "fingerprint_of_xml"]
+__all__ = ["Fingerprint", "StaticFacts", "fingerprint_of_query", "fingerprint_of_report", "fingerprint_of_xml"]
 
 #: (driver version, ((bus id, UUID, MIG current, MIG pending), ...) in bus order)
 Fingerprint = tuple[str | None, tuple[tuple[str, str | None, str | None, str | None], ...]]
@@ -33,7 +34,10 @@ def fingerprint_of_query(report: QueryGpuReport) -> Fingerprint:
 
 
 def fingerprint_of_xml(text: str) -> Fingerprint:
-    report = parse_nvidia_smi_xml(text)
+    return fingerprint_of_report(parse_nvidia_smi_xml(text))
+
+
+def fingerprint_of_report(report: NvidiaSmiReport) -> Fingerprint:
     return report.driver_version, tuple(sorted(
         (str(g.address), g.uuid, g.mig_mode_current, g.mig_mode_pending) for g in report.gpus
         if g.address is not None))
@@ -41,13 +45,13 @@ def fingerprint_of_xml(text: str) -> Fingerprint:
 
 @dataclass(frozen=True)
 class _Entry:
-    smi: OpResult
+    smi: SmiReport          # parsed when it was read: a scrape that reuses it parses nothing
     fingerprint: Fingerprint
     at: float
 
 
 class StaticFacts:
-    """Per host, the last ``nvidia-smi -q -x`` answer and whether it still describes the host (thread-safe)."""
+    """Per host, the last ``nvidia-smi -q -x`` answer (parsed) and whether it still describes the host (thread-safe)."""
 
     def __init__(self, max_age_s: float = 60.0) -> None:
         self.max_age_s = max_age_s
@@ -68,15 +72,15 @@ class StaticFacts:
             e = self._entries.get(host)
         return e is not None and not any("Enabled" in (cur, pending) for _, _, cur, pending in e.fingerprint[1])
 
-    def keep(self, host: str, smi: OpResult, now: float) -> None:
+    def keep(self, host: str, smi: SmiReport, now: float) -> None:
         """Remember a ``-q -x`` answer (a failed one is not kept: the next collection reads it again)."""
         with self._lock:
-            if smi.ok:
-                self._entries[host] = _Entry(smi, fingerprint_of_xml(smi.stdout), now)
+            if smi.result.ok:
+                self._entries[host] = _Entry(smi, fingerprint_of_report(smi.facts), now)
             else:
                 self._entries.pop(host, None)
 
-    def get(self, host: str, query: QueryGpuReport) -> OpResult | None:
+    def get(self, host: str, query: QueryGpuReport) -> SmiReport | None:
         """The kept answer when it describes the GPUs ``query`` lists; None when it must be read again."""
         with self._lock:
             e = self._entries.get(host)
@@ -86,8 +90,8 @@ class StaticFacts:
         with self._lock:
             self._entries.pop(host, None)
 
-    def resolve(self, host: str, query: OpResult, smi: OpResult | None, now: float,
-                read_xml: Callable[[], OpResult]) -> tuple[OpResult, dict[PciAddress, GpuReadings] | None]:
+    def resolve(self, host: str, query: OpResult, smi: SmiReport | None, now: float,
+                read_xml: Callable[[], SmiReport]) -> tuple[SmiReport, dict[PciAddress, GpuReadings] | None]:
         """The ``-q -x`` answer whose facts a read uses, and ``--query-gpu``'s readings (None: take them from
         ``-q -x``). ``smi``: the ``-q -x`` of this read when it ran (not :meth:`fresh`). ``read_xml`` runs
         ``-q -x`` in one more round trip: only when the kept one turns out not to describe the GPUs listed now,
@@ -96,7 +100,7 @@ class StaticFacts:
         if report is None or report.error:
             self.forget(host)
             if query.rc == 127:               # no nvidia-smi at all: say so as -q -x would have
-                return smi or query, None
+                return smi or SmiReport.parse(query), None
             return smi or read_xml(), None
         kept = self.get(host, report) if smi is None else None
         if kept is not None:

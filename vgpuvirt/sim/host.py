@@ -85,6 +85,10 @@ class SimHost(BaseHost):
     def from_profile(cls, name_or_path: str | os.PathLike[str], *, name: str | None = None) -> SimHost:
         return cls(load_profile(name_or_path), name=name)
 
+    @property
+    def is_local(self) -> bool:
+        return False        # a model: this machine's NVML and libvirt describe another host than the simulated one
+
     def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         self._count_round_trip()
         response: dict[str, Any] = agent.handle(request, fs=self.fs, locker=self._locker,
