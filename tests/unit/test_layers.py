@@ -1,16 +1,41 @@
-"""The house rules of DESIGN.md that code can check: imports point down (no cycle; model and xml import no
-host, libvirt, paramiko or pynvml), and modules stay small enough to read in one sitting."""
+"""The house rules of DESIGN.md that code can check.
+
+* Imports point down: no import circle between vgpuvirt's modules, and model and xml import no host, libvirt,
+  paramiko or pynvml.
+* No module imports a private name (``_x``) of another module.
+* No class is split across files by inheritance.
+
+Every import counts, wherever it stands: at the top, inside a function (it runs later, but it runs, and a circle
+through it is a circle), and under ``if TYPE_CHECKING:`` (it never runs, but the module still depends on the other
+for its types: a type-only arrow that points up, or closes a circle, couples the layers as much as a runtime one;
+where two modules need each other's types, the shared types move down). Importing ``vgpuvirt.a.b`` first runs the
+package ``vgpuvirt/a/__init__.py``, so it is an arrow to that package too; a package's ``__init__`` re-exporting
+its own submodules is not an arrow between layers.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "vgpuvirt"
-MAX_LINES = 400
-BIG_ON_PURPOSE = {"vgpuvirt.host.agent"}      # shipped to hosts as one file (python3 >= 3.6, stdlib only)
 
 
+@dataclass(frozen=True)
+class Arrow:
+    source: str
+    target: str
+    line: int
+    names: tuple[str, ...]        # the names a ``from target import ...`` takes (empty for ``import target``)
+
+
+@cache
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PACKAGE.rglob("*.py"):
@@ -19,43 +44,110 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _top_level_imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """What a module imports when it is loaded (not inside functions, not under ``if TYPE_CHECKING``)."""
-    found: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vgpuvirt"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+@cache
+def _tree(module: str) -> ast.Module:
+    return ast.parse(_modules()[module].read_text())
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool | None = None) -> str:
+    if not node.level:
+        return node.module or ""
+    if is_package is None:
+        is_package = _modules()[module].name == "__init__.py"
+    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _arrows(module: str) -> Iterator[Arrow]:
+    return _arrows_in(module, _tree(module), _modules()[module].name == "__init__.py")
+
+
+def _arrows_in(module: str, tree: ast.Module, is_package: bool) -> Iterator[Arrow]:
+    """Every import of a vgpuvirt module in ``module``: ast.walk reaches function bodies and TYPE_CHECKING blocks."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _absolute(module, node, is_package)
+            if target.split(".")[0] == "vgpuvirt":
+                yield Arrow(module, target, node.lineno, tuple(a.name for a in node.names))
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("vgpuvirt"))
-    return {m for m in found if m in modules}
+            for a in node.names:
+                if a.name.split(".")[0] == "vgpuvirt":
+                    yield Arrow(module, a.name, node.lineno, ())
 
 
-def _graph() -> dict[str, set[str]]:
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+@cache
+def _graph() -> dict[str, frozenset[str]]:
     mods = _modules()
-    # A package's __init__ re-exporting its submodules is not an arrow between layers.
-    return {m: {t for t in _top_level_imports(p, mods) if t != m and not t.startswith(m + ".")}
-            for m, p in mods.items()}
+    graph: dict[str, frozenset[str]] = {}
+    for m in mods:
+        targets: set[str] = set()
+        for a in _arrows(m):
+            # ``from vgpuvirt.x import y`` imports the submodule vgpuvirt.x.y where there is one
+            named = [f"{a.target}.{n}" for n in a.names if f"{a.target}.{n}" in mods]
+            for t in [a.target, *named]:
+                targets.update(x for x in [t, *_ancestors(t)] if x in mods)
+        own = set(_ancestors(m))       # a module's own packages are running already when it is imported
+        graph[m] = frozenset(t for t in targets if t != m and t not in own and not t.startswith(m + "."))
+    return graph
 
 
-def test_no_import_cycle() -> None:
+def _circles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each a set of modules in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
     graph = _graph()
-    state: dict[str, int] = {}
-    cycles: list[list[str]] = []
+    circles = _circles(graph)
+    described = ["{" + ", ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a] & set(c))) + "}" for c in circles]
+    assert not circles, "import circles: " + "; ".join(described)
 
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                cycles.append([*path[path.index(t):], t])
-            elif t not in state:
-                visit(t, [*path, t])
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
-    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+def test_the_graph_sees_every_kind_of_import() -> None:
+    """The reader finds function-level, TYPE_CHECKING and relative imports, and a circle through them."""
+    src = ("from typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from vgpuvirt.b import B\n"
+           "def f():\n    import vgpuvirt.c\n    from . import d\n")
+    found = {a.target for a in _arrows_in("vgpuvirt.x.a", ast.parse(src), is_package=False)}
+    assert found == {"vgpuvirt.b", "vgpuvirt.c", "vgpuvirt.x"}
+    assert _circles({"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}), "d": frozenset({"a"})}) \
+        == [["a", "b", "c"]]
+    assert _circles({"a": frozenset({"b"}), "b": frozenset()}) == []
 
 
 def test_model_and_xml_stay_at_the_bottom() -> None:
@@ -64,14 +156,170 @@ def test_model_and_xml_stay_at_the_bottom() -> None:
                                      "vgpuvirt.layout.schema") or m.startswith("vgpuvirt.xml")]
     for m in low:
         up = {t for t in graph[m] if t.startswith(("vgpuvirt.host", "vgpuvirt.services", "vgpuvirt.provision",
-                                                   "vgpuvirt.cli", "vgpuvirt.libvirt_conn"))}
+                                                   "vgpuvirt.cli", "vgpuvirt.libvirt_", "vgpuvirt.layout.",
+                                                   "vgpuvirt.sim", "vgpuvirt.observe"))
+              and t not in low}
         assert not up, f"{m} imports {sorted(up)}"
         text = _modules()[m].read_text()
         for lib in ("import libvirt", "import paramiko", "import pynvml"):
             assert lib not in text, f"{m}: {lib}"
 
 
-def test_modules_stay_small() -> None:
-    big = {m: n for m, p in _modules().items()
-           if m not in BIG_ON_PURPOSE and (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines: {big}"
+# -- private names ---------------------------------------------------------------------------------------------
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_uses(module: str) -> Iterator[str]:
+    return _private_uses_in(module, _tree(module), _modules()[module].name == "__init__.py", set(_modules()))
+
+
+def _private_uses_in(module: str, tree: ast.Module, is_package: bool, mods: set[str]) -> Iterator[str]:
+    """``from m import _x``, ``import m._x`` and ``m._x`` where ``m`` names another vgpuvirt module in this one.
+
+    The names bound to modules are collected over the whole file (not per scope): a local variable that shadows
+    a module's name and has a private attribute is reported too, which errs on the side of a loud failure."""
+    bound: dict[str, str] = {}
+    for a in _arrows_in(module, tree, is_package):
+        node_names = a.names
+        for part in a.target.split(".")[1:]:
+            if _private(part) and a.target != module:
+                yield f"{module}:{a.line} imports the private module {a.target}"
+                break
+        for n in node_names:
+            if _private(n) and a.target != module:
+                yield f"{module}:{a.line} imports {a.target}.{n}"
+            elif f"{a.target}.{n}" in mods:
+                bound[n] = f"{a.target}.{n}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _absolute(module, node, is_package).startswith("vgpuvirt"):
+            target = _absolute(module, node, is_package)
+            for a in node.names:
+                if a.asname and f"{target}.{a.name}" in mods:
+                    bound[a.asname] = f"{target}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("vgpuvirt."):
+                    bound[a.asname or a.name] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = ast.unparse(node.value)
+            target = bound.get(owner)
+            if target is not None and target != module:
+                yield f"{module}:{node.lineno} uses {target}.{node.attr}"
+
+
+# Issue 23: these modules are being rewritten on other branches (the change engine) and were left alone here; the
+# list may only shrink, and a fixed entry must leave it (the test fails both ways).
+BEING_REWRITTEN = {
+    "vgpuvirt.layout.interop_host imports vgpuvirt.layout.planner._want_vfs",
+    "vgpuvirt.provision.run imports vgpuvirt.provision.apply._conn_for",
+    "vgpuvirt.provision.run imports vgpuvirt.provision.apply._hosts_by_name",
+    "vgpuvirt.provision.teardown imports vgpuvirt.provision.apply._conn_for",
+    "vgpuvirt.provision.teardown imports vgpuvirt.provision.apply._hosts_by_name",
+    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._parse_addresses",
+    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._report",
+    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._users",
+}
+
+
+def test_no_private_name_imported_across_modules() -> None:
+    found = {u for m in sorted(_modules()) for u in _private_uses(m)}
+    unlisted = sorted(u for u in found if re.sub(r":\d+ ", " ", u) not in BEING_REWRITTEN)
+    assert not unlisted, f"{len(unlisted)} private names used across modules:\n" + "\n".join(unlisted)
+    gone = BEING_REWRITTEN - {re.sub(r":\d+ ", " ", u) for u in found}
+    assert not gone, f"fixed: take them off BEING_REWRITTEN: {sorted(gone)}"
+
+
+def test_the_private_name_reader_sees_every_form() -> None:
+    src = ("import vgpuvirt.b as mb\nfrom vgpuvirt import c\n"
+           "def f():\n    from vgpuvirt.d import _x, y\n    return mb._hidden, c._z, mb.public, y._ok\n")
+    found = sorted(re.sub(r":\d+ ", " ", u) for u in _private_uses_in("vgpuvirt.a", ast.parse(src), False,
+                                                                        {"vgpuvirt.b", "vgpuvirt.c", "vgpuvirt.d"}))
+    assert found == ["vgpuvirt.a imports vgpuvirt.d._x", "vgpuvirt.a uses vgpuvirt.b._hidden",
+                     "vgpuvirt.a uses vgpuvirt.c._z"]
+
+
+# -- classes split across files ------------------------------------------------------------------------------
+
+def _classes() -> tuple[dict[tuple[str, str], ast.ClassDef], dict[tuple[str, str], list[tuple[str, str]]]]:
+    """Every top-level class of vgpuvirt, and for each the vgpuvirt classes that name it as a base."""
+    classes: dict[tuple[str, str], ast.ClassDef] = {}
+    subclasses: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    mods = _modules()
+    for m in mods:
+        imported: dict[str, tuple[str, str]] = {}
+        for node in ast.walk(_tree(m)):
+            if isinstance(node, ast.ImportFrom):
+                target = _absolute(m, node)
+                for a in node.names:
+                    imported[a.asname or a.name] = (target, a.name)
+        for node in _tree(m).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            classes[(m, node.name)] = node
+            for b in node.bases:
+                b = b.value if isinstance(b, ast.Subscript) else b
+                if isinstance(b, ast.Name):
+                    base = imported.get(b.id, (m, b.id))
+                elif isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name) and b.value.id in imported:
+                    base = (".".join(imported[b.value.id]), b.attr)
+                else:
+                    continue
+                subclasses.setdefault(base, []).append((m, node.name))
+    return classes, subclasses
+
+
+def _is_exception(key: tuple[str, str], classes: dict[tuple[str, str], ast.ClassDef]) -> bool:
+    node = classes.get(key)
+    if node is None:
+        return key[1].endswith(("Error", "Exception")) or key[1] in ("Exception", "BaseException")
+    return any(_is_exception(_base_key(key[0], b, classes), classes) for b in node.bases)
+
+
+def _base_key(module: str, base: ast.expr, classes: dict[tuple[str, str], ast.ClassDef]) -> tuple[str, str]:
+    name = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)
+    for node in ast.walk(_tree(module)):
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    return (_absolute(module, node), a.name)
+    return (module, name)
+
+
+def _instantiated(name: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))
+               and (n.func.id if isinstance(n.func, ast.Name) else n.func.attr) == name
+               for m in _modules() for n in ast.walk(_tree(m)))
+
+
+def split_classes() -> list[str]:
+    """The classes that are pieces of one class cut across files.
+
+    A class is such a piece when, in vgpuvirt, exactly one class derives from it and that class lives in another
+    module, and the piece has no life of its own: it is not an exception (an exception tree is a family, even
+    with one member), and nothing creates an instance of it (a mixin, a "calls" base, a tree of attribute
+    handlers that only the one subclass assembles). ABCs and Protocols with several implementations are not
+    pieces (several subclasses), nor is a class with one subclass that is used on its own (``CliParser``).
+    """
+    classes, subclasses = _classes()
+    found = []
+    for key, subs in sorted(subclasses.items()):
+        if key not in classes or len(subs) != 1 or subs[0][0] == key[0]:
+            continue
+        if _is_exception(key, classes) or _instantiated(key[1]):
+            continue
+        found.append(f"{key[0]}.{key[1]} is only the base of {subs[0][0]}.{subs[0][1]}")
+    return found
+
+
+def test_no_class_split_across_files() -> None:
+    found = split_classes()
+    assert not found, f"{len(found)} classes split across files by inheritance:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("module", ["vgpuvirt.host.agent"])
+def test_the_agent_stays_one_file(module: str) -> None:
+    """The agent is shipped to hosts as one file (python3 >= 3.6, stdlib only): it imports nothing of vgpuvirt."""
+    assert not list(_arrows(module)), [a.target for a in _arrows(module)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_health import assess
-from vgpuvirt.services.inventory_model import Gpu
+from vgpuvirt.services.inventory_parts import Gpu
 from vgpuvirt.services.kernel_log import KernelLog, parse_kernel_log
 from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
 

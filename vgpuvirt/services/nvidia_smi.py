@@ -83,7 +83,7 @@ class NvidiaSmiReport:
     error: str | None = None
 
 
-def _clean(text: str | None) -> str | None:
+def clean_text(text: str | None) -> str | None:
     if text is None:
         return None
     t = " ".join(text.split())
@@ -93,7 +93,7 @@ def _clean(text: str | None) -> str | None:
 
 
 def _mib(text: str | None) -> int | None:
-    t = _clean(text)
+    t = clean_text(text)
     if t is None:
         return None
     m = re.fullmatch(r"(\d+)\s*MiB", t)
@@ -124,7 +124,7 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
     for g in root.iterfind("gpu"):
         def t(path: str, g: Any = g) -> str | None:
             el = g.find(path)
-            return _clean(el.text) if el is not None else None
+            return clean_text(el.text) if el is not None else None
 
         bus_id = g.get("id") or t("pci/pci_bus_id")
         try:
@@ -153,8 +153,8 @@ def parse_nvidia_smi_xml(text: str | bytes | None) -> NvidiaSmiReport:
         ))
     drv = root.find("driver_version")
     cuda = root.find("cuda_version")
-    return NvidiaSmiReport(_clean(drv.text) if drv is not None else None,
-                           _clean(cuda.text) if cuda is not None else None, gpus)
+    return NvidiaSmiReport(clean_text(drv.text) if drv is not None else None,
+                           clean_text(cuda.text) if cuda is not None else None, gpus)
 
 
 def parse_mig_lgi(text: str | None) -> dict[int, list[tuple[int, str]]]:

@@ -18,7 +18,7 @@ from typing import Any
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.metrics_model import Ecc, MemoryRepair, PcieLink
-from vgpuvirt.services.nvidia_smi import _clean
+from vgpuvirt.services.nvidia_smi import clean_text
 
 _NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:%|C|W|MHz|MiB|x|KB/s)?$")
 
@@ -49,7 +49,7 @@ class GpuReadings:
 
 def number(text: str | None) -> float | None:
     """``"45 C"``, ``"27.22 W"``, ``"16x"``, ``"2 %"`` -> the number; N/A or anything else -> None."""
-    t = _clean(text)
+    t = clean_text(text)
     if t is None:
         return None
     m = _NUMBER.match(t)
@@ -62,7 +62,7 @@ def integer(text: str | None) -> int | None:
 
 
 def yes_no(text: str | None) -> bool | None:
-    t = (_clean(text) or "").lower()
+    t = (clean_text(text) or "").lower()
     return True if t == "yes" else False if t == "no" else None
 
 
@@ -114,7 +114,7 @@ def _gpu(g: Any, address: PciAddress) -> GpuReadings:
     power = _power_draw(t)
     link = "pci/pci_gpu_link_info"
     return GpuReadings(
-        address=address, name=_clean(t("product_name")), uuid=_clean(t("uuid")),
+        address=address, name=clean_text(t("product_name")), uuid=clean_text(t("uuid")),
         fb_total_mib=integer(t("fb_memory_usage/total")), fb_used_mib=integer(t("fb_memory_usage/used")),
         fb_reserved_mib=integer(t("fb_memory_usage/reserved")),
         sm_util_pct=number(t("utilization/gpu_util")), memory_util_pct=number(t("utilization/memory_util")),
@@ -123,7 +123,7 @@ def _gpu(g: Any, address: PciAddress) -> GpuReadings:
         temperature_c=number(t("temperature/gpu_temp")), power_w=power, power_limit_w=limit,
         sm_clock_mhz=integer(t("clocks/sm_clock")), memory_clock_mhz=integer(t("clocks/mem_clock")),
         graphics_clock_mhz=integer(t("clocks/graphics_clock")),
-        performance_state=_clean(t("performance_state")),
+        performance_state=clean_text(t("performance_state")),
         ecc=Ecc(cv, uv, ca, ua),
         memory_repair=MemoryRepair(
             retired_sbe=integer(t("retired_pages/multiple_single_bit_retirement/retired_count")),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.nvidia_smi import _clean
+from vgpuvirt.services.nvidia_smi import clean_text
 from vgpuvirt.services.nvsmi_readings import integer, number
 
 VGPU_QUERY_ARGV = ("nvidia-smi", "vgpu", "-q")
@@ -120,6 +120,6 @@ def parse_vgpu_query(text: str | None) -> list[ActiveVgpu]:
             stack.append((indent, key))
             continue
         path = "/".join([s for _, s in stack] + [key])
-        current[path] = _clean(value) if value.strip() else None
+        current[path] = clean_text(value) if value.strip() else None
     flush()
     return out
