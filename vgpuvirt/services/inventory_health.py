@@ -50,14 +50,6 @@ def health_inputs(nvidia_smi: OpResult | None, kernel_log: OpResult | None) -> H
     return HealthInputs(readings, klog, source)
 
 
-def kernel_log_of(result: OpResult | None, sources: dict[str, str]) -> KernelLog | None:
-    """The parsed kernel log, or None (with ``sources["kernel_log"]`` saying why) when it was not readable."""
-    klog, source = _kernel_log(result)
-    if source is not None:
-        sources["kernel_log"] = source
-    return klog
-
-
 def with_health(gpus: list[Gpu], health: HealthInputs, warnings: list[str], sources: dict[str, str]) -> list[Gpu]:
     klog, readings = health.klog, health.readings
     if health.kernel_log_source is not None:
