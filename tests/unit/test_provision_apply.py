@@ -21,6 +21,7 @@ from vgpuvirt.provision.steps import CreateMdev
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain
+from vgpuvirt.xml.provenance import Provenance
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -137,6 +138,13 @@ def test_passthrough_vf_and_mig_profiles(profile, gpu, template, kind, conn):
     else:
         assert devs.mdev_uuids == [] and devs.pci_addresses[0] == a.slot
         assert set(devs.pci_addresses) == {a.slot, *a.functions}
+    # The provenance names the device by its kind: what `vgpuvirt vm`, detach and a rerun read back.
+    prov = Provenance.read(xml)
+    assert prov is not None
+    if kind == "mdev":
+        assert [(e["kind"], e["uuid"]) for e in prov.gpus] == [("mdev", str(mdev_uuid_for(vms[0].name, 0)))]
+    else:
+        assert [dict(e) for e in prov.gpus] == [{"kind": kind, "address": str(a.slot)}]
     assert teardown(host, conn, [v.name for v in vms]).ok
     assert _state(host, conn) == before
 
