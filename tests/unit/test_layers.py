@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -283,58 +283,30 @@ def test_the_private_name_reader_sees_every_form() -> None:
 
 # -- classes split across files ------------------------------------------------------------------------------
 
-def _classes() -> tuple[dict[tuple[str, str], ast.ClassDef], dict[tuple[str, str], list[tuple[str, str]]]]:
-    """Every top-level class of vgpuvirt, and for each the vgpuvirt classes that name it as a base."""
-    classes: dict[tuple[str, str], ast.ClassDef] = {}
-    subclasses: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    mods = _modules()
-    for m in mods:
-        imported: dict[str, tuple[str, str]] = {}
-        for node in ast.walk(_tree(m)):
-            if isinstance(node, ast.ImportFrom):
-                target = _absolute(m, node)
-                for a in node.names:
-                    imported[a.asname or a.name] = (target, a.name)
-        for node in _tree(m).body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            classes[(m, node.name)] = node
-            for b in node.bases:
-                b = b.value if isinstance(b, ast.Subscript) else b
-                if isinstance(b, ast.Name):
-                    base = imported.get(b.id, (m, b.id))
-                elif isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name) and b.value.id in imported:
-                    base = (".".join(imported[b.value.id]), b.attr)
-                else:
-                    continue
-                subclasses.setdefault(base, []).append((m, node.name))
-    return classes, subclasses
+Trees = Mapping[str, ast.Module]
+ClassKey = tuple[str, str]          # (module, class name)
 
 
-def _is_exception(key: tuple[str, str], classes: dict[tuple[str, str], ast.ClassDef]) -> bool:
-    node = classes.get(key)
-    if node is None:
-        return key[1].endswith(("Error", "Exception")) or key[1] in ("Exception", "BaseException")
-    return any(_is_exception(_base_key(key[0], b, classes), classes) for b in node.bases)
+def _all_trees() -> Trees:
+    return {m: _tree(m) for m in _modules()}
 
 
-def _base_key(module: str, base: ast.expr, classes: dict[tuple[str, str], ast.ClassDef]) -> tuple[str, str]:
-    name = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)
-    for node in ast.walk(_tree(module)):
-        if isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                if (a.asname or a.name) == name:
-                    return (_absolute(module, node), a.name)
-    return (module, name)
+def _imported_names(module: str, tree: ast.Module) -> dict[str, ClassKey]:
+    is_package = module in _modules() and _modules()[module].name == "__init__.py"
+    return {a.asname or a.name: (_absolute(module, node, is_package), a.name)
+            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for a in node.names}
 
 
-def _instantiated(name: str) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))
-               and (n.func.id if isinstance(n.func, ast.Name) else n.func.attr) == name
-               for m in _modules() for n in ast.walk(_tree(m)))
+def _base_key(module: str, base: ast.expr, imported: dict[str, ClassKey]) -> ClassKey | None:
+    base = base.value if isinstance(base, ast.Subscript) else base
+    if isinstance(base, ast.Name):
+        return imported.get(base.id, (module, base.id))
+    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in imported:
+        return (".".join(imported[base.value.id]), base.attr)
+    return None
 
 
-def split_classes() -> list[str]:
+def split_classes(trees: Trees | None = None) -> list[str]:
     """The classes that are pieces of one class cut across files.
 
     A class is such a piece when, in vgpuvirt, exactly one class derives from it and that class lives in another
@@ -343,12 +315,34 @@ def split_classes() -> list[str]:
     handlers that only the one subclass assembles). ABCs and Protocols with several implementations are not
     pieces (several subclasses), nor is a class with one subclass that is used on its own (``CliParser``).
     """
-    classes, subclasses = _classes()
+    trees = _all_trees() if trees is None else trees
+    classes: dict[ClassKey, list[ClassKey | None]] = {}       # each class -> its bases
+    subclasses: dict[ClassKey, list[ClassKey]] = {}
+    called: set[str] = set()
+    for m, tree in trees.items():
+        imported = _imported_names(m, tree)
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                bases = [_base_key(m, b, imported) for b in node.bases]
+                classes[(m, node.name)] = bases
+                for b in bases:
+                    if b is not None:
+                        subclasses.setdefault(b, []).append((m, node.name))
+        called.update(n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in ast.walk(tree)
+                      if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)))
+
+    def is_exception(key: ClassKey | None) -> bool:
+        if key is None:
+            return False
+        if key not in classes:
+            return key[1] in ("Exception", "BaseException") or key[1].endswith(("Error", "Exception"))
+        return any(is_exception(b) for b in classes[key])
+
     found = []
     for key, subs in sorted(subclasses.items()):
         if key not in classes or len(subs) != 1 or subs[0][0] == key[0]:
             continue
-        if _is_exception(key, classes) or _instantiated(key[1]):
+        if is_exception(key) or key[1] in called:
             continue
         found.append(f"{key[0]}.{key[1]} is only the base of {subs[0][0]}.{subs[0][1]}")
     return found
@@ -357,6 +351,20 @@ def split_classes() -> list[str]:
 def test_no_class_split_across_files() -> None:
     found = split_classes()
     assert not found, f"{len(found)} classes split across files by inheritance:\n" + "\n".join(found)
+
+
+def test_what_counts_as_a_split_class() -> None:
+    trees = {
+        "vgpuvirt.a": ast.parse("class Mixin:\n    pass\nclass Used:\n    pass\nclass Oops(ValueError):\n    pass\n"
+                                "class Shared:\n    pass\nclass Local:\n    pass\nclass Here(Local):\n    pass\n"),
+        "vgpuvirt.b": ast.parse("from vgpuvirt.a import Mixin, Oops, Shared, Used\nimport vgpuvirt.a as A\n"
+                                "class Whole(Mixin, Used):\n    pass\nclass Worse(Oops):\n    pass\n"
+                                "class One(Shared):\n    pass\nu = Used()\n"),
+        "vgpuvirt.c": ast.parse("from vgpuvirt.a import Shared\nclass Two(Shared):\n    pass\n"),
+    }
+    # Mixin: one subclass elsewhere, never made on its own. Used is instantiated, Oops is an exception, Shared
+    # has two subclasses, Local's one subclass is in its own module.
+    assert split_classes(trees) == ["vgpuvirt.a.Mixin is only the base of vgpuvirt.b.Whole"]
 
 
 @pytest.mark.parametrize("module", ["vgpuvirt.host.agent"])
