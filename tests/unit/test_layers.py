@@ -10,7 +10,9 @@ through it is a circle), and under ``if TYPE_CHECKING:`` (it never runs, but the
 for its types: a type-only arrow that points up, or closes a circle, couples the layers as much as a runtime one;
 where two modules need each other's types, the shared types move down). Importing ``vgpuvirt.a.b`` first runs the
 package ``vgpuvirt/a/__init__.py``, so it is an arrow to that package too; a package's ``__init__`` re-exporting
-its own submodules is not an arrow between layers.
+its own submodules is not an arrow between layers. Modules imported by a name held in a string (the lazy tables
+of ``vgpuvirt/__init__.py``, ``xml/__init__.py`` and ``cli/__init__.py``) are not read: each of those tables
+names its own package's submodules only.
 """
 
 from __future__ import annotations
