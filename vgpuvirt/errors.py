@@ -25,8 +25,7 @@ libvirt, pynvml) are translated at the boundary with ``raise X(...) from exc``.
     │   ├── AlreadyExists                 a UUID/VF type exists in a conflicting form
     │   ├── DeviceBusy                    in use (VFs enabled and used, a VM holds it): not changed
     │   ├── WriteFailed                   a sysfs write failed (carries .path, .errno, .strerror)
-    │   ├── NotAssignable                 IOMMU pre-flight refused (carries the report)
-    │   └── IommuDisabled
+    │   └── NotAssignable                 IOMMU pre-flight refused (carries the report)
     ├── LibvirtError                      a libvirt call failed (carries .domain, .code)
     ├── XmlError                          domain XML rejected by the linter or the schema
     ├── RecordError                       a client-side record could not be written safely (.path, .errno)
@@ -163,10 +162,6 @@ class AlreadyExists(DeviceError):
 
 class DeviceBusy(DeviceError):
     """The device is in use (by a VM, by its VFs, by the host) and was left as it was."""
-
-
-class IommuDisabled(DeviceError):
-    pass
 
 
 class WriteFailed(DeviceError):

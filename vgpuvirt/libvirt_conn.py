@@ -19,7 +19,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from vgpuvirt import libvirt_bound as bound
@@ -27,13 +27,12 @@ from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
 from vgpuvirt.libvirt_bound import LibvirtTimeout, RetryFactory, default_retry
 from vgpuvirt.libvirt_bound import no_retry as no_retry
-from vgpuvirt.libvirt_migrate import MigrationCalls
-from vgpuvirt.libvirt_storage import StorageCalls
+from vgpuvirt.libvirt_storage import LibvirtFacts, PoolFacts
 from vgpuvirt.libvirt_uri import connect_failure, ssh_probe
 from vgpuvirt.model import DomainName
 from vgpuvirt.xml.domain import Domain, device_xml, parse_xml
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
-from vgpuvirt.xml.storage import disk_files
+from vgpuvirt.xml.storage import FirmwareCaps, StoragePool, Volume, check_name, disk_files
 
 #: What attach/detach take: device XML text, or one of the xml layer's device objects.
 DeviceArg = str | GpuDevice
@@ -51,6 +50,10 @@ VIR_ERR_INVALID_ARG = 8
 VIR_ERR_NO_DOMAIN = 42
 VIR_ERR_OPERATION_INVALID = 55
 VIR_ERR_OPERATION_UNSUPPORTED = 84
+VIR_ERR_NO_NETWORK = 43
+VIR_ERR_NO_STORAGE_POOL = 49
+VIR_ERR_NO_STORAGE_VOL = 50
+_GONE = (VIR_ERR_NO_NETWORK, VIR_ERR_NO_STORAGE_POOL, VIR_ERR_NO_STORAGE_VOL)
 
 
 _handler_installed = False
@@ -69,6 +72,20 @@ def _import_libvirt() -> Any:
     return libvirt
 
 
+def _upload(raw: Any, vol: Any, data: bytes) -> None:
+    stream = raw.newStream(0)
+    vol.upload(stream, 0, len(data), 0)
+    view = memoryview(data)
+    try:
+        while view:
+            sent = stream.send(bytes(view[:256 * 1024]))
+            if sent < 0:        # -2: would block, only on non-blocking streams (ours blocks)
+                raise OSError(f"libvirt stream send returned {sent}")
+            view = view[sent:]
+        stream.finish()
+    except BaseException:
+        stream.abort()
+        raise
 
 
 @dataclass(frozen=True)
@@ -80,8 +97,8 @@ class DomainInfo:
     xml: str
 
 
-class LibvirtConnection(StorageCalls, MigrationCalls):
-    """One libvirt connection, opened lazily, thread-safe; storage etc.: ``StorageCalls``; ``MigrationCalls``."""
+class LibvirtConnection:
+    """One libvirt connection, opened lazily, thread-safe: domains, then storage and networks, then mobility."""
 
     def __init__(self, uri: str, *, retry: RetryFactory = default_retry, readonly: bool = False,
                  timeout: float | None = None) -> None:
@@ -386,7 +403,6 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         with audited("detach device", self.uri, domain=name, device=device_xml):
             self._call(name, "detach device", lambda: dom.detachDeviceFlags(device_xml, flags))
 
-
     def set_metadata(self, name: str, element_xml: str, key: str, namespace: str, *, live: bool | None = None,
                      config: bool = True) -> None:
         """Replace the domain's ``<metadata>`` element of ``namespace`` (live and/or persistent)."""
@@ -395,3 +411,254 @@ class LibvirtConnection(StorageCalls, MigrationCalls):
         flags = self._device_flags(name, live, config)
         self._call(name, "set metadata", lambda: dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element_xml,
                                                                  key, namespace, flags))
+
+    # -- storage volumes and pools, networks, firmware (what the plan's pre-flight reads) --------------------
+
+    def _pool(self, name: str) -> Any:
+        n = check_name("storage pool name", name)
+        return self._call(None, f"look up storage pool {n}", lambda: self.raw.storagePoolLookupByName(n))
+
+    def pool_exists(self, name: str) -> bool:
+        try:
+            self._pool(name)
+        except LibvirtError as exc:
+            if exc.code in _GONE:
+                return False
+            raise
+        return True
+
+    def define_pool(self, pool: StoragePool, *, start: bool = True) -> str:
+        """Define a directory pool (its directory made by libvirt's build) and start it; returns its name."""
+        xml = pool.to_xml()
+        audit.info("%s: define storage pool %s at %s", self.uri, pool.name, pool.target)
+        with audited("define storage pool", self.uri, pool=pool.name):
+            p = self._call(None, f"define storage pool {pool.name}", lambda: self.raw.storagePoolDefineXML(xml, 0))
+            if start:
+                self._call(None, f"build storage pool {pool.name}", lambda: p.build(0))
+                self._call(None, f"start storage pool {pool.name}", lambda: p.create(0))
+        return str(p.name())
+
+    def remove_pool(self, name: str) -> bool:
+        """Stop and undefine a pool (its files stay). False when there is no such pool."""
+        if not self.pool_exists(name):
+            return False
+        p = self._pool(name)
+        audit.info("%s: remove storage pool %s", self.uri, name)
+        with audited("remove storage pool", self.uri, pool=name):
+            if self._call(None, f"query storage pool {name}", lambda: p.isActive()):
+                self._call(None, f"stop storage pool {name}", lambda: p.destroy())
+            self._call(None, f"undefine storage pool {name}", lambda: p.undefine())
+        return True
+
+    def refresh_pool(self, name: str) -> None:
+        """Rescan a pool's directory (files made outside libvirt, e.g. a golden image, show up)."""
+        p = self._pool(name)
+        self._call(None, f"refresh storage pool {name}", lambda: p.refresh(0))
+
+    def create_volume(self, pool: str, volume: Volume) -> str:
+        """Create ``volume`` in ``pool`` (a linked clone when it has a backing image); returns its path."""
+        p = self._pool(pool)
+        if volume.capacity_bytes is None and volume.backing is not None:
+            # libvirt 9.0 still wants <capacity> next to a <backingStore>: the golden image's own size.
+            cap = self.volume(volume.backing).capacity_bytes
+            volume = replace(volume, capacity_bytes=cap)
+        xml = volume.to_xml()
+        audit.info("%s: create volume %s in pool %s (backing %s)", self.uri, volume.name, pool, volume.backing)
+        with audited("create volume", self.uri, pool=pool, volume=volume.name):
+            vol = self._call(None, f"create volume {volume.name} in pool {pool}",
+                             lambda: p.createXML(xml, 0))
+        return str(vol.path())
+
+    def upload_volume(self, pool: str, volume: Volume, data: bytes, *, what: str = "volume",
+                      **record: str) -> str:
+        """Create ``volume`` in ``pool`` holding ``data`` (a raw image, e.g. an ISO), uploaded through libvirt's
+        stream API so a remote host needs nothing but libvirt; returns its path. A failed upload deletes the
+        volume again. ``record`` goes into the log and the audit record instead of the data (its digest)."""
+        p = self._pool(pool)
+        volume = replace(volume, capacity_bytes=len(data))
+        xml = volume.to_xml()
+        audit.info("%s: create %s %s in pool %s (%d bytes, %s)", self.uri, what, volume.name, pool, len(data),
+                   ", ".join(f"{k} {v}" for k, v in record.items()))
+        with audited(f"create {what}", self.uri, pool=pool, volume=volume.name, **record):
+            vol = self._call(None, f"create {what} {volume.name} in pool {pool}", lambda: p.createXML(xml, 0))
+            try:
+                # one call: a retried upload starts again from offset 0 (and so rewrites the whole volume)
+                self._call(None, f"upload {what} {volume.name}", lambda: _upload(self.raw, vol, data))
+            except BaseException:
+                # half a volume is worse than none: a rerun creates it again
+                self._call(None, f"delete {what} {volume.name} in pool {pool}", lambda: vol.delete(0))
+                raise
+        return str(vol.path())
+
+    def delete_volume(self, pool: str, name: str) -> bool:
+        """Delete a volume of ``pool``; False when it is not there (rollback and teardown can rerun)."""
+        n = check_name("volume name", name)
+        p = self._pool(pool)
+        try:
+            vol = self._call(None, f"look up volume {n} in pool {pool}", lambda: p.storageVolLookupByName(n))
+        except LibvirtError as exc:
+            if exc.code in _GONE:
+                return False
+            raise
+        audit.info("%s: delete volume %s of pool %s", self.uri, n, pool)
+        with audited("delete volume", self.uri, pool=pool, volume=n):
+            self._call(None, f"delete volume {n} in pool {pool}", lambda: vol.delete(0))
+        return True
+
+    def volume(self, path: str) -> Volume:
+        """The volume at ``path`` as libvirt reports it (format, backing image, capacity, path)."""
+        vol = self._call(None, f"look up volume {path}", lambda: self.raw.storageVolLookupByPath(path))
+        return Volume.from_xml(str(self._call(None, f"read volume {path}", lambda: vol.XMLDesc(0))))
+
+    def storage_volumes(self, name: str) -> list[str]:
+        """The disk paths of domain ``name`` that are libvirt storage volumes: what ``undefine(...,
+        remove_storage=True)`` deletes (a disk outside every pool is kept). [] when there is no such domain."""
+        if not self.exists(name):
+            return []
+        out: list[str] = []
+        for path in disk_files(self.xml(name, inactive=True)):
+            def lookup(p: str = path) -> Any:
+                return self.raw.storageVolLookupByPath(p)
+            try:
+                self._call(name, f"look up volume {path}", lookup)
+            except LibvirtError:
+                continue
+            out.append(path)
+        return out
+
+    def facts(self, *, refresh: bool = True) -> LibvirtFacts:
+        """Networks, pools with their volumes (active pools rescanned first), firmware: the pre-flight's input."""
+        nets = {str(n.name()): bool(n.isActive())
+                for n in self._call(None, "list networks", lambda: self.raw.listAllNetworks(0))}
+        pools: dict[str, PoolFacts] = {}
+        for p in self._call(None, "list storage pools", lambda: self.raw.listAllStoragePools(0)):
+            pools[str(p.name())] = self._pool_facts(p, refresh)
+        return LibvirtFacts(nets, pools, self._firmware(), self._interfaces())
+
+    def _interfaces(self) -> dict[str, str] | None:
+        """The host's interfaces by type, so a ``<interface type='bridge'>`` is checked where libvirt runs."""
+        try:
+            ifaces = self._call(None, "list host interfaces", lambda: self.raw.listAllInterfaces(0))
+        except LibvirtError as exc:     # no interface driver in this daemon: not checked
+            log.debug("%s: no host interfaces: %s", self.uri, exc)
+            return None
+        out: dict[str, str] = {}
+        for i in ifaces:
+            def read(i: Any = i) -> Any:
+                return i.XMLDesc(0)
+            try:
+                xml = self._call(None, "read host interface", read)
+                out[str(i.name())] = parse_xml(str(xml)).get("type", "")
+            except (LibvirtError, XmlError):    # one that vanished while listed is simply not there
+                continue
+        return out
+
+    def _pool_facts(self, p: Any, refresh: bool) -> PoolFacts:
+        name = str(p.name())
+        active = bool(self._call(None, f"query storage pool {name}", lambda: p.isActive()))
+        try:
+            xml = str(self._call(None, f"read storage pool {name}", lambda: p.XMLDesc(0)))
+            target = StoragePool.from_xml(xml).target
+        except XmlError:
+            target = None
+        vols: dict[str, str] = {}
+        available: int | None = None
+        if active:
+            if refresh:
+                try:
+                    self._call(None, f"refresh storage pool {name}", lambda: p.refresh(0))
+                except LibvirtError as exc:      # a pool busy with another job still lists what it had
+                    log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
+            for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
+                try:
+                    vols[str(v.name())] = str(self._call(None, f"read volume of {name}", v.path))
+                except LibvirtError as exc:  # deleted between the listing and this read (another caller)
+                    if exc.code != VIR_ERR_NO_STORAGE_VOL:
+                        raise
+            # info(): [state, capacity, allocation, available], in bytes
+            available = int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
+        return PoolFacts(name, active, target, vols, available)
+
+    def _firmware(self) -> FirmwareCaps | None:
+        try:
+            xml = self._call(None, "read domain capabilities",
+                             lambda: self.raw.getDomainCapabilities(None, "x86_64", "q35", "kvm", 0))
+        except LibvirtError as exc:
+            # The test driver has no domain capabilities; a host without KVM answers for no virt type.
+            log.debug("%s: no domain capabilities: %s", self.uri, exc)
+            return None
+        try:
+            return FirmwareCaps.from_xml(str(xml))
+        except XmlError:
+            return None
+
+    # -- mobility: versions and host UUID, live migration (never retried: ``_once``), managed save ---------
+
+    def host_facts(self) -> dict[str, Any]:
+        """libvirt's and the hypervisor's versions (as ``major * 1e6 + minor * 1e3 + micro``) and the host UUID."""
+        raw = self._call(None, "get versions", lambda: (self.raw.getLibVersion(), self.raw.getVersion(),
+                                                        self.raw.getCapabilities()))
+        lib, hv, caps = raw
+        uuid = parse_xml(caps).findtext("host/uuid")
+        return {"libvirt": int(lib), "hypervisor": int(hv), "host_uuid": uuid}
+
+    def _once(self, domain: str | None, what: str, fn: Callable[[], T]) -> T:
+        """``fn`` once, libvirt errors translated: for calls that must never be repeated (a migration)."""
+        import libvirt
+        try:
+            return fn()
+        except libvirt.libvirtError as exc:
+            raise self._translate(exc, domain, what) from exc
+
+    def migrate(self, name: str, dest_uri: str, *, dest_xml: str, persist_xml: str, live: bool = True,
+                bandwidth_mib: int | None = None, max_downtime_ms: int | None = None,
+                on_job: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.25) -> None:
+        """Migrate a running domain peer-to-peer to ``dest_uri`` (as this host's libvirtd reaches it), defined
+        there from ``persist_xml`` and undefined here. ``on_job`` gets the job's statistics while it runs.
+
+        On failure libvirt resumes the domain here and the destination's incoming QEMU is gone."""
+        import libvirt
+        if not isinstance(dest_uri, str) or not dest_uri or not dest_uri.isprintable():
+            raise InvalidSpec("destination libvirt URI", dest_uri, "a URI such as qemu+ssh://host/system")
+        dom = self._lookup(name)
+        if max_downtime_ms is not None:
+            # the vGPU's framebuffer dominates the stop-and-copy phase: the default 300 ms rarely converges
+            self._call(name, "set maximum downtime", lambda: dom.migrateSetMaxDowntime(int(max_downtime_ms), 0))
+        flags = (libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_PERSIST_DEST
+                 | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE | (libvirt.VIR_MIGRATE_LIVE if live else 0))
+        params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: dest_xml,
+                                  libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: persist_xml}
+        if bandwidth_mib is not None:
+            params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = int(bandwidth_mib)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(poll_s):
+                try:
+                    stats = dom.jobStats()
+                except libvirt.libvirtError:  # the job ended, or the domain went away: the migrate call will say
+                    log.debug("job statistics of %s not available", name, exc_info=True)
+                    continue
+                if stats and on_job is not None and stats.get("type", 0) != 0:
+                    on_job(dict(stats))
+
+        watcher = threading.Thread(target=watch, name=f"vgpuvirt-migrate-{name}", daemon=True)
+        audit.info("%s: migrate domain %s to %s", self.uri, name, dest_uri)
+        try:
+            with audited("migrate domain", self.uri, domain=name):
+                watcher.start()
+                self._once(name, f"migrate to {dest_uri}", lambda: dom.migrateToURI3(dest_uri, params, flags))
+        finally:
+            done.set()
+            watcher.join()
+
+    def managed_save(self, name: str) -> None:
+        """Save a running domain's state to disk and stop it (libvirt's managed save); a start restores it."""
+        dom = self._lookup(name)
+        audit.info("%s: managed save of domain %s", self.uri, name)
+        with audited("managed save domain", self.uri, domain=name):
+            self._once(name, "managed save", lambda: dom.managedSave(0))
+
+    def has_managed_save(self, name: str) -> bool:
+        dom = self._lookup(name)
+        return bool(self._call(name, "query managed save", lambda: dom.hasManagedSaveImage(0)))

@@ -91,11 +91,6 @@ class PciAddress:
                 "slot": f"0x{self.slot:02x}", "function": f"0x{self.function:x}"}
 
     @property
-    def nodedev_name(self) -> str:
-        """libvirt node-device name, e.g. ``pci_0000_3b_00_0``."""
-        return f"pci_{self.domain:04x}_{self.bus:02x}_{self.slot:02x}_{self.function:x}"
-
-    @property
     def nvml_bus_id(self) -> str:
         """NVML / nvidia-smi form: ``00000000:3B:00.0``."""
         return f"{self.domain:08X}:{self.bus:02X}:{self.slot:02X}.{self.function:X}"
@@ -182,12 +177,6 @@ class MdevTypeId:
     @property
     def driver(self) -> str:
         return self.value.split("-", 1)[0]
-
-    @property
-    def nvidia_id(self) -> int | None:
-        """The numeric vGPU type id for ``nvidia-N`` (same number as the vendor-specific interface)."""
-        m = re.fullmatch(r"nvidia-(\d+)", self.value)
-        return int(m[1]) if m else None
 
     def __str__(self) -> str:
         return self.value

@@ -64,7 +64,7 @@ def test_read_globs_files_links_dirs_in_one_round_trip(host: LocalHost) -> None:
     assert snap.raw(f"{DEV}/0000:af:00.0/vendor") == "0x10de\n"
     assert snap[f"{DEV}/0000:3b:00.0/driver"].kind == "link"
     assert snap.link_name(f"{DEV}/0000:3b:00.0/driver") == "nvidia"
-    assert snap.resolve_link(f"{DEV}/0000:3b:00.0/driver") == "/sys/bus/pci/drivers/nvidia"
+    assert snap.link(f"{DEV}/0000:3b:00.0/driver") == "../../drivers/nvidia"
     assert snap.link(f"{DEV}/0000:3c:00.0/driver") == "../../nowhere"
     assert not snap.has(f"{DEV}/0000:af:00.0/driver")          # absent: simply not in the snapshot
     assert snap.is_dir(f"{DEV}/0000:3b:00.0/mdev_supported_types")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+from collections.abc import Callable
 
 import pytest
 from lifecycle_doubles import Wrapped, mdev_types
@@ -20,48 +21,79 @@ from vgpuvirt.errors import (
 from vgpuvirt.model import MdevUuid
 from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.sriov import SriovService
-from vgpuvirt.sim import SimHost, list_profiles
+from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 
-PROFILES = list_profiles()
 U1 = "11111111-2222-4333-8444-555555555555"
 U2 = "11111111-2222-4333-8444-666666666666"
+MDEV_MODES = ("mdev", "mdev-sriov", "gvtg")     # the vGPU modes whose parents register with the mdev bus
+
+
+def offers_mdev(profile: Profile) -> bool:
+    """The host has an mdev parent (on the GPU, or on its VFs once enabled): a vGPU <= 16 board or GVT-g."""
+    return any(d.vgpu is not None and d.vgpu.mode in MDEV_MODES for d in profile.devices)
+
+
+def profiles_where(predicate: Callable[[Profile], bool]) -> list[str]:
+    """The simulator profiles that have a capability; none is an error (a test must never run on no host)."""
+    chosen = [n for n in list_profiles() if predicate(load_profile(n))]
+    if not chosen:
+        raise AssertionError(f"no simulator profile satisfies {predicate.__name__}")
+    return chosen
+
+
+MDEV_PROFILES = profiles_where(offers_mdev)
+NO_MDEV_PROFILES = profiles_where(lambda p: not offers_mdev(p))
 
 
 def sim(profile: str) -> Wrapped:
     return Wrapped(SimHost.from_profile(profile))
 
 
-def target(host: Wrapped) -> tuple[str, str, int] | None:
+def target(host: Wrapped) -> tuple[str, str, int]:
     """The (parent, type, available) with the most free instances. SR-IOV boards (A10/A100 with
-    vGPU <= 16) get their VFs enabled first: their mdev parents are the VFs. None when the host has
-    no mdev at all (vGPU 17+, MxGPU, plain passthrough): then creating one must say so."""
+    vGPU <= 16) get their VFs enabled first: their mdev parents are the VFs."""
     if not mdev_types(host):
         for pf in SriovService(host.inner).report():
             if pf.total_vfs and not pf.num_vfs:
                 SriovService(host.inner).enable(pf.address)
     free = [t for t in mdev_types(host) if t[2] > 0]
-    if not free:
-        gpu = host.read(["/sys/bus/pci/devices/*/class"])
-        addr = next(p.split("/")[5] for p in sorted(gpu) if (gpu.text(p) or "").startswith("0x03"))
-        with pytest.raises(DeviceNotFound, match="not currently registered for mdev"):
-            MdevService(host).create(addr, "nvidia-231")
-        assert MdevService(host).list() == []
-        return None
+    assert free, "a host with an mdev-capable GPU offers a type with a free instance"
     return max(free, key=lambda t: (t[2], t[0], t[1]))
+
+
+def test_profiles_are_split_by_capability() -> None:
+    """Every profile is in exactly one set, and both sets hold real examples."""
+    assert sorted(MDEV_PROFILES + NO_MDEV_PROFILES) == sorted(list_profiles())
+    assert {"t4x2", "a10-sriov", "gvtg"} <= set(MDEV_PROFILES)
+    assert {"l40s-vgpu17", "h100-sxm5", "desktop"} <= set(NO_MDEV_PROFILES)
+    with pytest.raises(AssertionError, match="no simulator profile"):
+        profiles_where(lambda p: False)
+
+
+@pytest.mark.parametrize("profile", NO_MDEV_PROFILES)
+def test_a_host_without_mdev_refuses_to_create_one(profile: str) -> None:
+    """vGPU 17+, MxGPU, plain passthrough: no mdev parent even with VFs enabled; creating one says so."""
+    host = sim(profile)
+    for pf in SriovService(host.inner).report():
+        if pf.total_vfs and not pf.num_vfs:
+            SriovService(host.inner).enable(pf.address)
+    assert not mdev_types(host)
+    gpu = host.read(["/sys/bus/pci/devices/*/class"])
+    addr = next(p.split("/")[5] for p in sorted(gpu) if (gpu.text(p) or "").startswith("0x03"))
+    with pytest.raises(DeviceNotFound, match="not currently registered for mdev"):
+        MdevService(host).create(addr, "nvidia-231")
+    assert MdevService(host).list() == []
 
 
 def avail(host: Wrapped, parent: str, type_id: str) -> int:
     return dict(((p, t), a) for p, t, a in mdev_types(host))[(parent, type_id)]
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", MDEV_PROFILES)
 def test_create_list_remove_and_idempotence(profile: str) -> None:
     host = sim(profile)
-    t = target(host)
+    parent, type_id, before = target(host)
     svc = MdevService(host)
-    if t is None:
-        return  # no mdev on this host: target() checked that creating one is refused clearly
-    parent, type_id, before = t
     host.calls.clear()
     ch = svc.create(parent, type_id, U1)
     assert ch.changed and ch.data["uuid"] == U1
@@ -81,13 +113,10 @@ def test_create_list_remove_and_idempotence(profile: str) -> None:
     assert U1 not in {str(r.uuid) for r in svc.list()}
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", MDEV_PROFILES)
 def test_ensure_present_then_absent_changes_only_the_first_time(profile: str) -> None:
     host = sim(profile)
-    t = target(host)
-    if t is None:
-        return
-    parent, type_id, _ = t
+    parent, type_id, _ = target(host)
     svc = MdevService(host)
     assert [svc.ensure(U2, parent, type_id).changed for _ in range(2)] == [True, False]
     state = sorted((str(r.uuid), r.parent, r.type) for r in svc.list())
@@ -96,12 +125,10 @@ def test_ensure_present_then_absent_changes_only_the_first_time(profile: str) ->
     assert sorted((str(r.uuid), r.parent, r.type) for r in svc.list()) == state
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", MDEV_PROFILES)
 def test_generated_uuid_is_canonical_and_new(profile: str) -> None:
     host = sim(profile)
     t = target(host)
-    if t is None:
-        return
     before = {r.uuid for r in MdevService(host).list()}
     ch = MdevService(host).create(t[0], t[1])
     u = MdevUuid.parse(ch.data["uuid"])

@@ -21,6 +21,7 @@ from vgpuvirt.provision.run import gather
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain
+from vgpuvirt.xml.provenance import Provenance
 
 libvirt = pytest.importorskip("libvirt")
 
@@ -115,22 +116,35 @@ def test_provision_rerun_teardown_on_every_vgpu_profile(profile, conn):
     assert _state(host, conn) == before
 
 
-@pytest.mark.parametrize(("profile", "gpu", "template"), [
-    ("desktop", VgpuRequest(mode="passthrough"), "gaming"),
-    ("mxgpu", VgpuRequest(mode="vf"), "vdi"),
-    ("a100-sriov", VgpuRequest(mig_backed=True), "compute"),
+@pytest.mark.parametrize(("profile", "gpu", "template", "kind"), [
+    ("desktop", VgpuRequest(mode="passthrough"), "gaming", "whole"),
+    ("mxgpu", VgpuRequest(mode="vf"), "vdi", "vf"),
+    ("a100-sriov", VgpuRequest(mig_backed=True), "compute", "mdev"),
 ])
-def test_passthrough_vf_and_mig_profiles(profile, gpu, template, conn):
+def test_passthrough_vf_and_mig_profiles(profile, gpu, template, kind, conn):
     host = SimHost.from_profile(profile)
     vms = VmRequest.pool(_prefix(), 1, gpu=gpu, template=template)
     before = _state(host, conn)
     r = provision(host, conn, vms)
     xml = conn.xml(vms[0].name)
     a = r.plan.assignments[0]
-    assert str(a.slot).split(":")[1] in xml or str(mdev_uuid_for(vms[0].name, 0)) in xml
-    # ... and in a <hostdev> of the domain, not only in the provenance metadata
+    assert a.kind == kind
+    # The device is a <hostdev> of the domain (not only in the provenance metadata), and it is the one placed:
+    # the PCI function itself for a whole GPU or a VF (with the GPU's other functions for a whole GPU), the
+    # vGPU's mdev (and no PCI hostdev) for an mdev.
     devs = Domain.from_xml(xml).gpu_devices()
-    assert a.slot in devs.pci_addresses or mdev_uuid_for(vms[0].name, 0) in devs.mdev_uuids
+    if kind == "mdev":
+        assert (devs.mdev_uuids, devs.pci_addresses) == ([mdev_uuid_for(vms[0].name, 0)], [])
+    else:
+        assert devs.mdev_uuids == [] and devs.pci_addresses[0] == a.slot
+        assert set(devs.pci_addresses) == {a.slot, *a.functions}
+    # The provenance names the device by its kind: what `vgpuvirt vm`, detach and a rerun read back.
+    prov = Provenance.read(xml)
+    assert prov is not None
+    if kind == "mdev":
+        assert [(e["kind"], e["uuid"]) for e in prov.gpus] == [("mdev", str(mdev_uuid_for(vms[0].name, 0)))]
+    else:
+        assert [dict(e) for e in prov.gpus] == [{"kind": kind, "address": str(a.slot)}]
     assert teardown(host, conn, [v.name for v in vms]).ok
     assert _state(host, conn) == before
 

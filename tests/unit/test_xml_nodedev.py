@@ -46,7 +46,7 @@ def test_p100_with_mdev_types() -> None:
     assert d.iommu_group_members == (PciAddress.parse("3b:00.0"), PciAddress.parse("3a:00.0"))
     assert [t.type_id for t in d.mdev_types] == [MdevTypeId("nvidia-88"), MdevTypeId("nvidia-294")]
     assert d.mdev_types[1].name == "GRID P100-8C" and d.mdev_types[1].available_instances == 0
-    assert d.address.nodedev_name == d.name
+    assert d.name == "pci_0000_3b_00_0"
 
 
 def test_sriov_pf_and_vf() -> None:
@@ -70,7 +70,7 @@ def test_modern_mdev_node() -> None:
         <parent>pci_0000_3b_00_0</parent><driver><name>nvidia-vgpu-vfio</name></driver>
         <capability type='mdev'><type id='nvidia-294'/><uuid>e55bf865-6983-4d53-967f-51e8a3bb0f57</uuid>
         <parent_addr>0000:3b:00.0</parent_addr><iommuGroup number='151'/></capability></device>""")
-    assert d.is_mdev and d.mdev_type == "nvidia-294"
+    assert d.mdev_type == "nvidia-294"
     assert d.mdev_uuid == MdevUuid("e55bf865-6983-4d53-967f-51e8a3bb0f57")
     assert d.mdev_parent == PciAddress.parse("3b:00.0") and d.iommu_group == 151
 

@@ -112,13 +112,6 @@ class Snapshot(Mapping[str, Entry]):
         t = self.link(path)
         return posixpath.basename(t.rstrip("/")) if t else None
 
-    def resolve_link(self, path: str) -> str | None:
-        """A symlink's target made absolute against the link's directory (lexically)."""
-        t = self.link(path)
-        if t is None:
-            return None
-        return posixpath.normpath(posixpath.join(posixpath.dirname(path), t))
-
     def has(self, path: str) -> bool:
         return path in self._entries
 

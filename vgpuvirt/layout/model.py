@@ -14,7 +14,7 @@ file a bad value was.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -199,9 +199,6 @@ class GpuLayout:
     def resolved_mig(self) -> bool:
         return self.mode in ("mig", "mig-vgpu") if self.mig_enabled is None else self.mig_enabled
 
-    def wants_vfio(self) -> bool:
-        return self.mode == "passthrough"
-
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (keys as docs/layouts.md spells them), defaults left out."""
         out: dict[str, Any] = {"mode": self.mode}
@@ -306,10 +303,6 @@ class LayoutConfig:
                 out[a] = e
         return out
 
-    def unmatched(self, gpus: Sequence[GpuFacts]) -> list[GpuEntry]:
-        """Entries that select no GPU at all (a typo in an address or product name, most often)."""
-        return [e for e in self.entries if not self._selected(e, gpus)]
-
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.entries]
 
@@ -353,7 +346,3 @@ class Layout:
     @classmethod
     def single(cls, name: str, entries: Iterable[GpuEntry], source: str = "<layout>") -> Layout:
         return cls((LayoutConfig(name, tuple(entries)),), source)
-
-
-def mig_devices_from(mapping: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    return tuple((str(k), v) for k, v in mapping.items())

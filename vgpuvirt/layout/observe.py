@@ -15,7 +15,8 @@ from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Sched
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_capacity import GpuBudget
 from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
-from vgpuvirt.services.inventory_model import Gpu, Inventory
+from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.inventory_parts import Gpu
 from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
 from vgpuvirt.xml.provenance import Provenance

@@ -17,13 +17,40 @@ each budget needs and where they come from:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.gpu_capacity import GpuBudget, Mode, Place, Resident, Sizing, VgpuType
-from vgpuvirt.services.inventory_model import VENDOR_KEYS, Gpu, Inventory, MdevParent, MdevType, VendorType, VendorVf
+from vgpuvirt.services.inventory_parts import (
+    VENDOR_KEYS,
+    Gpu,
+    Mdev,
+    MdevParent,
+    MdevType,
+    PciDevice,
+    VendorType,
+    VendorVf,
+)
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 
+
+class Inventory(Protocol):
+    """The parts of an inventory the capacity reads (:class:`~vgpuvirt.services.inventory_model.Inventory` has
+    them; that class's JSON carries the budgets built here, so this module cannot import it)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def pci_devices(self) -> Sequence[PciDevice]: ...
+    @property
+    def mdev_parents(self) -> Sequence[MdevParent]: ...
+    @property
+    def mdevs(self) -> Sequence[Mdev]: ...
+    @property
+    def vendor_vgpu(self) -> Sequence[VendorVf]: ...
+    @property
+    def gpus(self) -> Sequence[Gpu]: ...
 
 def _mdev_type(t: MdevType) -> VgpuType:
     cls = P.classify_vgpu_name(t.name)

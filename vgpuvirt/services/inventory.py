@@ -18,11 +18,12 @@ from vgpuvirt.errors import HostError
 from vgpuvirt.host.base import Host, Snapshot
 from vgpuvirt.services.host_read import INVENTORY_GLOBS, Want, read_host
 from vgpuvirt.services.inventory_build import build_inventory
-from vgpuvirt.services.inventory_model import (
+from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.inventory_parse import class_name
+from vgpuvirt.services.inventory_parts import (
     VENDOR_NAMES,
     Backend,
     Gpu,
-    Inventory,
     Mdev,
     MdevParent,
     MdevType,
@@ -30,7 +31,6 @@ from vgpuvirt.services.inventory_model import (
     VendorType,
     VendorVf,
 )
-from vgpuvirt.services.inventory_parse import class_name
 from vgpuvirt.services.kernel_log import DMESG_ARGV
 from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, NVIDIA_SMI_LGI_ARGV, NVIDIA_SMI_LGIP_ARGV
 from vgpuvirt.services.nvidia_static import StaticFacts

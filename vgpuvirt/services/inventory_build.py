@@ -20,17 +20,7 @@ from vgpuvirt.services import parsers as P
 from vgpuvirt.services.cordon import CORDON_FILE, parse_cordon
 from vgpuvirt.services.host_resources import host_resources
 from vgpuvirt.services.inventory_health import HealthInputs, health_inputs, with_health
-from vgpuvirt.services.inventory_model import (
-    VENDOR_NAMES,
-    Backend,
-    Gpu,
-    Inventory,
-    Mdev,
-    MdevParent,
-    MdevType,
-    PciDevice,
-    VendorVf,
-)
+from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.inventory_nvidia import NvidiaFacts, RawVf, nvidia_facts, raw_vendor_vfs, vendor_vfs
 from vgpuvirt.services.inventory_parse import (
     Index,
@@ -45,6 +35,16 @@ from vgpuvirt.services.inventory_parse import (
     read_mdev_type,
     read_pci_device,
     type_sort_key,
+)
+from vgpuvirt.services.inventory_parts import (
+    VENDOR_NAMES,
+    Backend,
+    Gpu,
+    Mdev,
+    MdevParent,
+    MdevType,
+    PciDevice,
+    VendorVf,
 )
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
 from vgpuvirt.services.nvml import NvmlReport

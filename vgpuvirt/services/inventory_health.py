@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_health import assess
-from vgpuvirt.services.inventory_model import Gpu
+from vgpuvirt.services.inventory_parts import Gpu
 from vgpuvirt.services.kernel_log import KernelLog, parse_kernel_log
 from vgpuvirt.services.nvsmi_readings import GpuReadings
 from vgpuvirt.services.nvsmi_report import SmiReport, smi_report
@@ -50,14 +50,6 @@ def health_inputs(nvidia_smi: OpResult | SmiReport | None, kernel_log: OpResult 
     smi = smi_report(nvidia_smi)
     readings = smi.readings if smi is not None else {}
     return HealthInputs(readings, klog, source)
-
-
-def kernel_log_of(result: OpResult | None, sources: dict[str, str]) -> KernelLog | None:
-    """The parsed kernel log, or None (with ``sources["kernel_log"]`` saying why) when it was not readable."""
-    klog, source = _kernel_log(result)
-    if source is not None:
-        sources["kernel_log"] = source
-    return klog
 
 
 def with_health(gpus: list[Gpu], health: HealthInputs, warnings: list[str], sources: dict[str, str]) -> list[Gpu]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services import parsers as P
-from vgpuvirt.services.inventory_model import PciDevice, VendorType, VendorVf
 from vgpuvirt.services.inventory_parse import Index, Usage, entry_int, entry_text, errno_text, pci_key
+from vgpuvirt.services.inventory_parts import PciDevice, VendorType, VendorVf
 from vgpuvirt.services.mig_parse import parse_lgip
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts, parse_mig_lgi
 from vgpuvirt.services.nvml import NvmlReport

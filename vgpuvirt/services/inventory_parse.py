@@ -16,7 +16,7 @@ from vgpuvirt.host.base import Entry, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress, format_cpulist, parse_cpulist
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services import sysfs
-from vgpuvirt.services.inventory_model import MdevType, PciDevice
+from vgpuvirt.services.inventory_parts import MdevType, PciDevice
 from vgpuvirt.xml.refs import domain_device_refs
 
 

@@ -190,7 +190,7 @@ def _describe(f: _Facts, a: PciAddress) -> str:
     return f"{a} ({kind}, driver {f.driver(a) or 'none'})"
 
 
-def _check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
+def check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
                users: Mapping[PciAddress, list[str]]) -> DeviceCheck:
     if not f.present(a):
         return DeviceCheck(a, False, blocking=(f"no PCI device {a} on this host",))
@@ -277,7 +277,7 @@ def _parse_addresses(addresses: Iterable[str | PciAddress]) -> list[PciAddress]:
 def _report(host: Host, snap: Snapshot, reqs: list[PciAddress], users: Mapping[PciAddress, list[str]]
             ) -> tuple[AssignabilityReport, _Facts]:
     f = _Facts(snap)
-    checks = tuple(_check_one(f, a, set(reqs), users) for a in reqs)
+    checks = tuple(check_one(f, a, set(reqs), users) for a in reqs)
     reasons: list[str] = []
     if not f.iommu_enabled:
         if f.guest:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.inventory_model import Inventory, PciDevice
-from vgpuvirt.services.iommu_check import DeviceCheck, _check_one
+from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.inventory_parts import PciDevice
+from vgpuvirt.services.iommu_check import DeviceCheck, check_one
 
 
 class InventoryFacts:
-    """The fact interface :func:`_check_one` reads, answered from an :class:`Inventory`."""
+    """The fact interface :func:`check_one` reads, answered from an :class:`Inventory`."""
 
     def __init__(self, inv: Inventory) -> None:
         self.devices: dict[PciAddress, PciDevice] = {d.address: d for d in inv.pci_devices}
@@ -74,4 +75,4 @@ def check_from_inventory(inv: Inventory, addresses: Iterable[PciAddress],
     """:func:`vgpuvirt.services.iommu.check_assignable`'s per-device verdicts, from ``inv``."""
     facts = InventoryFacts(inv)
     reqs = list(dict.fromkeys(addresses))
-    return [_check_one(facts, a, set(reqs), users) for a in reqs]  # type: ignore[arg-type]
+    return [check_one(facts, a, set(reqs), users) for a in reqs]  # type: ignore[arg-type]

@@ -42,7 +42,7 @@ from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
-from vgpuvirt.services.mdev_ops import MdevSpec, _create_patterns, _type_dir, create_item, remove_item
+from vgpuvirt.services.mdev_ops import MdevSpec, create_item, create_patterns, remove_item, type_dir
 from vgpuvirt.services.mdev_state import (
     Definition,
     MdevRecord,
@@ -157,7 +157,7 @@ class MdevService:
         except AlreadyExists:
             # A concurrent caller may have created this very UUID between our read and our batch:
             # if it is now exactly what we want, the goal is reached.
-            active = active_from_snapshot(self.host.read(_create_patterns([spec]))).get(u)
+            active = active_from_snapshot(self.host.read(create_patterns([spec]))).get(u)
             if active == (str(spec.parent), str(spec.type)):
                 return Change(self.host.name, "mdev.ensure", str(u), changed=False, dry_run=dry_run,
                               data={"uuid": str(u), "parent": str(spec.parent), "type": str(spec.type)},
@@ -175,7 +175,7 @@ class MdevService:
         require_unique("mdev UUIDs", (s.uuid for s in specs))
         host = self.host.name
         defs = (self.defined(required=True) or {}) if persist == "persistent" else {}
-        snap = self.host.read(_create_patterns(specs))
+        snap = self.host.read(create_patterns(specs))
         active = active_from_snapshot(snap)
         taken: Counter[tuple[PciAddress, MdevTypeId]] = Counter()
         slots = [self._plan_create(s, snap, active.get(s.uuid), defs.get(s.uuid, []), persist, taken,
@@ -236,11 +236,11 @@ class MdevService:
         types = sysfs.mdev_types(p)
         if not snap.has(f"{sysfs.MDEV_BUS}/{p}") or not snap.has(types):
             raise DeviceNotFound(host, str(p), f"parent {p} is not currently registered for mdev support")
-        if not snap.has(_type_dir(p, t)):
+        if not snap.has(type_dir(p, t)):
             known = [posixpath.basename(x) for x in snap.glob(f"{types}/*") if snap.is_dir(x)]
             raise DeviceNotFound(host, str(p), f"parent {p} does not support mdev type {t} "
                                                f"(it offers: {', '.join(known[:12]) or 'none'})")
-        avail = snap.int(f"{_type_dir(p, t)}/available_instances")
+        avail = snap.int(f"{type_dir(p, t)}/available_instances")
         if avail is None:
             raise DeviceError(host, str(p), f"cannot read available_instances of {t}")
         if avail < 1:

@@ -15,7 +15,7 @@ from vgpuvirt.services.mdev_state import device_path
 from vgpuvirt.services.mutation import Planned, error_for
 
 
-def _type_dir(parent: PciAddress, type_id: MdevTypeId) -> str:
+def type_dir(parent: PciAddress, type_id: MdevTypeId) -> str:
     return sysfs.mdev_type(parent, type_id)
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class MdevSpec:
                    MdevUuid.parse(uuid) if uuid is not None else MdevUuid.generate())
 
 
-def _create_patterns(specs: Iterable[MdevSpec]) -> list[str]:
+def create_patterns(specs: Iterable[MdevSpec]) -> list[str]:
     """What a create decides on: the UUIDs' device links and their parents' type directories."""
     out: list[str] = []
     for p in sorted({s.parent for s in specs}):
@@ -52,7 +52,7 @@ def create_item(host: str, spec: MdevSpec, *, wait_timeout: float, create: bool 
     capacity check sits in the create's group, right before its write: concurrent callers
     cannot both take the last instance."""
     p, t, u = spec.parent, spec.type, spec.uuid
-    g, dev, tdir = f"create:{u}", device_path(u), _type_dir(p, t)
+    g, dev, tdir = f"create:{u}", device_path(u), type_dir(p, t)
     ops: list[Op] = []
     if create:
         ops += [Op.check_absent(dev, group=g),

@@ -14,7 +14,8 @@ from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services.gpu_capacity import GpuBudget
 from vgpuvirt.services.gpu_health import assess
-from vgpuvirt.services.inventory_model import Gpu, Inventory
+from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.inventory_parts import Gpu
 from vgpuvirt.services.kernel_log import KernelLog, since
 from vgpuvirt.services.metrics_model import (
     GpuMetrics,

@@ -156,7 +156,6 @@ def parse_creatable_vgpu_types(text: str | None) -> list[tuple[int, str]]:
 # vGPU type names
 # --------------------------------------------------------------------------------------------
 
-SERIES_CLASS = {"Q": "Quadro", "B": "NVS", "A": "GRID", "C": "Compute"}
 
 # <prefix ><board>-[<GI slices>-]<framebuffer GB><series>[ME|4]; board may itself contain '-' (RTX6000-Ada),
 # so it is matched lazily and the profile is anchored at the end.
@@ -174,10 +173,6 @@ class VgpuClass:
     gi_slices: int | None = None
     gi_profile: str | None = None        # "1g.10gb", "1g.5gb+me"
     media_extensions: bool = False
-
-    @property
-    def series_class(self) -> str | None:
-        return SERIES_CLASS.get(self.series or "")
 
 
 @lru_cache(maxsize=4096)  # an SR-IOV host repeats one type table on every VF

@@ -57,10 +57,6 @@ def mdev(uuid: object, attr: str = "") -> str:
     return f"{MDEV_DEVICES}/{uuid}/{attr}" if attr else f"{MDEV_DEVICES}/{uuid}"
 
 
-def iommu_group_devices(group: object) -> str:
-    return f"{IOMMU_GROUPS}/{group}/devices"
-
-
 def iommu_off(groups_dir: str | None) -> str:
     """Why a host has no IOMMU group, in the kernel's terms. ``groups_dir``: the entry kind of
     /sys/kernel/iommu_groups in the snapshot ("dir"), None when the snapshot does not hold it. The folder

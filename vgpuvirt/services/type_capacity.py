@@ -9,8 +9,9 @@ from typing import Any
 
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-from vgpuvirt.services.inventory_model import Inventory, MdevParent, MdevType, VendorType, VendorVf
+from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.inventory_parse import type_sort_key
+from vgpuvirt.services.inventory_parts import MdevParent, MdevType, VendorType, VendorVf
 
 
 @dataclass(frozen=True)

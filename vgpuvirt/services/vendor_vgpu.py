@@ -19,7 +19,7 @@ from vgpuvirt.errors import AlreadyExists, DeviceBusy, DeviceError, DeviceNotFou
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
 from vgpuvirt.services import sysfs
-from vgpuvirt.services.inventory_model import VendorType, VendorVf
+from vgpuvirt.services.inventory_parts import VendorType, VendorVf
 from vgpuvirt.services.mutation import (
     Change,
     ItemResult,

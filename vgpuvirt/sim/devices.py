@@ -1,16 +1,12 @@
-"""The simulated host's objects (GPUs, PCI functions, mdevs) and the view of the model its parts share.
+"""The simulated host's objects (GPUs, PCI functions, mdevs).
 
-:class:`SimModel` (:mod:`vgpuvirt.sim.model`) owns these objects; its kernel semantics are split by
-concern into mixins (:mod:`.driver_binding`, :mod:`.sriov_vfs`, :mod:`.nvidia_switches`) whose
-methods take ``self`` as a :class:`ModelCore`: the state and helpers they rely on, which
-:class:`SimModel` provides.
+:class:`SimModel` (:mod:`vgpuvirt.sim.model`) owns these objects and the kernel semantics that change them.
 """
 
 from __future__ import annotations
 
 import uuid as _uuid
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from vgpuvirt.sim.profiles import DeviceSpec, TypeTable, VgpuSpec, VgpuType
 
@@ -92,31 +88,6 @@ class Mdev:
     gi: int | None = None
     vgpu_params: str = ""
     gvt_id: int = 0
-
-
-
-class ModelCore(Protocol):
-    """What the mixins of :class:`~vgpuvirt.sim.model.SimModel` use of the model (it provides all of it)."""
-
-    iommu: bool
-    devices: dict[str, Dev]
-    mdevs: dict[str, Mdev]
-    drivers: set[str]
-    dynids: dict[str, set[tuple[int, int]]]
-
-    def bump(self) -> None: ...
-    def vfs(self, pf: Dev) -> list[Dev]: ...
-    def mdevs_of(self, parent: str) -> list[Mdev]: ...
-    def _alloc_group(self) -> int: ...
-    def _gpu_vgpus(self, gpu: Gpu) -> list[tuple[VgpuType, int | None]]: ...
-    def gpu_has_vgpus(self, gpu: Gpu) -> bool: ...
-    # from the mixins themselves
-    def _matches(self, drv: str, dev: Dev) -> bool: ...
-    def device_id(self, dev: Dev) -> int: ...
-    def _attach(self, drv: str, dev: Dev) -> None: ...
-    def _detach(self, dev: Dev) -> None: ...
-    def _enable_vfs(self, pf: Dev, n: int) -> None: ...
-    def _disable_vfs(self, pf: Dev) -> None: ...
 
 
 def gpu_uuid(addr: str) -> str:

@@ -41,26 +41,26 @@ class Dir:
 Node = Attr | Link | Dir
 
 
-def _rel(link_dir: str, target: str) -> str:
+def rel_link(link_dir: str, target: str) -> str:
     return posixpath.relpath(target, link_dir)
 
 
-def _const(text: str) -> Attr:
+def const(text: str) -> Attr:
     return Attr(show=lambda: text)
 
 
-def _noop(_: str) -> None:
+def noop(_: str) -> None:
     return None
 
 
-def _bitmap(cpus: frozenset[int], nbits: int) -> str:
+def bitmap(cpus: frozenset[int], nbits: int) -> str:
     """The kernel's %*pb cpumask format: 32-bit hex words, most significant first, comma separated."""
     words = max(1, (nbits + 31) // 32)
     value = sum(1 << c for c in cpus)
     return ",".join(f"{(value >> (32 * i)) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
 
-class _Fail(Exception):
+class FsFail(Exception):
     """A failed resolution: the errno and how many links were followed before it (for ELOOP accounting)."""
 
     def __init__(self, code: int, links: int, cacheable: bool = True) -> None:
@@ -70,17 +70,17 @@ class _Fail(Exception):
 
 
 # A resolution: the node, its canonical path, and the number of symlinks followed to reach it.
-_Res = tuple[Node, str, int]
+Resolved = tuple[Node, str, int]
 
 
-def _norm(path: str) -> str:
+def norm_path(path: str) -> str:
     """Drop empty components ('//', a trailing '/'): the walk ignores them, so keys need not tell them apart."""
     if "//" in path or (path.endswith("/") and path != "/"):
         return "/" + "/".join(p for p in path.split("/") if p)
     return path
 
 
-def _attr_for(node: object, read: bool, write: bool) -> Attr:
+def attr_for(node: object, read: bool, write: bool) -> Attr:
     """The attribute an open for ``read``/``write`` reaches: EISDIR on a directory, EACCES when the
     attribute lacks the mode bits or the operation (sysfs's open-time checks)."""
     if isinstance(node, Dir):

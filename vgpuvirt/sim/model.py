@@ -4,8 +4,8 @@ Every front-end (SimHost, a materialized tree, the FUSE mount, the emulated tool
 mutates a :class:`SimModel`; the sysfs view (:mod:`vgpuvirt.sim.fs`) is computed from it. Each
 operation fails with the errno the kernel or driver would return (``OSError``), changes nothing
 on failure, and bumps :attr:`SimModel.version` on success. The objects live in
-:mod:`.devices`; driver binding, SR-IOV and the NVIDIA GPU-wide switches are mixins
-(:mod:`.driver_binding`, :mod:`.sriov_vfs`, :mod:`.nvidia_switches`); vGPU capacity and mdevs stay here.
+:mod:`.devices`; the model's sections: state and vGPU capacity, mdevs, then driver binding, SR-IOV and the
+NVIDIA GPU-wide switches (their geometry rules in :mod:`.mig_rules`).
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from __future__ import annotations
 import errno
 import threading
 import uuid as _uuid
+from dataclasses import replace
 
 from vgpuvirt.sim import kstrto
+from vgpuvirt.sim import mig_rules as R
 from vgpuvirt.sim.devices import Dev, Gpu, Mdev, uuid_is_valid
-from vgpuvirt.sim.driver_binding import DriverBinding
 from vgpuvirt.sim.kstrto import oserror
-from vgpuvirt.sim.nvidia_switches import NvidiaSwitches
-from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType
+from vgpuvirt.sim.profiles import Profile, ProfileError, TypeTable, VgpuType, vf_address
 from vgpuvirt.sim.scheduler import SimScheduler
-from vgpuvirt.sim.sriov_vfs import SriovVfs
 from vgpuvirt.sim.telemetry import SimTelemetry
 
 __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
@@ -30,7 +29,12 @@ __all__ = ["Dev", "Gpu", "Mdev", "SimModel", "uuid_is_valid"]
 _ALWAYS_LOADED = ("vfio-pci", "pci-stub", "pcieport")
 
 
-class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
+def _busy_for_reset(core: SimModel, gpu: Gpu) -> bool:
+    vfs = [d for d in core.devices.values() if d.physfn == gpu.pf]
+    return gpu.processes > 0 or any(d.driver == "vfio-pci" for d in vfs)
+
+
+class SimModel:
     """State of one simulated host. Thread-safe: callers hold :attr:`lock` around compound work."""
 
     def __init__(self, profile: Profile) -> None:
@@ -105,7 +109,6 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
     def _place_initial_gis(self, g: Gpu, key: str) -> None:
         """The profile's GPU instances, each at the placement its id names in the slice tree when that is
         free, else where the driver would put it (a profile gives ids, not placements)."""
-        from vgpuvirt.sim import mig_rules as R
         by_name = {p.name: p for p in g.table.mig_profiles}
         for gi in sorted(g.spec.gpu_instances, key=lambda x: x.id):
             prof = by_name[gi.profile]
@@ -375,3 +378,234 @@ class SimModel(DriverBinding, SriovVfs, NvidiaSwitches):
                 except OSError as exc:
                     raise ProfileError(self.profile.source, key,
                                        f"the simulated kernel refused it: {exc.strerror}") from None
+
+    # -- driver binding as ``/sys/bus/pci/drivers/*`` and ``drivers_probe`` do it -----------------------------------
+    def _matches(self, drv: str, dev: Dev) -> bool:
+        if dev.override is not None:
+            return drv == dev.override
+        if drv == dev.native_driver:
+            return True
+        return (dev.spec.vendor, self.device_id(dev)) in self.dynids.get(drv, set())
+
+    def device_id(self, dev: Dev) -> int:
+        if dev.physfn is not None and dev.spec.sriov is not None:
+            return dev.spec.sriov.vf_device
+        return dev.spec.device
+
+    def _attach(self, drv: str, dev: Dev) -> None:
+        dev.driver = drv
+        dev.vendor_type = 0
+        dev.vendor_gi = None
+        self.bump()
+
+    def _detach(self, dev: Dev) -> None:
+        # The driver's remove(): an mdev parent unregisters (its mdevs go), a PF disables its VFs.
+        for m in self.mdevs_of(dev.addr):
+            del self.mdevs[m.uuid]
+        if dev.numvfs:
+            self._disable_vfs(dev)
+        dev.driver = None
+        dev.vendor_type = 0
+        dev.vendor_gi = None
+        self.bump()
+
+    def bind(self, drv: str, raw: str) -> None:
+        """``/sys/bus/pci/drivers/<drv>/bind`` (bus.c bind_store)."""
+        dev = self.devices.get(kstrto.sysfs_streq(raw))
+        if dev is None or not self._matches(drv, dev):
+            raise oserror(errno.ENODEV)
+        if dev.driver is not None:
+            raise oserror(errno.EBUSY)
+        self._attach(drv, dev)
+
+    def unbind(self, drv: str, raw: str) -> None:
+        dev = self.devices.get(kstrto.sysfs_streq(raw))
+        if dev is None or dev.driver != drv:
+            raise oserror(errno.ENODEV)
+        self._detach(dev)
+
+    def probe(self, raw: str) -> None:
+        """``/sys/bus/pci/drivers_probe``: attach the first matching loaded driver; none is not an error."""
+        dev = self.devices.get(kstrto.sysfs_streq(raw))
+        if dev is None:
+            raise oserror(errno.ENODEV)
+        if dev.driver is not None:
+            return
+        candidates = [dev.override] if dev.override is not None else [dev.native_driver, *sorted(self.dynids)]
+        for drv in candidates:
+            if drv is not None and drv in self.drivers and self._matches(drv, dev):
+                self._attach(drv, dev)
+                return
+
+    def set_override(self, dev: Dev, raw: str) -> None:
+        """driver_set_override(): cut at the first newline; empty clears; the device is not rebound."""
+        if len(raw.encode("utf-8")) >= 4095:
+            raise oserror(errno.EINVAL)
+        value = raw.split("\n", 1)[0]
+        dev.override = value or None
+        self.bump()
+
+    def new_id(self, drv: str, raw: str) -> None:
+        """``new_id``: "vendor device [...]" in hex; then the driver attaches to matching unbound devices."""
+        fields = raw.split()
+        try:
+            vendor, device = int(fields[0], 16), int(fields[1], 16)
+        except (IndexError, ValueError):
+            raise oserror(errno.EINVAL) from None
+        self.dynids.setdefault(drv, set()).add((vendor, device))
+        self.bump()
+        for dev in self.devices.values():
+            if dev.driver is None and self._matches(drv, dev):
+                self._attach(drv, dev)
+
+    def remove_id(self, drv: str, raw: str) -> None:
+        fields = raw.split()
+        try:
+            key = (int(fields[0], 16), int(fields[1], 16))
+        except (IndexError, ValueError):
+            raise oserror(errno.EINVAL) from None
+        ids = self.dynids.get(drv, set())
+        if key not in ids:
+            raise oserror(errno.ENODEV)
+        ids.discard(key)
+        self.bump()
+
+    # -- SR-IOV: VF enable/disable in the kernel's order of checks --------------------------------------------------
+    def set_numvfs(self, pf: Dev, raw: str) -> None:
+        """sriov_numvfs_store (drivers/pci/iov.c), in the kernel's order of checks."""
+        n = kstrto.kstrtou16(raw, 0)
+        assert pf.spec.sriov is not None
+        if n > pf.spec.sriov.totalvfs:
+            raise oserror(errno.ERANGE)
+        if n == pf.numvfs:
+            return
+        if pf.driver is None:
+            raise oserror(errno.ENOENT)        # "no driver bound to device; cannot configure SR-IOV"
+        if pf.driver not in (pf.spec.driver, "vfio-pci"):
+            raise oserror(errno.ENOENT)        # "driver does not support SR-IOV configuration via sysfs"
+        if n == 0:
+            if pf.gpu is not None and pf.gpu.table.driver == "nvidia" and self.gpu_has_vgpus(pf.gpu):
+                raise oserror(errno.EBUSY)     # INFERRED: the NVIDIA driver refuses while vGPUs exist
+            self._disable_vfs(pf)
+            return
+        if pf.numvfs:
+            raise oserror(errno.EBUSY)         # "%d VFs already enabled. Disable before enabling %d VFs"
+        self._enable_vfs(pf, n)
+
+    def _enable_vfs(self, pf: Dev, n: int) -> None:
+        sriov = pf.spec.sriov
+        assert sriov is not None
+        parent_dir = pf.sysfs_dir.rsplit("/", 1)[0]
+        for i in range(n):
+            a = vf_address(pf.spec.address, sriov, i)
+            vspec = replace(pf.spec, address=a, device=sriov.vf_device,
+                            pci_class=sriov.vf_class if sriov.vf_class is not None else pf.spec.pci_class,
+                            sriov=sriov, vgpu=None, iommu_group=None, boot_vga=False,
+                            reset_method="flr" if pf.spec.reset_method else "")
+            vf = Dev(addr=str(a), spec=vspec, sysfs_dir=f"{parent_dir}/{a}", driver=None, numa_node=pf.numa_node,
+                     group=None, reset_method=vspec.reset_method, physfn=pf.addr, vf_index=i, gpu=pf.gpu)
+            if self.iommu:
+                vf.group = self._alloc_group()
+            self.devices[vf.addr] = vf
+            if pf.autoprobe and sriov.vf_driver and sriov.vf_driver in self.drivers:
+                vf.driver = sriov.vf_driver
+        pf.numvfs = n
+        self.devices = dict(sorted(self.devices.items()))
+        self.bump()
+
+    def _disable_vfs(self, pf: Dev) -> None:
+        for vf in self.vfs(pf):
+            for m in self.mdevs_of(vf.addr):
+                del self.mdevs[m.uuid]
+            del self.devices[vf.addr]
+        pf.numvfs = 0
+        self.bump()
+
+    # -- NVIDIA GPU-wide switches: what ``nvidia-smi`` changes on one physical GPU ---------------------------------
+    def set_heterogeneous(self, gpu: Gpu, on: bool) -> None:
+        if on and not gpu.table.heterogeneous:
+            raise oserror(errno.EOPNOTSUPP)
+        if self.gpu_has_vgpus(gpu) or gpu.mig_enabled:
+            raise oserror(errno.EBUSY)
+        gpu.heterogeneous = on
+        self.bump()
+
+    def set_mig(self, gpu: Gpu, on: bool) -> bool:
+        """Set MIG mode; True when it is only pending (a reset or reboot makes it current)."""
+        if not gpu.table.mig_profiles:
+            raise oserror(errno.EOPNOTSUPP)
+        if self.gpu_has_vgpus(gpu) or (not on and gpu.gpu_instances):
+            raise oserror(errno.EBUSY)
+        if on == gpu.mig_enabled:
+            gpu.mig_pending = None
+        elif gpu.table.mig_reset and _busy_for_reset(self, gpu):
+            gpu.mig_pending = on
+        else:
+            gpu.mig_enabled = on
+            gpu.mig_pending = None
+        self.bump()
+        return gpu.mig_pending is not None
+
+    def reset_gpu(self, gpu: Gpu) -> None:
+        """``nvidia-smi -r``: refused while anything uses the GPU; a pending MIG mode becomes current."""
+        if self.gpu_has_vgpus(gpu) or _busy_for_reset(self, gpu) or gpu.gpu_instances:
+            raise oserror(errno.EBUSY)
+        if gpu.mig_pending is not None:
+            gpu.mig_enabled = gpu.mig_pending
+            gpu.mig_pending = None
+        self.bump()
+
+    def create_gi(self, gpu: Gpu, profile_id: int, start: int | None = None) -> int:
+        prof = next((p for p in gpu.table.mig_profiles if p.id == profile_id), None)
+        if prof is None:
+            raise oserror(errno.EINVAL)
+        if not gpu.mig_enabled:
+            raise oserror(errno.EOPNOTSUPP)
+        gis = gpu.gi_table()
+        if start is None:
+            start = R.choose_start(gpu.table, gis, prof)
+        elif start not in R.placements(gpu.table, prof):
+            raise oserror(errno.EINVAL)
+        if start is None or not R.fits_at(gpu.table, gis, prof, start):
+            raise oserror(errno.ENOSPC)
+        gi = R.new_gi_id(gpu.table, gis, prof, start)
+        gpu.gpu_instances[gi] = prof.name
+        gpu.gi_start[gi] = start
+        self.bump()
+        return gi
+
+    def destroy_gi(self, gpu: Gpu, gi: int) -> None:
+        if gi not in gpu.gpu_instances:
+            raise oserror(errno.ENOENT)
+        if gpu.compute_instances.get(gi) or any(g == gi for _, g in self._gpu_vgpus(gpu)):
+            raise oserror(errno.EBUSY)
+        del gpu.gpu_instances[gi]
+        gpu.gi_start.pop(gi, None)
+        gpu.compute_instances.pop(gi, None)
+        self.bump()
+
+    def create_ci(self, gpu: Gpu, gi: int, key: str) -> tuple[int, int, str]:
+        """A compute instance in GI ``gi`` from a ``-cci`` item; (CI id, CI profile id, its name)."""
+        if gi not in gpu.gpu_instances:
+            raise oserror(errno.ENOENT)
+        name = gpu.gpu_instances[gi]
+        slices = next(p.slices for p in gpu.table.mig_profiles if p.name == name)
+        k = R.ci_size_of(name, slices, key)
+        if k is None:
+            raise oserror(errno.EINVAL)
+        cis = gpu.compute_instances.setdefault(gi, {})
+        start = R.ci_choose_start(slices, cis, k)
+        if start is None:
+            raise oserror(errno.ENOSPC)
+        ci = 0
+        while ci in cis:
+            ci += 1
+        cis[ci] = (k, start)
+        self.bump()
+        return ci, R.CI_PROFILE_IDS[k], R.ci_name(name, slices, k)
+
+    def destroy_ci(self, gpu: Gpu, gi: int, ci: int) -> None:
+        if gi not in gpu.gpu_instances or ci not in gpu.compute_instances.get(gi, {}):
+            raise oserror(errno.ENOENT)
+        del gpu.compute_instances[gi][ci]
+        self.bump()

@@ -21,6 +21,7 @@ from typing import Any
 from vgpuvirt.model import PciAddress
 from vgpuvirt.sim.model import SimModel
 
+MIGRATION_CALLS = ("vgpu_migration_metadata", "vgpu_migration_compat")
 VGPU_META_SIZE = 468                   # sizeof(nvmlVgpuMetadata_t)
 LIVE, SLEEP, HIBERNATE, COLD, NONE = 8, 4, 2, 1, 0
 LIMIT_HOST_DRIVER, LIMIT_GPU, LIMIT_OTHER = 1, 4, 0x80000000

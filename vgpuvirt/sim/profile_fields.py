@@ -10,7 +10,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.sim.profile_spec import ProfileError
 
 
-class _Ctx:
+class ProfileContext:
     """Where we are in the file, so every error names the key."""
 
     def __init__(self, file: str) -> None:
@@ -61,7 +61,7 @@ class _Ctx:
                 raise self.fail(f"{key}.{k}" if key else k, "required key is missing")
 
 
-def _errno_value(ctx: _Ctx, value: Any, key: str) -> int:
+def errno_value(ctx: ProfileContext, value: Any, key: str) -> int:
     name = ctx.text(value, key)
     code = getattr(_errno, name, None)
     if not isinstance(code, int):

@@ -19,7 +19,7 @@ import yaml
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import PciAddress, parse_cpulist
-from vgpuvirt.sim.profile_fields import _Ctx
+from vgpuvirt.sim.profile_fields import ProfileContext
 from vgpuvirt.sim.profile_spec import (
     DRIVER_VERSION,
     VGPU_MODES,
@@ -36,7 +36,7 @@ from vgpuvirt.sim.profile_spec import (
     VgpuType,
     vf_address,
 )
-from vgpuvirt.sim.type_tables import _parse_table, _profiles_dir, builtin_type_tables
+from vgpuvirt.sim.type_tables import builtin_type_tables, parse_table, profiles_dir
 
 __all__ = ["VGPU_MODES", "DeviceSpec", "GpuInstanceSpec", "InitialVgpu", "MigProfile", "NodeSpec", "Profile",
            "ProfileError", "SriovSpec", "TypeTable", "VgpuSpec", "VgpuType", "builtin_type_tables", "list_profiles",
@@ -45,10 +45,10 @@ __all__ = ["VGPU_MODES", "DeviceSpec", "GpuInstanceSpec", "InitialVgpu", "MigPro
 
 def list_profiles() -> list[str]:
     """Names of the profiles shipped with vgpuvirt."""
-    return sorted(p.name[:-5] for p in _profiles_dir().iterdir()
+    return sorted(p.name[:-5] for p in profiles_dir().iterdir()
                   if p.name.endswith(".yaml") and not p.name.startswith("_"))
 
-def _parse_vgpu(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> VgpuSpec:
+def _parse_vgpu(ctx: ProfileContext, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> VgpuSpec:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, {"mode", "types", "heterogeneous", "mig", "pool", "vgpus"}, {"mode", "types"})
     mode = ctx.text(m["mode"], f"{key}.mode")
@@ -113,7 +113,7 @@ _DEVICE_KEYS = {"address", "parent", "vendor", "device", "class", "subsystem_ven
 _RESET_METHODS = {"device_specific", "acpi", "flr", "af_flr", "pm", "bus", "cxl_bus"}
 
 
-def _parse_device(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> DeviceSpec:
+def _parse_device(ctx: ProfileContext, raw: Any, key: str, tables: Mapping[str, TypeTable]) -> DeviceSpec:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, _DEVICE_KEYS, {"address", "vendor", "device", "class"})
     sriov = None
@@ -156,14 +156,14 @@ def _parse_device(ctx: _Ctx, raw: Any, key: str, tables: Mapping[str, TypeTable]
 
 
 def _parse_profile(raw: Any, file: str) -> Profile:
-    ctx = _Ctx(file)
+    ctx = ProfileContext(file)
     m = ctx.mapping(raw, "")
     ctx.keys(m, "", {"name", "description", "iommu", "cpus", "nodes", "devices", "drivers", "type_tables",
                      "driver_version", "guest", "cmdline"},
              {"name", "devices"})
     tables = dict(builtin_type_tables())
     for n, t in (ctx.mapping(m.get("type_tables") or {}, "type_tables")).items():
-        tables[n] = _parse_table(ctx, n, t, f"type_tables.{n}")
+        tables[n] = parse_table(ctx, n, t, f"type_tables.{n}")
     threads = 1
     nodes: list[NodeSpec] = []
     if "cpus" in m:
@@ -213,7 +213,7 @@ def _parse_profile(raw: Any, file: str) -> Profile:
                    cmdline=ctx.text(m["cmdline"], "cmdline") if "cmdline" in m else "")
 
 
-def _check_topology(ctx: _Ctx, devices: list[DeviceSpec], node_ids: set[int], iommu: bool) -> None:
+def _check_topology(ctx: ProfileContext, devices: list[DeviceSpec], node_ids: set[int], iommu: bool) -> None:
     seen: dict[PciAddress, int] = {}
     for i, d in enumerate(devices):
         if d.address in seen:
@@ -254,7 +254,7 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
         if s.startswith("_") or s not in list_profiles():
             raise ProfileError(s, "", "no such profile (shipped: " + ", ".join(list_profiles()) + ")")
         file = f"{s}.yaml"
-        text = _profiles_dir().joinpath(file).read_text(encoding="utf-8")
+        text = profiles_dir().joinpath(file).read_text(encoding="utf-8")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import errno
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vgpuvirt.model import PciAddress
 
 if TYPE_CHECKING:
-    from vgpuvirt.sim.model import SimModel
+    import threading
+
+    from vgpuvirt.sim.devices import Dev
 
 NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND, FUNCTION_NOT_FOUND = 3, 2, 6, 13
 # what the simulated GPUs report (nvmlVgpuSchedulerCapabilities_t): 1..30 ms, ARR supported
@@ -84,8 +86,17 @@ def _decode(value: int) -> dict[str, int]:
             "timeslice_ns": min(ms, 30) * 1_000_000}
 
 
+class SchedulerHost(Protocol):
+    """What the scheduler reads of its host's model (:class:`~vgpuvirt.sim.model.SimModel`, which owns it)."""
+
+    lock: threading.RLock
+    devices: dict[str, Dev]
+
+    def bump(self) -> None: ...
+
+
 class SimScheduler:
-    def __init__(self, model: SimModel) -> None:
+    def __init__(self, model: SchedulerHost) -> None:
         self.model = model
         self.nvml_supported = True
         self.modprobe: dict[str, str] = {}                  # file name in /etc/modprobe.d -> content
@@ -140,10 +151,6 @@ class SimScheduler:
     # ------------------------------------------------------------------ NVML (the agent's "nvml" op)
     def nvml(self, op: dict[str, Any]) -> dict[str, Any]:
         call, args = op.get("value"), [str(a) for a in op.get("argv") or []]
-        if call in ("vgpu_migration_metadata", "vgpu_migration_compat"):
-            from vgpuvirt.sim.nvml_migration import answer
-            with self.model.lock:
-                return answer(self.model, str(call), args)
         if not self.nvml_supported:
             return {"ok": False, "errno": None, "rc": FUNCTION_NOT_FOUND,
                     "error": "NVML has no nvmlDeviceGetVgpuSchedulerState (driver too old)"}

@@ -85,9 +85,6 @@ class SimTelemetry:
         x = (math.sin(2 * math.pi * self.clock() / period_s + phase) + 1) / 2
         return low + (high - low) * x
 
-    def uptime(self) -> float:
-        return max(0.0, self.clock() - BOOT_TIME)
-
     # -- faults ----------------------------------------------------------------------------------
     def gpu_faults(self, gpu: str) -> GpuFaults:
         """This GPU's faults: those injected here plus those in the ``VGPUVIRT_SIM_FAULTS`` file."""

@@ -9,14 +9,14 @@ from typing import Any
 
 import yaml
 
-from vgpuvirt.sim.profile_fields import _Ctx, _errno_value
+from vgpuvirt.sim.profile_fields import ProfileContext, errno_value
 from vgpuvirt.sim.profile_spec import MigProfile, TypeTable, VgpuType
 
 _TYPES_FILE = "_types.yaml"
 _MIG_NAME = re.compile(r"^[1-8]g\.\d{1,4}gb(?:[+-](?:me|gfx)(?:\.all)?)?\Z")
 
 
-def _profiles_dir() -> Any:
+def profiles_dir() -> Any:
     return importlib.resources.files("vgpuvirt.sim").joinpath("profiles")
 
 
@@ -30,7 +30,7 @@ def _gvt_description(t: dict[str, Any]) -> str:
             f"resolution: {t['res']}\nweight: {t['weight']}\n")
 
 
-def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
+def parse_table(ctx: ProfileContext, name: str, raw: Any, key: str) -> TypeTable:
     m = ctx.mapping(raw, key)
     ctx.keys(m, key, {"driver", "mdev_driver", "framebuffer_mib", "heterogeneous", "mig_profiles", "compute_slices",
                       "memory_slices", "mig_reset", "types", "create_errno", "fb_total_mib", "fb_reserved_mib"},
@@ -104,7 +104,7 @@ def _parse_table(ctx: _Ctx, name: str, raw: Any, key: str) -> TypeTable:
                      heterogeneous=ctx.boolean(m.get("heterogeneous", False), f"{key}.heterogeneous"),
                      mig_profiles=tuple(migs), compute_slices=slices, memory_slices=mem_slices,
                      mig_reset=ctx.boolean(m.get("mig_reset", True), f"{key}.mig_reset"),
-                     create_errno=_errno_value(ctx, m["create_errno"], f"{key}.create_errno")
+                     create_errno=errno_value(ctx, m["create_errno"], f"{key}.create_errno")
                      if "create_errno" in m else _errno.EINVAL,
                      fb_total_mib=ctx.integer(m.get("fb_total_mib", 0), f"{key}.fb_total_mib", 0),
                      fb_reserved_mib=ctx.integer(m.get("fb_reserved_mib", 0), f"{key}.fb_reserved_mib", 0))
@@ -116,12 +116,12 @@ _BUILTIN_TABLES: dict[str, TypeTable] | None = None
 def builtin_type_tables() -> dict[str, TypeTable]:
     global _BUILTIN_TABLES
     if _BUILTIN_TABLES is None:
-        f = _profiles_dir().joinpath(_TYPES_FILE)
+        f = profiles_dir().joinpath(_TYPES_FILE)
         # libyaml when PyYAML has it: 7 ms instead of 45 ms for this shipped 20 kB file, read by every simulated
         # host's first start (the file is ours, so the pure-Python loader's richer error marks are not needed)
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         raw = yaml.load(f.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (a safe loader)
-        ctx = _Ctx(_TYPES_FILE)
+        ctx = ProfileContext(_TYPES_FILE)
         tables = ctx.mapping(ctx.mapping(raw, "")["tables"], "tables")
-        _BUILTIN_TABLES = {n: _parse_table(ctx, n, t, f"tables.{n}") for n, t in tables.items()}
+        _BUILTIN_TABLES = {n: parse_table(ctx, n, t, f"tables.{n}") for n, t in tables.items()}
     return _BUILTIN_TABLES

@@ -1,9 +1,8 @@
-"""The one door for domain XML: the safe parser, libvirt's element order, and the tree a Domain edits.
+"""The one door for domain XML: the safe parser and libvirt's element order.
 
 :func:`parse_xml` is the only way domain XML is parsed in this package (no entities, no network).
 :func:`insert_ordered` puts a new element where libvirt itself writes it, so output is stable.
-:class:`DomainTree` holds the parsed ``<domain>`` and finds or creates its top-level children;
-:class:`~vgpuvirt.xml.domain.Domain` builds on it.
+The tree itself is edited by :class:`~vgpuvirt.xml.domain.Domain`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from lxml import etree
 
 from vgpuvirt.errors import XmlError
-from vgpuvirt.xml.element import Element, make
+from vgpuvirt.xml.element import Element
 
 # The order libvirt formats a domain in; we insert new elements at their place in it.
 DOMAIN_ORDER = ("name", "uuid", "genid", "title", "description", "metadata", "maxMemory", "memory",
@@ -50,30 +49,3 @@ def parse_xml(text: str | bytes) -> Element:
         return etree.fromstring(data, _PARSER)
     except etree.XMLSyntaxError as exc:
         raise XmlError(f"not well-formed XML: {exc}") from exc
-
-
-
-class DomainTree:
-    """One ``<domain>`` tree and its top-level children, created in libvirt's order when asked for."""
-
-    def __init__(self, root: Element) -> None:
-        if root.tag != "domain":
-            raise XmlError(f"expected a <domain> document, got <{root.tag}>")
-        self.root = root
-
-    # -- plain values ---------------------------------------------------------------------------------------
-    def child(self, tag: str, create: bool = False) -> Element | None:
-        el = self.root.find(tag)
-        if el is None and create:
-            el = insert_ordered(self.root, make(tag), DOMAIN_ORDER)
-        return el
-
-    def _ensure(self, tag: str) -> Element:
-        el = self.child(tag, create=True)
-        assert el is not None
-        return el
-
-    @property
-    def devices(self) -> Element:
-        return self._ensure("devices")
-

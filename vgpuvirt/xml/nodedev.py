@@ -59,10 +59,6 @@ class NodeDevice:
                                              # mdevs' parent_addr names
     capabilities: tuple[str, ...] = field(default=())
 
-    @property
-    def is_mdev(self) -> bool:
-        return self.mdev_type is not None
-
 
 def _hex(el: Element | None, attr: str | None = None) -> int | None:
     if el is None:
