@@ -27,7 +27,7 @@ from vgpuvirt.provision.identity import NAMESPACE as NAMESPACE
 from vgpuvirt.provision.identity import domain_uuid_for as domain_uuid_for
 from vgpuvirt.provision.identity import mdev_uuid_for as mdev_uuid_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
-from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
+from vgpuvirt.provision.placement import Assignment, Candidate, Explanation, Policy, place
 from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, problems_of
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
@@ -75,7 +75,7 @@ class Plan:
     steps: list[Step]
     kept: list[Kept]
     assignments: list[Assignment]
-    explain: list[Candidate]
+    explain: Sequence[Candidate]   # an Explanation: its hosts x VMs lines are made when read
     vms: list[VmRequest]
     hosts: list[str]
     # mdev UUIDs / VF addresses absent when planned: the only devices a rollback may remove.
@@ -227,7 +227,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     ready = _adopt_lost(todo, hs, kept)
     to_place = [vm for vm in todo if vm.gpus and vm.name not in {a.vm for a in ready}]
     try:
-        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
+        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], Explanation())
     except NoCapacity as exc:
         prep = sriov_preparation(hs, to_place)
         if not prep:
