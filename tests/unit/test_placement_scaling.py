@@ -145,3 +145,30 @@ def test_a_pool_on_a_fleet_makes_its_eligible_lines_only_when_the_explanation_is
     chosen = {c.vm: (c.host, c.gpu) for c in lines if c.verdict == "chosen"}
     assert all((c.host, c.gpu) != chosen[c.vm] and c.reason.endswith("; ranked lower (spread)") for c in eligible)
     assert len(why) == len(lines) and why[0] == lines[0] and why == lines
+
+
+def test_a_plan_looks_for_each_vm_s_domain_on_the_hosts_that_hold_one_not_on_every_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpuvirt.provision.plan import plan
+    from vgpuvirt.provision.state import HostState
+
+    looked: list[object] = []
+
+    class Counting(dict[str, str]):
+        def get(self, *a: Any) -> Any:
+            looked.append(a[0])
+            return super().get(*a)
+
+    real = HostState.clone
+
+    def clone(self: HostState) -> HostState:      # plan() works on clones of the states it is given
+        c = real(self)
+        c.domains = Counting(c.domains)
+        return c
+
+    monkeypatch.setattr(HostState, "clone", clone)
+    invs = [t4_host(f"h{i}") for i in range(8)]
+    p = plan(invs, VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231"), start=False),
+             policy="spread", states=host_states(invs))
+    assert len(p.assignments) == 64
+    assert len(looked) <= 64, len(looked)          # was one look per host per VM: 8 x 64 = 512

@@ -206,8 +206,13 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if isinstance(step, HostStep):
             absent[step.host].add(step.target)
 
+    # which hosts hold a domain of each name: looking through every host for every VM grew with hosts x VMs
+    holders: dict[str, list[HostState]] = {}
+    for h in hs.values():
+        for name in h.domains:
+            holders.setdefault(name, []).append(h)
     for vm in requests:
-        found = _find_domain(vm.name, hs)
+        found = _find_domain(vm.name, holders.get(vm.name, ()))
         if found is None:
             todo.append(vm)
             continue
@@ -279,7 +284,8 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     if problems:
         raise PreflightFailed.of(problems)
     hosts = list(hs)
-    steps.sort(key=lambda s: (hosts.index(s.host), s.rank))
+    at = {h: i for i, h in enumerate(hosts)}
+    steps.sort(key=lambda s: (at[s.host], s.rank))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
 
@@ -346,9 +352,10 @@ def _nic_vfs(todo: Sequence[VmRequest], by_vm: Mapping[str, list[Assignment]], h
     return Plan([], [], [], [], [], list(hs), {}, prep=prep, pending=[vm.name for vm in todo], unmet=str(refusal))
 
 
-def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Provenance] | None:
-    """The host whose domain ``name`` is (by vgpuvirt metadata); refuses foreign domains."""
-    for h in hs.values():
+def _find_domain(name: str, holders: Sequence[HostState]) -> tuple[HostState, Provenance] | None:
+    """The host whose domain ``name`` is (by vgpuvirt metadata), among the ``holders`` of a domain of that name
+    (in the run's host order); refuses foreign domains."""
+    for h in holders:
         xml = h.domains.get(name)
         if xml is None:
             continue
@@ -358,7 +365,7 @@ def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Pro
                                               "choose another name or remove it")
         if prov.host == h.name:
             return h, prov
-    for h in hs.values():
+    for h in holders:
         xml = h.domains.get(name)
         if xml is not None:
             other = Provenance.read(xml)
