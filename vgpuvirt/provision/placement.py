@@ -9,8 +9,10 @@ VM, a :class:`Candidate` line for every GPU it looked at (chosen / skipped and w
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
@@ -97,6 +99,9 @@ def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Polic
     return assignments, explain
 
 
+_KEY = itemgetter(0)    # an option's ranking key, in (key, option)
+
+
 class _Ranked(NamedTuple):
     kind: object                                        # what of the VM and its first request rank reads
     options: list[tuple[tuple[object, ...], Option]]
@@ -118,8 +123,11 @@ def _rank_reusing(vm: VmRequest, host_list: Sequence[HostState], policy: Policy,
         return options, notes, _Ranked(kind, options, notes, None)
     changed = last.changed
     again, fresh = rank(vm, req, [h for h in host_list if h.name == changed], policy, order, memo)
-    options = [kv for kv in last.options if kv[1].gpu.host != changed] + again
-    options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
+    options = [kv for kv in last.options if kv[1].gpu.host != changed]
+    for kv in again:
+        # the rest is still in order: the changed host's few options go in by bisection (a sort of the fleet's
+        # options per VM, a Python key call each, grew with hosts x VMs); after equal keys, as a stable sort
+        insort(options, kv, key=_KEY)
     notes = [Candidate(vm.name, c.host, c.gpu, c.verdict, c.reason) for c in last.notes if c.host != changed]
     notes += fresh
     notes.sort(key=lambda c: order[c.host])   # stable: in host order, as rank() lists them
