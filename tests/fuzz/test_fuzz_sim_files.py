@@ -8,6 +8,7 @@ leave the simulated host unchanged, and a write that the kernel would refuse fai
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -45,7 +46,11 @@ def _files(host: SimHost) -> tuple[list[str], list[str]]:
     return writable, readonly
 
 
-FILES = {p: _files(SimHost.from_profile(p)) for p in PROFILES}
+@functools.cache
+def files(profile: str) -> tuple[list[str], list[str]]:
+    # walked when a test first draws from the profile, not at import: every xdist worker imports this module
+    # to collect it (0.11 s of CPU for the eight trees), and the inner loop (-m "not slow") runs none of its fuzzing
+    return _files(SimHost.from_profile(profile))
 
 value = st.one_of(
     junk_text(60),
@@ -60,7 +65,7 @@ value = st.one_of(
 @st.composite
 def writes(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]]]:
     profile = draw(st.sampled_from(PROFILES))
-    writable, readonly = FILES[profile]
+    writable, readonly = files(profile)
     paths = st.one_of(st.sampled_from(writable), st.sampled_from(writable), st.sampled_from(readonly))
     return profile, draw(st.lists(st.tuples(paths, value), min_size=1, max_size=4))
 
@@ -211,7 +216,7 @@ def test_profiles_with_one_value_replaced(tmp_path: Path) -> None:
 def test_every_profile_has_writable_files() -> None:
     # the write fuzzing above is only as good as the files it finds
     for p in PROFILES:
-        assert FILES[p][0], p
+        assert files(p)[0], p
 
 
 # ---------------------------------------------------------------- issue 27: a full disk under materialize

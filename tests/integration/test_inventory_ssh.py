@@ -27,7 +27,9 @@ def _cli_json(*argv: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("profile", sim.list_profiles())
+# `large` (256 mdev parents) took 17 s in a loaded -n 2 run of the inner loop: `slow`, the others stay
+@pytest.mark.parametrize("profile", [pytest.param(p, marks=pytest.mark.slow) if p == "large" else p
+                                     for p in sim.list_profiles()])
 def test_three_ways_same_json(testbed: Any, profile: str) -> None:
     via_sim = inventory(sim.SimHost.from_profile(profile), nvidia_smi=False).to_dict()
     # tmpfs when there is one: like sysfs an in-memory filesystem, and `large` (50k entries) is written in

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,6 +73,7 @@ def _oracle(host: SimHost, compute_total: int) -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow   # 80 cases, 16 s in a loaded -n 2 run of the inner loop
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=scenario())
 def test_lgip_free_is_what_creating_achieves(tmp_path: Path, case: tuple[str, list[tuple[str, int]]]) -> None:

@@ -212,6 +212,7 @@ _KEYS = ['"rc": 0', '"f"', '"l"', '"version": 1', '"entries"', '"argv"', '"stdou
 _VALUES = ["5", "null", "[]", "{}", "true", '"x"', '"stdout": 5, "y": "', "-1", '"\\u0000"']
 
 
+@pytest.mark.slow   # 16 s in a loaded -n 2 run of the inner loop
 def test_an_edited_capture_is_refused_or_replayed_never_a_traceback(tmp_path: Path) -> None:
     """Every key of a real capture given every kind of JSON value: the CLI answers, or refuses in one line."""
     text = json.dumps(capture(_frozen("t4x2")))

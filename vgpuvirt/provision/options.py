@@ -6,9 +6,9 @@ Shared by the greedy placement (:mod:`.placement`) and the exhaustive fallback (
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import GpuState, HostState, Slot
@@ -29,6 +29,79 @@ class Candidate(NamedTuple):
 
     def to_dict(self) -> dict[str, str]:
         return {"vm": self.vm, "host": self.host, "gpu": self.gpu, "verdict": self.verdict, "reason": self.reason}
+
+
+class _Eligible(NamedTuple):
+    """The "eligible" lines of one VM, not yet made: every option it was offered but the chosen GPU's."""
+    vm: str
+    options: Sequence[tuple[tuple[object, ...], Option]]
+    best_host: str
+    best_gpu: object
+    policy: str
+
+
+class Explanation(Sequence[Candidate]):
+    """A plan's explanation: its :class:`Candidate` lines in order, the "eligible" ones made when first read.
+
+    A pool of VMs over a fleet offers every eligible GPU of the fleet to every VM: hosts x VMs lines (16,000
+    for 32 hosts of 8 VMs), which made placement grow faster than the fleet. Only ``--explain`` and a plan's
+    JSON read them; a plan that is applied pays for one reference per VM instead.
+    """
+
+    def __init__(self, items: Sequence[Candidate] = ()) -> None:
+        self._items: list[Candidate | _Eligible] = list(items)
+        self._lazy = False
+
+    def append(self, c: Candidate) -> None:
+        self._items.append(c)
+
+    def extend(self, cs: Sequence[Candidate]) -> None:
+        self._items.extend(cs)
+
+    def add_eligible(self, vm: str, options: Sequence[tuple[tuple[object, ...], Option]], best: Option,
+                     policy: str) -> None:
+        """The lines of ``options`` (kept, not copied: the caller makes a new list per VM) except ``best``'s."""
+        self._items.append(_Eligible(vm, options, best.gpu.host, best.gpu.address, policy))
+        self._lazy = True
+
+    def _lines(self) -> list[Candidate]:
+        if self._lazy:
+            made: list[Candidate] = []
+            # one line's text per option, shared by every VM that was offered it (options carry over)
+            text: dict[int, tuple[Option, str, str, str]] = {}
+            for item in self._items:
+                if isinstance(item, Candidate):
+                    made.append(item)
+                    continue
+                for _, o in item.options:
+                    line = text.get(id(o))
+                    if line is None or line[0] is not o:
+                        line = text[id(o)] = (o, o.gpu.host, str(o.gpu.address),
+                                              f"{o.reason}; ranked lower ({item.policy})")
+                    if line[1] != item.best_host or o.gpu.address != item.best_gpu:
+                        made.append(Candidate(item.vm, line[1], line[2], "eligible", line[3]))
+            self._items[:] = made
+            self._lazy = False
+        return self._items  # type: ignore[return-value]  # no _Eligible left
+
+    def __len__(self) -> int:
+        return len(self._lines())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._lines()[i]
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return iter(self._lines())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Explanation):
+            return self._lines() == other._lines()
+        return isinstance(other, list) and self._lines() == other
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the list it replaces
+
+    def __repr__(self) -> str:
+        return f"Explanation({self._lines()!r})"
 
 
 @dataclass(frozen=True)

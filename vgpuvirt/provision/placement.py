@@ -9,19 +9,21 @@ VM, a :class:`Candidate` line for every GPU it looked at (chosen / skipped and w
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 from vgpuvirt.errors import InvalidSpec, NoCapacity
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.bound import refusal
-from vgpuvirt.provision.options import POLICIES, Candidate, EvalMemo, Option, Policy, commit, rank
+from vgpuvirt.provision.options import POLICIES, Candidate, EvalMemo, Explanation, Option, Policy, commit, rank
 from vgpuvirt.provision.request import TypeProfile, VmRequest
 from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
 
-__all__ = ["POLICIES", "Assignment", "Candidate", "Policy", "place"]
+__all__ = ["POLICIES", "Assignment", "Candidate", "Explanation", "Policy", "place"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
 
 
 def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: Policy = "binpack",
-          search_limit: int = DEFAULT_LIMIT) -> tuple[list[Assignment], list[Candidate]]:
+          search_limit: int = DEFAULT_LIMIT) -> tuple[list[Assignment], Explanation]:
     """Assign every GPU request of every VM: each VM takes its best-ranked option; when that leaves a later
     VM without room, a bounded search (:mod:`.search`) looks for a placement that fits everything. Raises
     NoCapacity (every GPU considered for the VM that did not fit, with its reason) when none is found.
@@ -83,9 +85,9 @@ def _reason(exc: NoCapacity) -> str:
 
 
 def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Policy
-              ) -> tuple[list[Assignment], list[Candidate]]:
+              ) -> tuple[list[Assignment], Explanation]:
     assignments: list[Assignment] = []
-    explain: list[Candidate] = []
+    explain = Explanation()
     for vm, picks in zip(vms, found, strict=True):
         first = picks[0]
         explain.append(Candidate(vm.name, first.gpu.host, str(first.gpu.address), "chosen",
@@ -95,6 +97,9 @@ def _searched(vms: Sequence[VmRequest], found: list[list[Option]], policy: Polic
             assignments.append(Assignment(vm.name, i, o.gpu.host, o.gpu.address, o.slot.address, o.slot.kind,
                                           o.type, o.slot.functions, o.gpu.numa_node))
     return assignments, explain
+
+
+_KEY = itemgetter(0)    # an option's ranking key, in (key, option)
 
 
 class _Ranked(NamedTuple):
@@ -118,8 +123,11 @@ def _rank_reusing(vm: VmRequest, host_list: Sequence[HostState], policy: Policy,
         return options, notes, _Ranked(kind, options, notes, None)
     changed = last.changed
     again, fresh = rank(vm, req, [h for h in host_list if h.name == changed], policy, order, memo)
-    options = [kv for kv in last.options if kv[1].gpu.host != changed] + again
-    options.sort(key=lambda kv: kv[0])  # type: ignore[arg-type,return-value]
+    options = [kv for kv in last.options if kv[1].gpu.host != changed]
+    for kv in again:
+        # the rest is still in order: the changed host's few options go in by bisection (a sort of the fleet's
+        # options per VM, a Python key call each, grew with hosts x VMs); after equal keys, as a stable sort
+        insort(options, kv, key=_KEY)
     notes = [Candidate(vm.name, c.host, c.gpu, c.verdict, c.reason) for c in last.notes if c.host != changed]
     notes += fresh
     notes.sort(key=lambda c: order[c.host])   # stable: in host order, as rank() lists them
@@ -127,15 +135,14 @@ def _rank_reusing(vm: VmRequest, host_list: Sequence[HostState], policy: Policy,
 
 
 def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Policy
-            ) -> tuple[list[Assignment], list[Candidate]]:
+            ) -> tuple[list[Assignment], Explanation]:
     """Each VM in order takes its best-ranked option. Raises NoCapacity (with the explanation of the VM that
     did not fit) when one cannot be placed; ``hosts`` is updated as it goes."""
     order = {name: i for i, name in enumerate(hosts)}
     host_list = list(hosts.values())
     assignments: list[Assignment] = []
-    explain: list[Candidate] = []
+    explain = Explanation()
     memo: EvalMemo = {}      # each VM changes one GPU: the others' evaluations carry over to the next VM
-    lines: dict[int, tuple[Option, str, str, str]] = {}   # id(option) -> (option, its explain line's fields)
     last: _Ranked | None = None                  # the previous VM's ranking, and the host it went to
     for vm in vms:
         first, notes, last = _rank_reusing(vm, host_list, policy, order, memo, last)
@@ -179,15 +186,8 @@ def _greedy(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], policy: Po
                              f"{reasons or 'no GPUs at all'}", fit=done, wanted=len(vms))
         explain.append(Candidate(vm.name, chosen[0].gpu.host, str(chosen[0].gpu.address), "chosen",
                                  _why_best(chosen[0], policy, vm)))
-        best = chosen[0].gpu
-        for _, o in first:
-            # Options carry over from VM to VM (the memo, the reused ranking): each one's line is made once,
-            # and each VM pays for a look-up (a pool of VMs lists every eligible GPU of the fleet for every VM).
-            line = lines.get(id(o))
-            if line is None or line[0] is not o:
-                line = lines[id(o)] = (o, o.gpu.host, str(o.gpu.address), f"{o.reason}; ranked lower ({policy})")
-            if line[1] != best.host or o.gpu.address != best.address:   # the cheap test first
-                explain.append(Candidate(vm.name, line[1], line[2], "eligible", line[3]))
+        # a pool of VMs is offered every eligible GPU of the fleet: those lines are made when read
+        explain.add_eligible(vm.name, first, chosen[0], policy)
         explain.extend(notes)
         last = last._replace(changed=chosen[0].gpu.host)
         for i, o in enumerate(chosen):

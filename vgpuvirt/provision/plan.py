@@ -32,7 +32,7 @@ from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
 from vgpuvirt.provision.device_steps import device_step
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
-from vgpuvirt.provision.placement import Assignment, Candidate, Policy, place
+from vgpuvirt.provision.placement import Assignment, Candidate, Explanation, Policy, place
 from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, problems_of
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
@@ -70,7 +70,7 @@ class Plan:
     steps: list[Step]
     kept: list[Kept]
     assignments: list[Assignment]
-    explain: list[Candidate]
+    explain: Sequence[Candidate]   # an Explanation: its hosts x VMs lines are made when read
     vms: list[VmRequest]
     hosts: list[str]
     # mdev UUIDs / VF addresses absent when planned: the only devices a rollback may remove.
@@ -201,8 +201,13 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         if isinstance(step, HostStep):
             absent[step.host].add(step.target)
 
+    # which hosts hold a domain of each name: looking through every host for every VM grew with hosts x VMs
+    holders: dict[str, list[HostState]] = {}
+    for h in hs.values():
+        for name in h.domains:
+            holders.setdefault(name, []).append(h)
     for vm in requests:
-        found = _find_domain(vm.name, hs)
+        found = _find_domain(vm.name, holders.get(vm.name, ()))
         if found is None:
             todo.append(vm)
             continue
@@ -222,7 +227,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     ready = _adopt_lost(todo, hs, kept)
     to_place = [vm for vm in todo if vm.gpus and vm.name not in {a.vm for a in ready}]
     try:
-        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
+        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], Explanation())
     except NoCapacity as exc:
         prep = sriov_preparation(hs, to_place)
         if not prep:
@@ -274,9 +279,10 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     if problems:
         raise PreflightFailed.of(problems)
     hosts = list(hs)
+    at = {h: i for i, h in enumerate(hosts)}
     # a host's device steps in plan order (one batch: a mixed-size switch before the vGPUs it is for), then its
     # libvirt steps by rank (volumes and defines, then starts)
-    steps.sort(key=lambda s: (hosts.index(s.host), s.phase == Phase.DOMAINS, s.rank if s.phase == Phase.DOMAINS else 0))
+    steps.sort(key=lambda s: (at[s.host], s.phase == Phase.DOMAINS, s.rank if s.phase == Phase.DOMAINS else 0))
     return Plan(steps, kept, assignments, explain, list(requests), hosts,
                 {h: frozenset(v) for h, v in absent.items()})
 
@@ -343,9 +349,10 @@ def _nic_vfs(todo: Sequence[VmRequest], by_vm: Mapping[str, list[Assignment]], h
     return Plan([], [], [], [], [], list(hs), {}, prep=prep, pending=[vm.name for vm in todo], unmet=str(refusal))
 
 
-def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Provenance] | None:
-    """The host whose domain ``name`` is (by vgpuvirt metadata); refuses foreign domains."""
-    for h in hs.values():
+def _find_domain(name: str, holders: Sequence[HostState]) -> tuple[HostState, Provenance] | None:
+    """The host whose domain ``name`` is (by vgpuvirt metadata), among the ``holders`` of a domain of that name
+    (in the run's host order); refuses foreign domains."""
+    for h in holders:
         xml = h.domains.get(name)
         if xml is None:
             continue
@@ -355,7 +362,7 @@ def _find_domain(name: str, hs: Mapping[str, HostState]) -> tuple[HostState, Pro
                                               "choose another name or remove it")
         if prov.host == h.name:
             return h, prov
-    for h in hs.values():
+    for h in holders:
         xml = h.domains.get(name)
         if xml is not None:
             other = Provenance.read(xml)

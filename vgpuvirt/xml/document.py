@@ -34,11 +34,14 @@ def insert_ordered(parent: Element, child: Element, order: tuple[str, ...]) -> E
     ranks = _RANKS.get(order) or {t: i for i, t in enumerate(order)}
     last = len(order)
     r = ranks.get(child.tag, last) if isinstance(child.tag, str) else last
-    pos = 0
-    for i, existing in enumerate(parent):
+    # from the end: the place is after the last sibling ranked at or before it (a device list is mostly
+    # added to at its end, so the scan stops at once instead of reading every device)
+    pos = len(parent)
+    for existing in reversed(parent):
         tag = existing.tag
         if isinstance(tag, str) and ranks.get(tag, last) <= r:
-            pos = i + 1
+            break
+        pos -= 1
     parent.insert(pos, child)
     return child
 

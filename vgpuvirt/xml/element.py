@@ -6,6 +6,7 @@ normalized when parsed (``0x3b`` and ``59`` both become the integer 59), so two 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -139,10 +140,17 @@ def source_key_of(el: Element) -> str | None:
     uuid = a.get("uuid")
     if uuid is not None:
         return f"mdev:{uuid.lower()}"
-    if a.get("bus") is None:
+    bus = a.get("bus")
+    if bus is None:
         return None
+    return _pci_key(a.get("domain", "0"), bus, a.get("slot", "0"), a.get("function", "0"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pci_key(domain: str, bus: str, slot: str, function: str) -> str | None:
+    # the same host devices' address strings come back in every domain a fleet's plan builds and lints
     try:
-        return "pci:" + str(pci_from_address(a, "source address"))
+        return "pci:" + str(PciAddress.from_libvirt(domain, bus, slot, function))
     except InvalidSpec:
         return None
 

@@ -6,6 +6,7 @@ The checks read the raw tree (not only the typed views) so a malformed user file
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -84,12 +85,14 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
     slots: dict[tuple[int, int, int], list[tuple[int, bool, Element]]] = defaultdict(list)
 
     for el in children:
-        if el.tag not in ("hostdev", "interface", "disk", "controller", "video", "sound", "memballoon"):
+        tag = el.tag   # (each read of .tag or an attribute makes a new str: read once per device)
+        if tag not in ("hostdev", "interface", "disk", "controller", "video", "sound", "memballoon"):
             continue
-        if el.tag == "hostdev" and el.get("type") == "pci":
+        kind = el.get("type") if tag == "hostdev" else None
+        if kind == "pci":
             # a vGPU 17+ VF desktop: the same display/ramfb rules as an mdev's (libvirt 10.x)
             out.extend(_lint_display(el, has_graphics, ramfb))
-        if el.tag == "hostdev" and el.get("type") == "mdev":
+        if kind == "mdev":
             out.extend(_lint_mdev_addresses(el))
             if el.get("model", "") != "vfio-pci" and el.get("display") is not None:
                 out.append(LintProblem("display-model", _label(el), "display is only supported with model='vfio-pci'"))
@@ -99,7 +102,7 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
                                        "booting from a mediated device (vfio-pci) is not supported; drop <boot>"))
             if el.find("rom") is not None:
                 out.append(LintProblem("rom-on-mdev", _label(el), "<rom> applies to PCI hostdevs, not mdev vGPUs"))
-        if el.tag == "interface":
+        if tag == "interface":
             mac = el.find("mac")
             if mac is not None:
                 value = mac.get("address", "")
@@ -107,7 +110,7 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
                     out.append(LintProblem("bad-mac", _label(el), f"MAC {value!r} is not six hex octets a:b:c:d:e:f"))
                 elif int(value[:2], 16) & 1:
                     out.append(LintProblem("bad-mac", _label(el), f"MAC {value!r} is multicast (first octet odd)"))
-        if el.tag in ("hostdev", "interface"):
+        if tag == "hostdev" or tag == "interface":
             key = source_key_of(el)
             if key is not None:
                 if key in seen:
@@ -178,6 +181,11 @@ def _chipset_slot(domain: Domain) -> tuple[int, int, int] | None:
     return None
 
 
+# A build pins each vCPU to a CPU list it wrote from a checked CpuPinning: the same few strings in every
+# domain (the parse is a regex per part). Cached: the result is a frozenset, a refusal is raised again.
+_cpuset = functools.lru_cache(maxsize=1024)(parse_cpulist)
+
+
 def _lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintProblem]:
     out: list[LintProblem] = []
     tune = domain.root.find("cputune")
@@ -189,7 +197,7 @@ def _lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintPro
             continue
         what = el.tag if el.tag != "vcpupin" else f"vcpupin vcpu {el.get('vcpu')}"
         try:
-            cpus = parse_cpulist(el.get("cpuset", ""))
+            cpus = _cpuset(el.get("cpuset", ""))
         except InvalidSpec as exc:
             out.append(LintProblem("cpu-not-on-host", what, str(exc)))
             continue
