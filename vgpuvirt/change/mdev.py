@@ -37,7 +37,8 @@ class CreateMdev(DeviceStep):
 
     def describe(self) -> str:
         params = f" with vgpu_params {self.vgpu_params}" if self.vgpu_params else ""
-        return f"create vGPU {self.type} {self.uuid} on {self.parent}{params} (for {self.vm})"
+        vm = f" (for {self.vm})" if self.vm else ""          # a layout's vGPU is for no VM yet
+        return f"create vGPU {self.type} {self.uuid} on {self.parent}{params}{vm}"
 
     def kept(self) -> str:
         return f"vGPU {self.type} {self.uuid} on {self.parent}"

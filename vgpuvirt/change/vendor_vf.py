@@ -32,7 +32,7 @@ class SetVfType(DeviceStep):
         return str(self.vf)
 
     def describe(self) -> str:
-        return f"set vGPU type {self.type} on VF {self.vf} (for {self.vm})"
+        return f"set vGPU type {self.type} on VF {self.vf}" + (f" (for {self.vm})" if self.vm else "")
 
     def kept(self) -> str:
         return f"vGPU type {self.type} on VF {self.vf}"
