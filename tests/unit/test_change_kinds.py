@@ -5,8 +5,13 @@ through the one Runner on a simulated host and is rolled back: the host must be 
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
+from vgpuvirt.change.boot import InstallBootUnit
 from vgpuvirt.change.driver import BindDriver
 from vgpuvirt.change.mdev import CreateMdev, RemoveMdev
 from vgpuvirt.change.mig import (
@@ -23,10 +28,11 @@ from vgpuvirt.change.scheduler import SetSchedulerNvml, WriteSchedulerFile
 from vgpuvirt.change.sriov import DisableVfs, EnableVfs, vf_count_step
 from vgpuvirt.change.step import STEP_KINDS, HostStep, Phase
 from vgpuvirt.change.vendor_vf import ClearVfType, SetVfType
-from vgpuvirt.errors import ProvisioningError
+from vgpuvirt.errors import DeviceError, ProvisioningError
 from vgpuvirt.host.base import OpResult
+from vgpuvirt.host.local import LocalHost
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.services import sysfs
+from vgpuvirt.services import host_files, sysfs
 from vgpuvirt.services.mig import read_mig_state
 from vgpuvirt.services.mutation import Planned
 from vgpuvirt.services.scheduler_model import MODPROBE_FILE, SchedulerSetting
@@ -279,3 +285,48 @@ def test_scheduler_file_undo_puts_the_file_back_and_a_file_alone_is_pending() ->
     assert r.report().pending_reload == [f"{host.name}: {step.describe()}"] and not r.report().done
     assert r.rollback() == [f"{host.name}: put {MODPROBE_FILE} back as it was"]
     assert host.model.sched.modprobe["vgpuvirt-scheduler.conf"] == old
+
+
+def test_install_boot_unit_undo_puts_back_what_was_there(tmp_path: Path) -> None:
+    # the files go to this machine under tmp_path (a simulated host has no /etc), through its own LocalHost
+    host = LocalHost(lock_path=str(tmp_path / "lock"), audit_path=str(tmp_path / "audit.jsonl"))
+    etc = tmp_path / "etc/vgpuvirt"
+    etc.mkdir(parents=True)
+    (etc / "layout-boot.json").write_text("old program\n")
+    (etc / "layout-boot.json").chmod(0o600)
+    files = {"/etc/vgpuvirt/layout-boot.json": {"text": "new program\n", "mode": "644"},
+             "/usr/lib/vgpuvirt/layout_boot.py": {"text": "print('boot')\n", "mode": "644"},
+             "/etc/systemd/system/multi-user.target.wants/x.service": {"link": "/etc/systemd/system/x.service"}}
+    step = InstallBootUnit(host.name, "", json.dumps(files), str(tmp_path))
+    assert step.describe() == f"install the boot unit (3 files under {tmp_path})"
+    argv = argvs(step)[0]
+    assert argv[:2] == ["python3", "-c"] and argv[-1] == str(tmp_path)         # the files travel on stdin
+    assert json.loads(step.item(10.0).ops[0].stdin or "") == files
+    assert step.undo_item(10.0) is None and step.undo_learned
+    r = Runner(host)
+    r.run([step])
+    assert (etc / "layout-boot.json").read_text() == "new program\n"
+    assert (tmp_path / "usr/lib/vgpuvirt/layout_boot.py").exists()
+    assert os.readlink(tmp_path / "etc/systemd/system/multi-user.target.wants/x.service") == \
+        "/etc/systemd/system/x.service"
+    assert r.rollback() == [f"{host.name}: {step.undone()}"]
+    # the old program is back with its mode; what was not there is gone again
+    assert (etc / "layout-boot.json").read_text() == "old program\n"
+    assert (etc / "layout-boot.json").stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "usr/lib/vgpuvirt/layout_boot.py").exists()
+    assert not os.path.lexists(tmp_path / "etc/systemd/system/multi-user.target.wants/x.service")
+
+
+def test_the_installers_answer_gives_the_undo_even_when_it_failed_part_way(tmp_path: Path) -> None:
+    host = LocalHost(lock_path=str(tmp_path / "lock"), audit_path=str(tmp_path / "audit.jsonl"))
+    (tmp_path / "a").write_text("was here\n")
+    (tmp_path / "blocker").write_text("a file where a directory is needed\n")
+    files = {"/a": {"text": "new\n", "mode": "644"}, "/blocker/b": {"text": "x\n", "mode": "644"}}
+    step = InstallBootUnit(host.name, "", json.dumps(files), str(tmp_path))
+    r = Runner(host)
+    with pytest.raises(DeviceError, match="writing the files failed"):
+        r.run([step])
+    assert (tmp_path / "a").read_text() == "new\n"           # written before the failure
+    r.rollback()
+    assert (tmp_path / "a").read_text() == "was here\n"
+    assert host_files.previous((OpResult(step.item(10.0).ops[0], False, rc=1, stdout=""),)) is None
