@@ -170,6 +170,9 @@ class Runner:
             for s in steps:
                 self.journal.add(s, certain=False, undo=s.undo_item(self.wait_timeout))
             raise
+        # Every step that ran is journaled before the first failure is raised: the batch goes on past a step whose
+        # ops succeeded but which did not take effect (check), so the steps after it ran too and must be undone.
+        first: VgpuvirtError | None = None
         for s, o in zip(steps, outcomes, strict=True):
             if o.skipped:
                 continue
@@ -179,12 +182,12 @@ class Runner:
                 # host's answer names (then its undo is exactly those: certain)
                 self.journal.add(s, certain=o.ok or s.undo_learned, undo=undo)
                 self._tick(s)
-            err = o.error
-            if err is not None:
-                raise err
-            why = s.check(o.results)
-            if why is not None:
-                raise DeviceError(self.host.name, s.target, why)
+            if first is None:
+                first = o.error
+            if first is None and (why := s.check(o.results)) is not None:
+                first = DeviceError(self.host.name, s.target, why)
+        if first is not None:
+            raise first
 
     def _call(self, step: Step) -> None:
         if not isinstance(step, DomainStep):
