@@ -330,3 +330,17 @@ def test_the_installers_answer_gives_the_undo_even_when_it_failed_part_way(tmp_p
     r.rollback()
     assert (tmp_path / "a").read_text() == "was here\n"
     assert host_files.previous((OpResult(step.item(10.0).ops[0], False, rc=1, stdout=""),)) is None
+
+
+def test_a_scheduler_file_that_was_absent_is_removed_by_the_undo() -> None:
+    host = SimHost.from_profile("t4x2")
+    assert "vgpuvirt-scheduler.conf" not in host.model.sched.modprobe
+    text = 'options nvidia NVreg_RegistryDwordsPerDevice="pci=0000:3b:00.0;RmPVMRL=0x11"\n'
+    step = WriteSchedulerFile(host.name, "", text)
+    undo = step.undo_item(10.0)
+    assert [(op.op, op.path) for op in undo.ops] == [("remove_file", MODPROBE_FILE)]
+    r = Runner(host)
+    r.run([step])
+    assert "vgpuvirt-scheduler.conf" in host.model.sched.modprobe
+    assert r.rollback() == [f"{host.name}: removed {MODPROBE_FILE} again"]
+    assert "vgpuvirt-scheduler.conf" not in host.model.sched.modprobe

@@ -72,9 +72,11 @@ def test_the_plan_touches_every_family_and_ends_with_the_nvml_call() -> None:
     assert "RmPVMRL=0x11" not in host.model.sched.modprobe[FILE]
 
 
-def test_a_failure_in_the_last_step_leaves_the_host_exactly_as_before() -> None:
-    host = a100()
+@pytest.mark.parametrize("file_before", [True, False], ids=["file-there", "no-file"])
+def test_a_failure_in_the_last_step_leaves_the_host_exactly_as_before(file_before: bool) -> None:
+    host = a100() if file_before else SimHost.from_profile("a100-sriov")
     before = state(host)
+    assert (FILE in host.model.sched.modprobe) is file_before
     real = host.model.sched.nvml
 
     def refuse_sets(op: dict[str, Any]) -> dict[str, Any]:

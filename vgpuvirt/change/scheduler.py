@@ -66,7 +66,7 @@ class SetSchedulerNvml(HostStep):
 @dataclass(frozen=True)
 class WriteSchedulerFile(HostStep):
     """Replace vgpuvirt's modprobe.d file with ``text`` (the scheduler of every GPU it names, at each driver load).
-    ``before``: the file as it was (None: absent; the undo leaves it empty, which the driver reads as no key).
+    ``before``: the file as it was (None: absent, and the undo removes it).
     ``pending``: the GPUs whose policy only this file carries (NVML cannot set it): the step takes effect at the
     next driver load."""
 
@@ -101,7 +101,7 @@ class WriteSchedulerFile(HostStep):
         return vgpu_scheduler.file_item(self.host, self.text)
 
     def undo_item(self, wait_timeout: float) -> Planned:
-        return vgpu_scheduler.file_item(self.host, self.before or "")
+        return vgpu_scheduler.file_item(self.host, self.before)
 
     def state_path(self) -> str:
         return MODPROBE_FILE
@@ -110,4 +110,4 @@ class WriteSchedulerFile(HostStep):
         return snap.raw(self.state_path()) == self.text
 
     def undone(self) -> str:
-        return f"put {MODPROBE_FILE} back as it was" if self.before is not None else f"emptied {MODPROBE_FILE} again"
+        return f"put {MODPROBE_FILE} back as it was" if self.before is not None else f"removed {MODPROBE_FILE} again"

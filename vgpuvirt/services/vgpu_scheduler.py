@@ -300,7 +300,11 @@ def nvml_item(host: str, gpu: PciAddress, s: SchedulerSetting) -> Planned:
                    message=f"vGPU scheduler {s.describe()}")
 
 
-def file_item(host: str, text: str) -> Planned:
-    """Replace vgpuvirt's modprobe.d file (the registry key the driver reads at its next load) with ``text``."""
+def file_item(host: str, text: str | None) -> Planned:
+    """Replace vgpuvirt's modprobe.d file (the registry key the driver reads at its next load) with ``text``;
+    None: remove it (the undo of a change that created it)."""
+    if text is None:
+        return Planned("scheduler.registry", MODPROBE_FILE, (Op.remove_file(MODPROBE_FILE),),
+                       _explain(host, MODPROBE_FILE, f"removing {MODPROBE_FILE}"), message=f"removed {MODPROBE_FILE}")
     return Planned("scheduler.registry", MODPROBE_FILE, (Op.replace_file(MODPROBE_FILE, text),),
                    _explain(host, MODPROBE_FILE, f"writing {MODPROBE_FILE}"), message=f"wrote {MODPROBE_FILE}")
