@@ -187,3 +187,16 @@ def test_a_cut_batch_is_reread_and_only_what_happened_and_was_ours_is_undone() -
     assert all("outcome unknown" in c for c in err.value.completed)
     assert _mdevs(host) == before | {str(steps[1].uuid)}
     assert any(f"removed vGPU {steps[0].uuid}" in r for r in err.value.rollback)
+
+
+def test_steps_after_one_that_did_not_take_effect_in_the_same_batch_are_rolled_back_too(host: SimHost) -> None:
+    """The batch runs on past a step whose ops succeeded but which did not take effect (only a failed op stops it):
+    the steps after it ran, so they are journaled and undone as well."""
+    first, second = "/etc/modprobe.d/vgpuvirt-test-refused-first.conf", "/etc/modprobe.d/vgpuvirt-test-after.conf"
+    r = Runner(host)
+    with pytest.raises(DeviceError, match="the host ignored it"):
+        r.run([WriteMarker(host.name, "", first, "x", "", refuse=True), WriteMarker(host.name, "", second, "y", "")])
+    assert host.read([second]).text(second) == "y"               # it ran
+    assert len(r.journal.entries) == 2
+    r.rollback()
+    assert host.read([first, second]).text(first) == "" and host.read([second]).text(second) == ""

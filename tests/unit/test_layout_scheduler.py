@@ -4,12 +4,11 @@ export round trip, rollback, round trips, and the boot unit leaving it to modpro
 from __future__ import annotations
 
 import pytest
+from layout_doubles import FailingWrite
 
-from vgpuvirt.errors import InvalidSpec, NoCapacity, ProvisioningError
-from vgpuvirt.host.base import Op
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.layout import dump_layout, parse_layout, verbs
 from vgpuvirt.layout.planner import LayoutStep, plan_host
-from vgpuvirt.services.mutation import Planned
 from vgpuvirt.services.scheduler_model import SchedulerSetting as S
 from vgpuvirt.services.vgpu_scheduler import apply_schedulers, plan_schedulers, read_schedulers
 from vgpuvirt.sim.host import SimHost
@@ -54,7 +53,7 @@ def test_registry_path_is_pending_in_plan_report_and_assert() -> None:
     host.model.sched.nvml_supported = False
     p = verbs.plan(host, lay())
     assert any("pending until the driver reloads" in d.format() for d in p.diffs)
-    assert [s.reload_pending for s in p.steps if s.item.action.startswith("scheduler")] == [True]
+    assert [s.reload_pending for s in p.steps if s.change.kind.startswith("scheduler")] == [True]
     r = verbs.apply_host(host, lay())
     out = r.to_dict()
     assert len(out["pending_driver_reload"]) == 1 and not any("RmPVMRL" in t for t in out["done"])
@@ -109,16 +108,14 @@ def test_a_failed_apply_puts_the_previous_setting_back(monkeypatch: pytest.Monke
 
     def with_a_failing_step(*a: object, **k: object) -> object:
         p = real(*a, **k)  # type: ignore[arg-type]
-        bad = Planned("test.fail", "x", (Op.write("/sys/bus/pci/devices/0000:3b:00.0/no_such_file", "1"),),
-                      lambda r: NoCapacity(host.name, "x", "injected"))
-        step = LayoutStep(host.name, p.steps[0].gpu, 2, 99, "an injected failing step", bad)
+        step = LayoutStep(p.steps[0].gpu, FailingWrite(host.name, ""))
         return type(p)(p.host, (*p.steps, step), p.diffs, p.pending, p.notes)
 
     monkeypatch.setattr(verbs, "plan_host", with_a_failing_step)
     with pytest.raises(ProvisioningError) as exc:
         verbs.apply_host(host, lay())
     assert any("RmPVMRL" in c for c in exc.value.completed)
-    assert not any(line.startswith("FAILED") for line in exc.value.rollback)
+    assert not any("FAILED" in line for line in exc.value.rollback)
     assert host.model.sched.modprobe[FILE] == before_file
     assert read_schedulers(host, [GPU0, GPU1]) == before
 

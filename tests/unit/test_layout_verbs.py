@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from layout_doubles import FailingWrite
 
 from vgpuvirt.cli import main
 from vgpuvirt.errors import InvalidSpec, NoCapacity, ProvisioningError
-from vgpuvirt.host.base import Op
 from vgpuvirt.layout import dump_layout, parse_layout, verbs
 from vgpuvirt.layout.planner import LayoutStep, plan_host
-from vgpuvirt.services.mutation import Planned
 from vgpuvirt.sim.host import SimHost
 from vgpuvirt.sim.profiles import list_profiles
 
@@ -96,16 +95,21 @@ def test_rollback_undoes_exactly_what_ran(monkeypatch: pytest.MonkeyPatch) -> No
 
     def with_a_failing_step(*a: object, **k: object) -> object:
         p = real(*a, **k)  # type: ignore[arg-type]
-        bad = Planned("test.fail", "x", (Op.write("/sys/bus/pci/devices/0000:3b:00.0/no_such_file", "1"),),
-                      lambda r: NoCapacity(host.name, "x", "injected"))
-        step = LayoutStep(host.name, p.steps[0].gpu, 2, 99, "an injected failing step", bad)
+        step = LayoutStep(p.steps[0].gpu, FailingWrite(host.name, ""))
         return type(p)(p.host, (*p.steps, step), p.diffs, p.pending)
 
     monkeypatch.setattr(verbs, "plan_host", with_a_failing_step)
     with pytest.raises(ProvisioningError) as exc:
         verbs.apply_host(host, LAB.config("t4-fill"))
     assert exc.value.completed and len(exc.value.rollback) == len(exc.value.completed)
-    assert not any(line.startswith("FAILED") for line in exc.value.rollback)
+    assert not any("FAILED" in line for line in exc.value.rollback)
+    # the runner's one format, "<host>: <what was undone>", in reverse of what ran: the new T4-2Q vGPUs go, then
+    # the T4-1Q vGPUs phase 1 removed come back
+    undone = [line.removeprefix(f"{host.name}: ") for line in exc.value.rollback]
+    assert undone[0] == f"removed vGPU {exc.value.completed[-1].split()[4]}"
+    assert undone[-1].startswith("created mdev ") and undone[-1].endswith(" again")
+    gone = sum(c.removeprefix(f"{host.name}: ").startswith("remove mdev ") for c in exc.value.completed)
+    assert gone and [u.split()[0] for u in undone] == ["removed"] * (len(undone) - gone) + ["created"] * gone
     monkeypatch.undo()
     assert dump_layout(verbs.export(host)) == before
 

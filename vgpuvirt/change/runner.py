@@ -170,6 +170,9 @@ class Runner:
             for s in steps:
                 self.journal.add(s, certain=False, undo=s.undo_item(self.wait_timeout))
             raise
+        # Every step that ran is journaled before the first failure is raised: the batch goes on past a step whose
+        # ops succeeded but which did not take effect (check), so the steps after it ran too and must be undone.
+        first: VgpuvirtError | None = None
         for s, o in zip(steps, outcomes, strict=True):
             if o.skipped:
                 continue
@@ -179,12 +182,12 @@ class Runner:
                 # host's answer names (then its undo is exactly those: certain)
                 self.journal.add(s, certain=o.ok or s.undo_learned, undo=undo)
                 self._tick(s)
-            err = o.error
-            if err is not None:
-                raise err
-            why = s.check(o.results)
-            if why is not None:
-                raise DeviceError(self.host.name, s.target, why)
+            if first is None:
+                first = o.error
+            if first is None and (why := s.check(o.results)) is not None:
+                first = DeviceError(self.host.name, s.target, why)
+        if first is not None:
+            raise first
 
     def _call(self, step: Step) -> None:
         if not isinstance(step, DomainStep):
@@ -230,29 +233,34 @@ class Runner:
     def _undo_batch(self, entries: list[Entry]) -> list[str]:
         name = self.host.name
         out: list[str] = []
-        todo: list[tuple[HostStep, Planned]] = []
+        planned: list[tuple[HostStep, Planned]] = []     # in the order given (the journal's, reversed)
         unsure: list[tuple[HostStep, Planned]] = []
         for e in entries:
             s = e.step
             assert isinstance(s, HostStep)
             if e.undo is None:
                 continue
-            (todo if e.certain or s.state_path() is None else unsure).append((s, e.undo))
+            planned.append((s, e.undo))
+            if not e.certain and s.state_path() is not None:
+                unsure.append((s, e.undo))
         try:
+            skip: set[int] = set()
             if unsure:
                 # Which of the cut batch's steps happened? Only those (and only targets absent before) are undone.
                 snap = self.host.read([p for s, _ in unsure if (p := s.state_path()) is not None])
-                for s, u in unsure:
+                for s, _ in unsure:
                     if self.ours is not None and s.target not in self.ours:
-                        continue
-                    if s.happened(snap):
-                        todo.append((s, u))
-                    else:
+                        skip.add(id(s))
+                    elif not s.happened(snap):
+                        skip.add(id(s))
                         out.append(f"{name}: {s.describe()} had not happened; nothing to undo")
+            # the undos keep the journal's reverse order, the cut batch's among the rest: what a later step made on
+            # an earlier one (vGPUs on new VFs) goes before the earlier one is undone
+            todo = [(s, u) for s, u in planned if id(s) not in skip]
             if not todo:
                 return out
         except VgpuvirtError as exc:
-            return [*out, *(f"{name}: FAILED to undo '{s.describe()}': {exc}" for s, _ in todo + unsure)]
+            return [*out, *(f"{name}: FAILED to undo '{s.describe()}': {exc}" for s, _ in planned)]
         try:
             outcomes = apply_items(self.host, [u for _, u in todo], on_error="continue")
         except VgpuvirtError as exc:

@@ -307,6 +307,30 @@ class OsFs:
         finally:
             os.close(dfd)
 
+    def remove_file(self, path: str) -> None:
+        """The undo of a :meth:`replace_file` that created a file: unlink it (a link itself, never what it points
+        to), its directory checked to be inside the root as for :meth:`write`; already absent is fine."""
+        check_path(path)
+        try:
+            parent, name = self._at(path).rsplit("/", 1)[0] or "/", path.rpartition("/")[2]
+            dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            if exc.errno == _errno.ENOENT and not isinstance(exc, Escape):
+                return          # no directory, no file
+            raise
+        try:
+            where = _fd_path(dfd)
+            if self.confined and where is not None and not (where + "/").startswith(self._inside):
+                raise self._escape(path, where + "/" + name)
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno != _errno.ENOENT:
+                    raise
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
 
 def _join(base: str, link: str) -> str:
     """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
@@ -787,6 +811,9 @@ def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
                 return _err(_errno.EINVAL, "value must be text")
             fs.replace_file(path, value, int(op.get("mode", 0o644)))
             return {"ok": True}
+        if kind == "remove_file":
+            fs.remove_file(path)
+            return {"ok": True}
         if kind == "nvml":
             # A simulated host answers from its model; a real one through libnvidia-ml (ctypes).
             handler = getattr(fs, "nvml", None)
@@ -1233,7 +1260,9 @@ class Audit:
             return
         outcome = "skipped" if res.get("skipped") else "ok" if res.get("ok") else "failed"
         rec = {"event": "op", "n": n, "op": _clip(_text(op.get("op"))), "outcome": outcome}  # type: Dict[str, Any]
-        if op.get("op") in ("write", "replace_file"):
+        if op.get("op") == "remove_file":
+            rec["path"] = _clip(_text(op.get("path")))
+        elif op.get("op") in ("write", "replace_file"):
             rec["path"], rec["value"] = _clip(_text(op.get("path"))), _clip(_text(op.get("value")))
         elif op.get("op") == "nvml":
             rec["call"], rec["argv"] = _clip(_text(op.get("value"))), [_clip(_text(a)) for a in _list(op)][:8]

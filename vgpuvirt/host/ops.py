@@ -70,6 +70,12 @@ class Op:
         return Op("replace_file", str(SysPath(path)), value=text, mode=int(mode), group=group)
 
     @staticmethod
+    def remove_file(path: str, *, group: str | None = None) -> Op:
+        """Remove a configuration file (``/etc/modprobe.d/...``) that a change made and its undo takes away again;
+        one that is already absent is fine (never through a link: the link itself goes)."""
+        return Op("remove_file", str(SysPath(path)), group=group)
+
+    @staticmethod
     def nvml(call: str, args: Sequence[str], *, read_only: bool, group: str | None = None) -> Op:
         """One NVML call on the host (its answer, as JSON, in the result's stdout; its NVML code in rc)."""
         if call not in ("vgpu_scheduler_get", "vgpu_scheduler_set", "vgpu_migration_metadata", "vgpu_migration_compat"):
@@ -81,7 +87,8 @@ class Op:
 
     @property
     def mutates(self) -> bool:
-        return self.op in ("write", "replace_file") or (self.op in ("exec", "nvml") and not self.read_only)
+        return self.op in ("write", "replace_file", "remove_file") or (self.op in ("exec", "nvml")
+                                                                        and not self.read_only)
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op}
@@ -104,6 +111,8 @@ class Op:
             return "exec " + " ".join(self.argv or ())
         if self.op == "replace_file":
             return f"replace {self.path} ({len(self.value or '')} bytes)"
+        if self.op == "remove_file":
+            return f"remove {self.path}"
         if self.op == "nvml":
             return f"nvml {self.value} " + " ".join(self.argv or ())
         return f"{self.op} {self.path}"

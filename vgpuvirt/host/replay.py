@@ -203,6 +203,9 @@ class ReplayFs:
     def replace_file(self, path: str, value: str, mode: int) -> None:
         raise OSError(errno.EROFS, "a replay of a captured host is read-only", path)
 
+    def remove_file(self, path: str) -> None:
+        raise OSError(errno.EROFS, "a replay of a captured host is read-only", path)
+
     # ---- programs and NVML
     def answer(self, argv: Sequence[str], ok_codes: Sequence[int] = (0,)) -> dict[str, Any]:
         """A recorded program's answer as the agent gives it, judged by the asker's ``ok_codes``."""

@@ -17,12 +17,14 @@ import importlib.resources
 import json
 from typing import Any
 
-from vgpuvirt.errors import HostError, InvalidSpec
+from vgpuvirt.change.boot import InstallBootUnit
+from vgpuvirt.change.runner import run_host
+from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host
 from vgpuvirt.layout import verbs
 from vgpuvirt.layout.model import VFIO, Layout, LayoutConfig
 from vgpuvirt.layout.schema import dump_layout
-from vgpuvirt.services import nvidia_modes
+from vgpuvirt.services import host_files, nvidia_modes
 from vgpuvirt.services.mdev import MdevService
 
 UNIT_NAME = "vgpuvirt-layout.service"
@@ -31,29 +33,6 @@ ETC_DIR = "/etc/vgpuvirt"
 PROGRAM = f"{ETC_DIR}/layout-boot.json"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 WANTS_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
-
-# Written into files on the host and run there: stdlib only, argv/stdin data only.
-_INSTALLER = """\
-import json, os, sys
-prefix = sys.argv[1]
-for rel, spec in json.load(sys.stdin).items():
-    path = os.path.join(prefix, rel.lstrip('/'))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if spec.get('link'):
-        if os.path.lexists(path):
-            os.unlink(path)
-        os.symlink(spec['link'], path)
-        continue
-    tmp = path + '.vgpuvirt-tmp'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, int(spec['mode'], 8))
-    with os.fdopen(fd, 'w') as f:
-        f.write(spec['text'])
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    print(path)
-"""
-
 
 def unit_text(config: str) -> str:
     return f"""\
@@ -119,12 +98,10 @@ def bundle(layout: Layout, config: LayoutConfig, program: dict[str, Any]) -> dic
 
 
 def install_bundle(host: Host, files: dict[str, dict[str, str]], prefix: str = "/") -> list[str]:
-    """Write the files on ``host`` under ``prefix`` in one round trip (python3 -c, the files as JSON on stdin)."""
-    res = host.run(["python3", "-c", _INSTALLER, prefix], stdin=json.dumps(files))
-    if not res.ok:
-        raise HostError(host.name, f"install-boot: writing the files failed (exit {res.exit_code}): "
-                                   f"{res.stderr.strip()[-300:]}")
-    return [line for line in res.stdout.splitlines() if line]
+    """Write the files on ``host`` under ``prefix`` in one round trip, as one step of the change engine: a failure
+    puts back what was there (:class:`~vgpuvirt.change.boot.InstallBootUnit`)."""
+    run_host(host, [InstallBootUnit(host.name, "", json.dumps(files, sort_keys=True), prefix)], what="install-boot")
+    return host_files.paths(files, prefix)
 
 
 def install_boot(host: Host, layout: Layout, config: LayoutConfig, *, prefix: str = "/",

@@ -1,67 +1,44 @@
 """From a host's GPUs as they are (:mod:`.observe`) and a layout config to ordered steps and a diff.
 
-Pure. A step carries the service's batch item (``Planned``) that does it and the one that undoes it, so
-the runner puts a whole phase of a host in ONE locked ``host.apply`` and a rollback in one more.
-Phase 1 prepares the GPUs (vGPUs that go away, the sizing mode, SR-IOV, driver binding); phase 2
+Pure. Each step is a change of the one engine (:mod:`vgpuvirt.change`: its kind owns its ops and undo), so the
+runner puts a whole phase of a host in ONE locked ``host.apply`` and a rollback in one more.
+Phase 1 prepares the GPUs (vGPUs that go away, the sizing mode, SR-IOV, driver binding, MIG); phase 2
 creates the vGPUs on the places phase 1 made (the VFs exist only then, so the runner plans phase 2 on
-a fresh read). Within a phase, steps run in ``order``: driver binding -> SR-IOV -> (MIG) -> vGPU types ->
-mdevs, with removals before everything they would block.
+a fresh read). Within a phase, steps run in their kinds' ``rank``: removals, SR-IOV down, driver binding,
+SR-IOV up, MIG mode, sizing, GPU instances; then vGPU types, mdevs, the scheduler.
 """
 
 from __future__ import annotations
 
 import uuid as _uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from vgpuvirt.change.driver import BindDriver
+from vgpuvirt.change.mdev import CreateMdev, RemoveMdev
+from vgpuvirt.change.nvidia_mode import SetMixedSize
+from vgpuvirt.change.sriov import vf_count_step
+from vgpuvirt.change.vendor_vf import ClearVfType, SetVfType
 from vgpuvirt.errors import InvalidSpec, NoCapacity
-from vgpuvirt.host.base import OpResult
 from vgpuvirt.layout import mig_steps, sched_steps
 from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
 from vgpuvirt.layout.observe import Claim, GpuNow, Vgpu
+from vgpuvirt.layout.steps import LayoutStep
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.services import mdev_ops, nvidia_modes, sriov, vendor_vgpu, vfio_binding
-from vgpuvirt.services.mutation import Planned
+
+__all__ = ["VENDOR_DRIVERS", "GpuDiff", "HostPlan", "LayoutStep", "layout_uuid", "plan_host"]
 
 NAMESPACE = _uuid.UUID("3d0c6a51-8f7e-4b6f-9a39-1c5e2b7d40aa")
 #: The vendor's own driver, when a GPU comes back from vfio-pci and the layout says ``vendor``.
 VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu", "0x8086": "i915"}
-WAIT = 30.0
-
-# step order within a phase
-# MIG: GPU instances go at 12, the mode at 42, new GPU instances at 55 (mig_steps); the vGPU scheduler at
-# 80 (its modprobe.d file) and 81 (NVML), in phase 2 (sched_steps)
-REMOVE, SRIOV_DOWN, DRIVER, SRIOV_UP, SIZING, VF_TYPE, MDEV = 10, 20, 30, 40, 45, 60, 70
 
 
 def layout_uuid(place: PciAddress, type_id: str, k: int) -> MdevUuid:
     """The UUID a layout gives its k-th mdev of a type on a parent: the same after a reboot (the boot unit
     re-creates exactly these, so domains that name them start again)."""
     return MdevUuid(str(_uuid.uuid5(NAMESPACE, f"{place}/{type_id}/{k}")))
-
-
-@dataclass(frozen=True)
-class LayoutStep:
-    """One ordered thing to do on one GPU of one host."""
-
-    host: str
-    gpu: PciAddress
-    phase: int
-    order: int
-    text: str                                    # the plan line
-    item: Planned = field(compare=False)
-    undo: Planned | None = field(default=None, compare=False)
-    removes: tuple[Vgpu, ...] = ()               # vGPUs it takes away (the drain looks at their domains)
-    touches: tuple[str, ...] = ()                # devices it takes away (mdev UUIDs, PCI addresses)
-    # an undo known only from the host's answer (the id of a GPU instance nvidia-smi created)
-    undo_after: Callable[[tuple[OpResult, ...]], Planned | None] | None = field(default=None, compare=False)
-    reload_pending: bool = False                 # takes effect at the next load of the driver (scheduler key)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "gpu": str(self.gpu), "phase": self.phase, "step": self.item.action,
-                "target": self.item.target, "text": self.text, "pending_driver_reload": self.reload_pending}
 
 
 @dataclass(frozen=True)
@@ -84,7 +61,7 @@ class HostPlan:
     notes: tuple[str, ...] = ()                  # in the state, not active yet (a scheduler awaiting a reload)
 
     def phase(self, n: int) -> list[LayoutStep]:
-        return sorted((s for s in self.steps if s.phase == n), key=lambda s: (s.order, s.gpu, s.item.target))
+        return sorted((s for s in self.steps if s.phase == n), key=LayoutStep.sort_key)
 
     @property
     def empty(self) -> bool:
@@ -99,12 +76,9 @@ def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPl
     """The steps that take ``gpus`` (one host, as read) to ``config``. Raises InvalidSpec for a layout that
     cannot be (a type the GPU does not offer, more VFs than it has) and NoCapacity when counts do not fit."""
     chosen = config.resolve([(g.address, g.product, g.pci_id) for g in gpus])
-    steps: list[LayoutStep] = []
     diffs: list[GpuDiff] = []
     pending: list[str] = []
-    sched, sched_diff, notes = sched_steps.plan(host, gpus, {a: e.layout for a, e in chosen.items()})
-    for gpu, order, text, item, undo, reload_pending in sched:
-        steps.append(LayoutStep(host, gpu, 2, order, text, item, undo, reload_pending=reload_pending))
+    steps, sched_diff, notes = sched_steps.plan(host, gpus, {a: e.layout for a, e in chosen.items()})
     for g in gpus:
         entry = chosen.get(g.address)
         if entry is None:
@@ -204,11 +178,7 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
     drv = _want_driver(g, want, vendor)
     if vf_change:
         diff.append(f"sriov-vfs {len(g.vfs)} -> {vfs_want}")
-        down = vfs_want == 0 or bool(g.vfs)
-        steps.append(LayoutStep(host, g.address, 1, SRIOV_DOWN if down and not vfs_want else SRIOV_UP,
-                                f"set {vfs_want} SR-IOV VFs on {g.address} (from {len(g.vfs)})",
-                                sriov.count_item(host, g.address, len(g.vfs), vfs_want, wait_timeout=WAIT),
-                                sriov.count_item(host, g.address, vfs_want, len(g.vfs), wait_timeout=WAIT),
+        steps.append(LayoutStep(g.address, vf_count_step(host, g.address, len(g.vfs), vfs_want),
                                 touches=tuple(str(v) for v in g.vfs)))
     if drv is not None and drv != g.driver:
         diff.append(f"driver {g.driver} -> {drv}")
@@ -219,9 +189,7 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                 continue        # the audio function stays on vfio-pci: its own driver is not ours to name
             if a != g.address and cur == drv:
                 continue
-            steps.append(LayoutStep(host, g.address, 1, DRIVER, f"bind {a} to {drv}",
-                                    vfio_binding.bind_item(host, a, cur, drv), None if cur is None else
-                                    vfio_binding.bind_item(host, a, drv, cur), touches=(str(a),)))
+            steps.append(LayoutStep(g.address, BindDriver(host, "", a, cur, drv), touches=(str(a),)))
     if want.sizing is not None and g.budget.sizing is not None and want.sizing != g.budget.sizing:
         if g.budget.mixed_size_supported is None:
             raise InvalidSpec(f"sizing for {g.address}", want.sizing, "none here: whether the GPU has a mixed-size "
@@ -230,16 +198,11 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
             raise InvalidSpec(f"sizing for {g.address}", want.sizing, "equal: the GPU has no mixed-size mode")
         on = want.sizing == "mixed"
         diff.append(f"sizing {g.budget.sizing} -> {want.sizing}")
-        steps.append(LayoutStep(host, g.address, 1, SIZING, f"switch {g.address} to {want.sizing}-size mode",
-                                nvidia_modes.mixed_size_item(host, g.address, on),
-                                nvidia_modes.mixed_size_item(host, g.address, not on)))
+        steps.append(LayoutStep(g.address, SetMixedSize(host, "", g.address, on),
+                                label=f"switch {g.address} to {want.sizing}-size mode"))
     mig_planned, mig_diff = mig_steps.mig_plan(g, want)
     diff += mig_diff
-    for order, text, item, undo, from_answer in mig_planned:
-        index = g.mig.index if g.mig is not None else 0
-        after = ((lambda res, gpu=str(g.address), i=index: mig_steps.undo_created(host, gpu, i, res))
-                 if from_answer else None)
-        steps.append(LayoutStep(host, g.address, 1, order, text, item, undo, undo_after=after))
+    steps += mig_planned
     # -- phase 2: the vGPUs to make, on places that exist now (or pending until phase 1 made them) ------
     if vf_change or remove or mig_planned or (drv is not None and drv != g.driver):
         if wanted or unknown:
@@ -279,14 +242,9 @@ def _remove_step(host: str, g: GpuNow, v: Vgpu) -> LayoutStep:
     name = g.short_name(v.type_id)
     if v.uuid is not None:
         u = MdevUuid.parse(v.uuid)
-        return LayoutStep(host, g.address, 1, REMOVE, f"remove mdev {u} ({name}) from {v.place}",
-                          mdev_ops.remove_item(host, u, wait_timeout=WAIT),
-                          mdev_ops.create_item(host, mdev_ops.MdevSpec(v.place, MdevTypeId(v.type_id), u),
-                                               wait_timeout=WAIT), removes=(v,), touches=(str(u),))
-    t = VgpuTypeId.parse(v.type_id)
-    return LayoutStep(host, g.address, 1, REMOVE, f"clear vGPU type {name} from VF {v.place}",
-                      vendor_vgpu.release_item(host, v.place, wait_timeout=WAIT),
-                      vendor_vgpu.assign_item(host, v.place, t, wait_timeout=WAIT), removes=(v,),
+        return LayoutStep(g.address, RemoveMdev(host, "", u, v.place, MdevTypeId(v.type_id), name), removes=(v,),
+                          touches=(str(u),))
+    return LayoutStep(g.address, ClearVfType(host, "", v.place, VgpuTypeId.parse(v.type_id), name), removes=(v,),
                       touches=(str(v.place),))
 
 
@@ -305,9 +263,7 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
         t = VgpuTypeId.parse(tid)
         for vf in free[:n]:
             taken.add(vf)
-            out.append(LayoutStep(host, g.address, 2, VF_TYPE, f"set vGPU type {name} on VF {vf}",
-                                  vendor_vgpu.assign_item(host, vf, t, wait_timeout=WAIT),
-                                  vendor_vgpu.release_item(host, vf, wait_timeout=WAIT)))
+            out.append(LayoutStep(g.address, SetVfType(host, "", vf, t), label=f"set vGPU type {name} on VF {vf}"))
         return out
     places = [p for p in g.budget.places if p.kind == "mdev" and tid in p.kernel]
     if any(p.is_vf for p in places):
@@ -334,8 +290,6 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
     for parent, u, why in made:
         if parent != g.address:
             taken.add(parent)
-        spec = mdev_ops.MdevSpec(parent, MdevTypeId(tid), u)
-        out.append(LayoutStep(host, g.address, 2, MDEV, f"create mdev {u} ({name}) on {parent}{why}",
-                              mdev_ops.create_item(host, spec, wait_timeout=WAIT),
-                              mdev_ops.remove_item(host, u, wait_timeout=WAIT)))
+        out.append(LayoutStep(g.address, CreateMdev(host, "", u, parent, MdevTypeId(tid)),
+                              label=f"create mdev {u} ({name}) on {parent}{why}"))
     return out

@@ -17,19 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from vgpuvirt.errors import DeviceError, InvalidSpec
-from vgpuvirt.host.base import Op
+from vgpuvirt.change.scheduler import PENDING, SetSchedulerNvml, WriteSchedulerFile
+from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.layout.model import GpuLayout, Scheduler
 from vgpuvirt.layout.observe import GpuNow
+from vgpuvirt.layout.steps import LayoutStep
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.mutation import Explain, Planned
-from vgpuvirt.services.scheduler_model import MODPROBE_FILE, SchedulerSetting, parse_setting
+from vgpuvirt.services.scheduler_model import SchedulerSetting, parse_setting
 from vgpuvirt.services.vgpu_scheduler import SchedulerRead, plan_from_read
-
-#: (gpu, order, text, item, undo, pending until the driver reloads)
-Step = tuple[PciAddress, int, str, Planned, Planned | None, bool]
-FILE_ORDER, NVML_ORDER = 80, 81
-PENDING = "pending until the driver reloads"
 
 
 def setting(gpu: PciAddress, want: Scheduler) -> SchedulerSetting:
@@ -39,25 +34,8 @@ def setting(gpu: PciAddress, want: Scheduler) -> SchedulerSetting:
     return parse_setting(want.policy, want.timeslice_ms * 1000 if want.timeslice_ms else None)
 
 
-def _explain(host: str, target: str, what: str) -> Explain:
-    return lambda res: DeviceError(host, target, f"{what} failed: {res.error}")
-
-
-def _nvml_item(host: str, gpu: str, s: SchedulerSetting) -> Planned:
-    n = s.to_nvml()
-    op = Op.nvml("vgpu_scheduler_set", [PciAddress.parse(gpu).nvml_bus_id, str(n["policy"]), str(n["arr"]),
-                                        str(n["timeslice_ns"])], read_only=False)
-    return Planned("scheduler.set", gpu, (op,), _explain(host, gpu, f"setting the vGPU scheduler to {s.describe()}"),
-                   message=f"vGPU scheduler {s.describe()}")
-
-
-def _file_item(host: str, text: str) -> Planned:
-    return Planned("scheduler.registry", MODPROBE_FILE, (Op.replace_file(MODPROBE_FILE, text),),
-                   _explain(host, MODPROBE_FILE, f"writing {MODPROBE_FILE}"), message=f"wrote {MODPROBE_FILE}")
-
-
 def plan(host: str, gpus: Sequence[GpuNow], wanted: Mapping[PciAddress, GpuLayout]
-         ) -> tuple[list[Step], dict[PciAddress, list[str]], list[str]]:
+         ) -> tuple[list[LayoutStep], dict[PciAddress, list[str]], list[str]]:
     """Steps, per-GPU differences (what apply changes) and notes (a policy written, waiting for a driver
     reload that only the operator can do: not a difference)."""
     settings: dict[str, SchedulerSetting] = {}
@@ -81,8 +59,8 @@ def plan(host: str, gpus: Sequence[GpuNow], wanted: Mapping[PciAddress, GpuLayou
     now = {g.address: g for g in sched.gpus}
     diffs: dict[PciAddress, list[str]] = {}
     notes: list[str] = []
-    steps: list[Step] = []
-    pending_gpus: list[str] = []
+    steps: list[LayoutStep] = []
+    pending_gpus: list[PciAddress] = []
     for c in sp.changes:
         n = now[c.gpu]
         addr = PciAddress.parse(c.gpu)
@@ -92,7 +70,7 @@ def plan(host: str, gpus: Sequence[GpuNow], wanted: Mapping[PciAddress, GpuLayou
                              f"{n.current.describe() if n.current else 'unknown'})")
             continue
         if c.via == "registry":
-            pending_gpus.append(c.gpu)
+            pending_gpus.append(PciAddress.parse(c.gpu))
             diffs.setdefault(addr, []).append(f"scheduler {n.pending.describe()} -> {c.after.describe()} ({PENDING})")
         elif n.current != c.after:
             was = n.current.describe() if n.current else "unknown"
@@ -102,15 +80,11 @@ def plan(host: str, gpus: Sequence[GpuNow], wanted: Mapping[PciAddress, GpuLayou
     for op in sp.ops:
         if op.op == "replace_file":
             first = PciAddress.parse(sorted(settings)[0])
-            text = (f"write RmPVMRL for {', '.join(pending_gpus)} to {MODPROBE_FILE} ({PENDING})" if pending_gpus
-                    else f"write RmPVMRL to {MODPROBE_FILE} (the policy at every driver load)")
-            steps.append((first, FILE_ORDER, text, _file_item(host, str(op.value)),
-                          _file_item(host, sp.file_before or ""), bool(pending_gpus)))
+            steps.append(LayoutStep(first, WriteSchedulerFile(host, "", str(op.value), sp.file_before,
+                                                              tuple(pending_gpus))))
     for c in sp.changes:
         n = now[c.gpu]
         if c.via == "nvml" and n.current != c.after:
-            undo = _nvml_item(host, c.gpu, n.current) if n.current is not None else None
-            steps.append((PciAddress.parse(c.gpu), NVML_ORDER,
-                          f"set the vGPU scheduler of {c.gpu} to {c.after.describe()} (now, through NVML)",
-                          _nvml_item(host, c.gpu, c.after), undo, False))
+            addr = PciAddress.parse(c.gpu)
+            steps.append(LayoutStep(addr, SetSchedulerNvml(host, "", addr, c.after, n.current)))
     return steps, diffs, notes

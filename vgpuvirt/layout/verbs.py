@@ -1,10 +1,11 @@
 """The layout verbs over hosts: ``export``, ``plan``, ``apply``, ``assert`` (docs/layouts.md).
 
 Per host, in its own thread (all hosts in parallel), one round trip per phase whatever the number of
-GPUs: a read (the inventory), the phase-1 batch (vGPUs that go, sizing, SR-IOV, driver binding), a
-fresh read when phase 1 ran (the VFs it made), the phase-2 batch (vGPU types on VFs, mdevs). Every
-item that ran is journaled; on a failure the journal is undone in reverse, in one batch, and
-:class:`ProvisioningError` says what had run and what the rollback did. A rerun plans nothing.
+GPUs: a read (the inventory), the phase-1 batch (vGPUs that go, sizing, SR-IOV, driver binding, MIG), a
+fresh read when phase 1 ran (the VFs it made), the phase-2 batch (vGPU types on VFs, mdevs, the scheduler).
+The batches run on the change engine's :class:`~vgpuvirt.change.runner.Runner`: it journals every step
+that ran; on a failure it undoes the journal in reverse, in one batch, and :class:`ProvisioningError` says
+what had run and what the rollback did. A rerun plans nothing.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpuvirt.errors import DeviceError, HostError, InvalidSpec, ProvisioningError, VgpuvirtError
+from vgpuvirt.change.runner import Runner
+from vgpuvirt.errors import HostError, InvalidSpec, VgpuvirtError
 from vgpuvirt.host.base import Host
-from vgpuvirt.layout import mig_steps
 from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now, missing_claims, with_claims
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
+from vgpuvirt.layout.steps import WAIT
 from vgpuvirt.services import vgpu_scheduler
 from vgpuvirt.services.gpu_capacity_build import physical_gpus
 from vgpuvirt.services.host_read import MIG_TABLES, Want, read_host
 from vgpuvirt.services.inventory_model import Inventory
-from vgpuvirt.services.mutation import apply_items
 
 Domains = Iterable[tuple[str, str]] | None
 #: Rounds of preparation at most: SR-IOV/driver/MIG mode, then GPU instances on a GPU whose MIG mode it turned on.
@@ -160,61 +161,33 @@ def check_notes(host: Host, config: LayoutConfig, domains: Domains = None) -> tu
             + [f"pending: {x}" for x in p.pending if not p.diffs] + diffs, list(p.notes) + notes)
 
 
-def _counted(host: Host, rts: dict[str, int], phase: str, fn: Callable[[], Any]) -> Any:
-    before = host.round_trips
-    out = fn()
-    rts[phase] = rts.get(phase, 0) + host.round_trips - before
-    return out
-
-
-def _run(host: Host, steps: list[LayoutStep], journal: list[LayoutStep]) -> None:
-    if not steps:
-        return
-    outcomes = apply_items(host, [s.item for s in steps], on_error="stop")
-    for step, o in zip(steps, outcomes, strict=True):
-        if step.undo_after is not None and not o.skipped:
-            # a create that failed part-way made some instances: its answer names them, undo those
-            journal.append(replace(step, undo=step.undo_after(o.results)))
-        elif o.ok or o.wrote:
-            journal.append(step)
-        if not o.ok and not o.skipped:
-            raise o.error or VgpuvirtError(f"{host.name}: {step.text} failed")
-        if step.item.action == "mig.mode" and mig_steps.pending(o.results):
-            raise DeviceError(host.name, str(step.gpu), "the MIG mode change is pending until the GPU is reset "
-                                                        "(VFs bound to vfio-pci or processes use it): stop them, or "
-                                                        "reboot, and apply again")
-
-
-def rollback(host: Host, journal: Sequence[LayoutStep]) -> list[str]:
-    """Undo the journal in reverse, in one batch that goes on past a failed undo; one line per step."""
-    undo = [s for s in reversed(journal) if s.undo is not None]
-    if not undo:
-        return []
-    outcomes = apply_items(host, [s.undo for s in undo if s.undo is not None], on_error="continue")
-    return [f"undid: {s.text}" if o.ok else f"FAILED to undo: {s.text}: {o.error}" for s, o in zip(undo, outcomes,
-                                                                                                  strict=True)]
-
-
 def apply_host(host: Host, config: LayoutConfig, *, domains: Domains = None, dry_run: bool = False,
                before: Callable[[HostPlan], None] | None = None) -> HostApply:
     """Take one host to ``config``. ``before(plan)`` runs after the read and before any write (the drain
     hooks in there; it may raise to refuse)."""
-    rts: dict[str, int] = {}
-    _, gpus = _counted(host, rts, "read", lambda: read_gpus(host, domains))
+    runner = Runner(host, wait_timeout=WAIT)
+    with runner.counted("read"):
+        _, gpus = read_gpus(host, domains)
     p = plan_host(host.name, gpus, config)
-    result = HostApply(host.name, p, round_trips=rts)
+    result = HostApply(host.name, p, round_trips=runner.round_trips)
     if dry_run or p.empty:
         return result
     if before is not None:
         before(p)
-    journal: list[LayoutStep] = []
+    planned: dict[int, LayoutStep] = {}         # the runner journals the changes; the report names their steps
+
+    def run(steps: list[LayoutStep], phase: str) -> None:
+        planned.update((id(s.change), s) for s in steps)
+        runner.run([s.change for s in steps], phase)
+
     try:
         first, second, rounds = p.phase(1), p.phase(2), 0
-        _counted(host, rts, "prepare", lambda: _run(host, first, journal))
+        run(first, "prepare")
         while first or (p.pending and rounds == 0):
             # what phase 1 made (VFs, MIG mode) is read again; the rest of the plan is made on it. A MIG mode
             # turned on takes a second round for its GPU instances (their placements are listed only then).
-            _, gpus = _counted(host, rts, "re-read", lambda: read_gpus(host, domains))
+            with runner.counted("re-read"):
+                _, gpus = read_gpus(host, domains)
             again = plan_host(host.name, gpus, config)
             rounds += 1
             nxt = again.phase(1)
@@ -222,13 +195,11 @@ def apply_host(host: Host, config: LayoutConfig, *, domains: Domains = None, dry
                 raise VgpuvirtError(f"{host.name}: the host did not reach the prepared state: "
                                     + "; ".join(s.text for s in nxt[:4]))
             first, second = nxt, again.phase(2)
-            _counted(host, rts, "prepare", lambda steps=first: _run(host, steps, journal))  # type: ignore[misc]
-        _counted(host, rts, "devices", lambda: _run(host, second, journal))
-    except VgpuvirtError as exc:
-        undone = _counted(host, rts, "rollback", lambda: rollback(host, journal))
-        raise ProvisioningError(f"{host.name}: layout {config.name} failed: {exc}",
-                                completed=[s.text for s in journal], rollback=undone, cause=exc) from exc
-    result.done = journal
+            run(first, "prepare")
+        run(second, "devices")
+    except Exception as exc:  # every failure, even a bug, must trigger the rollback
+        raise runner.fail(exc, f"layout {config.name}") from exc
+    result.done = [planned[id(c)] for c in runner.done]
     return result
 
 

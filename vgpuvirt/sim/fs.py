@@ -722,6 +722,16 @@ class SimFs:
             self.model.sched.modprobe[name] = value
             self.model.bump()
 
+    def remove_file(self, path: str) -> None:
+        """The agent's ``remove_file`` op: a file of /etc/modprobe.d or of vgpuvirt's state directory goes (already
+        absent is fine)."""
+        directory, _, name = path.rpartition("/")
+        if directory not in (MODPROBE_DIR, STATE_DIR) or not name or name.startswith("."):
+            raise oserror(errno.EROFS)
+        with self.model.lock:
+            (self.model.state_files if directory == STATE_DIR else self.model.sched.modprobe).pop(name, None)
+            self.model.bump()
+
     def nvml(self, op: dict[str, Any]) -> dict[str, Any]:
         # the migration calls ask about the whole host (its mdevs, driver, boards), the rest is the scheduler's
         if op.get("value") in MIGRATION_CALLS:

@@ -20,5 +20,3 @@ def check_driver_version(text: str) -> str:
     if not _DRIVER_VERSION.match(v):
         raise ValueError(f"not a driver version: {text!r} (expected digits and dots, e.g. 580.95.05)")
     return v
-
-
