@@ -17,7 +17,7 @@ import yaml
 from vgpuvirt.layout.interop import MIG_PARTED, NotExpressible, export_config, mig_profile_of
 from vgpuvirt.layout.model import GpuEntry, GpuLayout, Layout, LayoutConfig, Selector, VgpuCount
 from vgpuvirt.layout.observe import GpuNow
-from vgpuvirt.layout.planner import _want_vfs
+from vgpuvirt.layout.planner import want_vfs
 
 KUBEVIRT = "kubevirt"
 #: KubeVirt resource names: a vendor domain and the device's name with anything else than these as ``_``.
@@ -33,7 +33,7 @@ def governed(config: LayoutConfig, gpus: Sequence[GpuNow]) -> list[tuple[GpuNow,
 
 def _plain(g: GpuNow, lay: GpuLayout) -> GpuLayout:
     """Fields that only say what the mode already does on this GPU left out (a host's export spells them)."""
-    if lay.sriov_vfs is not None and lay.sriov_vfs == _want_vfs(g, replace(lay, sriov_vfs=None)):
+    if lay.sriov_vfs is not None and lay.sriov_vfs == want_vfs(g, replace(lay, sriov_vfs=None)):
         lay = replace(lay, sriov_vfs=None)
     if lay.sizing == "equal":       # the driver's default; the NVIDIA tools never change it
         lay = replace(lay, sizing=None)

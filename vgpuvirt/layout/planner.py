@@ -92,7 +92,7 @@ def plan_host(host: str, gpus: Sequence[GpuNow], config: LayoutConfig) -> HostPl
     return HostPlan(host, tuple(steps), tuple(diffs), tuple(pending), tuple(notes))
 
 
-def _want_vfs(g: GpuNow, want: GpuLayout) -> int:
+def want_vfs(g: GpuNow, want: GpuLayout) -> int:
     if want.sriov_vfs is not None:
         if want.sriov_vfs > g.vfs_total:
             raise InvalidSpec(f"sriov-vfs for {g.address}", want.sriov_vfs, f"0..{g.vfs_total} (its sriov_totalvfs)")
@@ -135,7 +135,7 @@ def _plan_gpu(host: str, g: GpuNow, want: GpuLayout) -> tuple[list[LayoutStep], 
                 unknown.append(vc.type)
             else:
                 wanted[tid] = vc.count
-    vfs_want = _want_vfs(g, want)
+    vfs_want = want_vfs(g, want)
     vf_change = vfs_want != len(g.vfs)
     reshape = False
     if unknown and g.type_names and not vf_change:
