@@ -1,4 +1,4 @@
-"""Mediated devices: create a vGPU (its undo removes it)."""
+"""Mediated devices: create a vGPU (its undo removes it), remove one (its undo creates it again)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vgpuvirt.change.identity import made_for
-from vgpuvirt.change.step import DeviceStep, HostFacts, Phase
+from vgpuvirt.change.step import DeviceStep, HostFacts, HostStep, Phase
 from vgpuvirt.host.base import Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.services import mdev as mdev_svc
@@ -85,3 +85,48 @@ class CreateMdev(DeviceStep):
     def from_meta(cls, host: str, vm: str, entry: Mapping[str, str]) -> CreateMdev:
         return cls(host, vm, MdevUuid.parse(entry["uuid"]), PciAddress.parse(entry["parent"]),
                    MdevTypeId.parse(entry["type"]))
+
+
+@dataclass(frozen=True)
+class RemoveMdev(HostStep):
+    """Remove an mdev vGPU (a layout taking a GPU to fewer, or other, vGPUs); its undo creates it again with its
+    UUID, type and parent, so a domain that names it finds it again."""
+
+    kind: ClassVar[str] = "remove-mdev"
+    phase: ClassVar[Phase] = Phase.PREPARE
+    rank: ClassVar[int] = 10              # before everything the vGPU would block (sizing, SR-IOV, drivers)
+    host: str
+    vm: str
+    uuid: MdevUuid
+    parent: PciAddress
+    type: MdevTypeId
+    name: str | None = None               # the type's short name ("A10-4Q") for the plan line
+
+    @property
+    def target(self) -> str:
+        return str(self.uuid)
+
+    def describe(self) -> str:
+        return f"remove mdev {self.uuid} ({self.name or self.type}) from {self.parent}"
+
+    def details(self) -> dict[str, str]:
+        return {"parent": str(self.parent), "type": str(self.type)}
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return not facts.has_mdev(self.uuid)
+
+    def item(self, wait_timeout: float) -> Planned:
+        return mdev_svc.remove_item(self.host, self.uuid, wait_timeout=wait_timeout)
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return mdev_svc.create_item(self.host, mdev_svc.MdevSpec(self.parent, self.type, self.uuid),
+                                    wait_timeout=wait_timeout)
+
+    def state_path(self) -> str:
+        return sysfs.mdev(self.uuid)
+
+    def happened(self, snap: Snapshot) -> bool:
+        return not snap.has(self.state_path())
+
+    def undone(self) -> str:
+        return f"created mdev {self.uuid} ({self.name or self.type}) on {self.parent} again"

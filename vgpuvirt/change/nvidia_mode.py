@@ -1,4 +1,4 @@
-"""NVIDIA vGPU modes of a whole GPU: mixed-size (``nvidia-smi vgpu -shm``)."""
+"""NVIDIA vGPU modes of a whole GPU: mixed-size or equal-size (``nvidia-smi vgpu -shm``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from vgpuvirt.services.mutation import Planned
 
 @dataclass(frozen=True)
 class SetMixedSize(HostStep):
-    """Switch an idle NVIDIA GPU to mixed-size mode (``--heterogeneous``), before the vGPUs planned on it.
+    """Switch an idle NVIDIA GPU to mixed-size mode (``--heterogeneous``, ``on``), before the vGPUs planned on it;
+    or back to equal-size mode (``on`` False: a layout that says ``sizing: equal``).
 
     The mode is not in sysfs, so a batch cut mid-flight cannot tell whether it happened (``happened`` is
     False: the rollback leaves the GPU's mode, which holds no device, and says so). It leaves no
@@ -26,25 +27,28 @@ class SetMixedSize(HostStep):
     host: str
     vm: str
     gpu: PciAddress
+    on: bool = True
 
     @property
     def target(self) -> str:
         return str(self.gpu)
 
     def describe(self) -> str:
+        if not self.on:
+            return f"switch GPU {self.gpu} to equal-size mode (nvidia-smi vgpu -shm 0; it holds no vGPU)"
         return f"switch GPU {self.gpu} to mixed-size mode (nvidia-smi vgpu -shm 1; it holds no vGPU)"
 
     def details(self) -> dict[str, str]:
-        return {"gpu": str(self.gpu)}
+        return {"gpu": str(self.gpu), "mode": "mixed-size" if self.on else "equal-size"}
 
     def done_in(self, facts: HostFacts) -> bool:
-        return facts.mixed_size(self.gpu)
+        return facts.mixed_size(self.gpu) == self.on
 
     def item(self, wait_timeout: float) -> Planned:
-        return nvidia_modes.mixed_size_item(self.host, self.gpu, True)
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, self.on)
 
     def undo_item(self, wait_timeout: float) -> Planned:
-        return nvidia_modes.mixed_size_item(self.host, self.gpu, False)
+        return nvidia_modes.mixed_size_item(self.host, self.gpu, not self.on)
 
     def state_path(self) -> str:
         return sysfs.pci(self.gpu, "class")
@@ -53,4 +57,4 @@ class SetMixedSize(HostStep):
         return False
 
     def undone(self) -> str:
-        return f"switched GPU {self.gpu} back to equal-size mode"
+        return f"switched GPU {self.gpu} back to {'equal' if self.on else 'mixed'}-size mode"

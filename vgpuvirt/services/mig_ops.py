@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import DeviceError, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult
+from vgpuvirt.model import PciAddress
 from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.mig_parse import (
     created_compute_instances,
@@ -26,6 +27,8 @@ from vgpuvirt.services.mig_parse import (
     destroyed_gpu_instances,
     mode_change_pending,
 )
+from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.nvidia_modes import nvidia_smi_bus_id
 
 Kind = Literal["mode", "create-gi", "destroy-gi", "create-ci", "destroy-ci", "reset"]
 
@@ -291,3 +294,40 @@ def apply_mig(host: Host, actions: Sequence[MigAction], *, rollback: bool = True
     lines = tuple(f"{a.describe()}: {'ok' if r.ok else 'FAILED ' + _last_line(r)}"
                   for a, r in zip(undo, res.results, strict=True))
     return MigApplyResult(items, lines, round_trips=2)
+
+
+# -- batch items (the change engine's MIG kinds, vgpuvirt.change.mig, put them in a host's locked batch) ----------
+
+def argv_by_bus_id(action: MigAction, gpu: PciAddress) -> list[str]:
+    """The action's argv with ``-i BUS-ID`` instead of nvidia-smi's index: the index is a GPU's position among
+    the GPUs nvidia-smi sees, and a GPU the same batch binds to vfio-pci drops out of that count."""
+    argv = action.argv()
+    i = argv.index("-i")
+    argv[i + 1] = nvidia_smi_bus_id(gpu)
+    return argv
+
+
+def mig_item(host: str, gpu: PciAddress, *actions: MigAction) -> Planned:
+    """MIG actions on one GPU as one batch item (their argv in one group of exec ops, run in order)."""
+    first = actions[0]
+    g = f"mig:{gpu}:{first.kind}:{'-'.join(map(str, first.ids or first.profiles))}"
+    ops = tuple(Op.exec(argv_by_bus_id(a, gpu), timeout=300.0, group=g) for a in actions)
+    what = "; ".join(a.describe() for a in actions)
+
+    def explain(bad: OpResult) -> DeviceError:
+        said = (bad.stderr or bad.stdout or bad.error or "").strip().splitlines()[-1:] or ["no output"]
+        return DeviceError(host, str(gpu), f"{what} failed (exit {bad.rc}): {said[0]}")
+
+    return Planned(f"mig.{first.kind}", str(gpu), ops, explain, first.to_dict(), intent=what, message=what,
+                   dry_message="would " + what)
+
+
+def created_undo_item(host: str, gpu: PciAddress, index: int, results: Sequence[OpResult]) -> Planned | None:
+    """What undoes creates that ran (in full or in part): the compute instances their answer names, then the GPU
+    instances; None when the answer names nothing made."""
+    text = "\n".join(r.stdout for r in results)
+    actions = [MigAction.destroy_ci(index, gi, [ci]) for _, gi, ci in reversed(created_compute_instances(text))]
+    gis = [gi for _, gi in created_gpu_instances(text)]     # one GPU per exec
+    if gis:
+        actions.append(MigAction.destroy_gi(index, list(reversed(gis))))
+    return mig_item(host, gpu, *actions) if actions else None

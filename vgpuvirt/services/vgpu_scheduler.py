@@ -22,6 +22,7 @@ from typing import Any
 from vgpuvirt.errors import DeviceError, DeviceNotFound, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress
+from vgpuvirt.services.mutation import Explain, Planned
 from vgpuvirt.services.scheduler_model import (
     MODPROBE_FILE,
     PROC_PARAMS,
@@ -34,7 +35,8 @@ from vgpuvirt.services.scheduler_model import (
 )
 
 __all__ = ["READ_GLOBS", "GpuScheduler", "SchedulerChange", "SchedulerPlan", "SchedulerRead", "apply_schedulers",
-           "nvidia_gpus", "parse_read", "plan_from_read", "plan_schedulers", "read_ops", "read_schedulers"]
+           "file_item", "nvidia_gpus", "nvml_item", "parse_read", "plan_from_read", "plan_schedulers", "read_ops",
+           "read_schedulers"]
 
 _PCI = "/sys/bus/pci/devices"
 NVML_NOT_SUPPORTED, NVML_NOT_FOUND = 3, 6
@@ -280,3 +282,25 @@ def apply_schedulers(host: Host, plan: SchedulerPlan) -> SchedulerPlan:
         undo = "; the modprobe.d file was put back" if back.ok else "; putting the modprobe.d file back FAILED"
     gpu = failed.op.argv[0] if failed.op.op == "nvml" and failed.op.argv else MODPROBE_FILE
     raise SchedulerError(host.name, gpu, f"{failed.op.describe()} failed: {failed.error}{undo}")
+
+
+# -- batch items (the change engine's scheduler kinds, vgpuvirt.change.scheduler, put them in a host's batch) ------
+
+def _explain(host: str, target: str, what: str) -> Explain:
+    return lambda res: DeviceError(host, target, f"{what} failed: {res.error}")
+
+
+def nvml_item(host: str, gpu: PciAddress, s: SchedulerSetting) -> Planned:
+    """Set one GPU's vGPU scheduler now, through NVML."""
+    n = s.to_nvml()
+    op = Op.nvml("vgpu_scheduler_set", [gpu.nvml_bus_id, str(n["policy"]), str(n["arr"]), str(n["timeslice_ns"])],
+                 read_only=False)
+    return Planned("scheduler.set", str(gpu), (op,),
+                   _explain(host, str(gpu), f"setting the vGPU scheduler to {s.describe()}"),
+                   message=f"vGPU scheduler {s.describe()}")
+
+
+def file_item(host: str, text: str) -> Planned:
+    """Replace vgpuvirt's modprobe.d file (the registry key the driver reads at its next load) with ``text``."""
+    return Planned("scheduler.registry", MODPROBE_FILE, (Op.replace_file(MODPROBE_FILE, text),),
+                   _explain(host, MODPROBE_FILE, f"writing {MODPROBE_FILE}"), message=f"wrote {MODPROBE_FILE}")
