@@ -23,11 +23,12 @@ import pytest
 from _sim_mount import sim_mount  # type: ignore[import-not-found]
 from conftest import Testbed, require_part  # type: ignore[import-not-found]
 
+from vgpuvirt.change.driver import prepare_vfio
+from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.host.ssh import SSHHost
 from vgpuvirt.services import gc, iommu
 from vgpuvirt.services.mdev import MdevService
-from vgpuvirt.services.sriov import SriovService
 from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 
 pytestmark = pytest.mark.integration
@@ -116,12 +117,13 @@ def test_vendor_vgpu_sriov_iommu_and_gc_mutations_over_ssh(testbed: Testbed) -> 
         assert Path(f"{mnt}/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type").read_text().strip() == "0"
         assert not vendor.release(vf).changed
     with sim_mount(testbed.mnt_dir, "desktop") as mnt, testbed.ssh(mnt) as host:
-        sriov = SriovService(host)
-        assert [sriov.enable("0000:05:00.0", 4).changed, sriov.enable("0000:05:00.0", 4).changed] == [True, False]
+        assert [set_vf_count(host, "0000:05:00.0", 4)[0].changed,
+                set_vf_count(host, "0000:05:00.0", 4)[0].changed] == [True, False]
         assert sorted(os.listdir(f"{mnt}/sys/bus/pci/devices/0000:05:00.0")).count("virtfn3") == 1
-        assert [sriov.disable("0000:05:00.0").changed, sriov.disable("0000:05:00.0").changed] == [True, False]
-        change, record = iommu.prepare(host, ["0000:01:00.0"])
-        assert change.changed and not iommu.prepare(host, ["0000:01:00.0"])[0].changed
+        assert [set_vf_count(host, "0000:05:00.0", 0)[0].changed,
+                set_vf_count(host, "0000:05:00.0", 0)[0].changed] == [True, False]
+        change, record, _ = prepare_vfio(host, ["0000:01:00.0"])
+        assert change.changed and not prepare_vfio(host, ["0000:01:00.0"])[0].changed
         drv = os.readlink(f"{mnt}/sys/bus/pci/devices/0000:01:00.1/driver")
         assert drv.endswith("/vfio-pci")
         assert iommu.release(host, record).changed and not iommu.release(host, record).changed

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from vgpuvirt import sim
+from vgpuvirt.change.scheduler import apply_schedulers
+from vgpuvirt.errors import ProvisioningError
 from vgpuvirt.services.scheduler_model import SchedulerSetting as S
-from vgpuvirt.services.vgpu_scheduler import SchedulerError, apply_schedulers, plan_schedulers, read_schedulers
+from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
 
 pytestmark = pytest.mark.integration
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"
@@ -85,7 +87,7 @@ def test_a_directory_leading_out_of_the_root_is_refused(testbed: Any, tree: Path
         d.symlink_to(outside)
         host = testbed.ssh(sysfs_root=str(tree))
         try:
-            with pytest.raises(SchedulerError, match=r"outside the sysfs root .*refused"):
+            with pytest.raises(ProvisioningError, match=r"outside the sysfs root .*refused"):
                 apply_schedulers(host, plan_schedulers(host, {GPU0: S(policy="equal-share")}))
         finally:
             host.close()

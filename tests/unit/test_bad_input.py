@@ -13,6 +13,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from lifecycle_doubles import RecordingHost
 
+from vgpuvirt.change.driver import prepare_vfio
+from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VfCount, VgpuTypeId
 from vgpuvirt.services import gc, iommu
@@ -65,11 +67,11 @@ def test_bad_pci_address_is_refused_everywhere(bad: Any) -> None:
     _refused(lambda h: VendorVgpuService(h).assign(1155, vf=bad))
     _refused(lambda h: VendorVgpuService(h).assign(1155, pf=bad))
     _refused(lambda h: VendorVgpuService(h).release(bad))
-    _refused(lambda h: SriovService(h).enable(bad, 4))
-    _refused(lambda h: SriovService(h).disable(bad))
+    _refused(lambda h: set_vf_count(h, bad, 4))
+    _refused(lambda h: set_vf_count(h, bad, 0))
     _refused(lambda h: SriovService(h).report(bad))
     _refused(lambda h: iommu.check_assignable(h, [GOOD_PCI, bad]))
-    _refused(lambda h: iommu.prepare(h, [bad]))
+    _refused(lambda h: prepare_vfio(h, [bad]))
     _refused(lambda h: iommu.release(h, [bad]))
 
 
@@ -126,7 +128,7 @@ def test_type_ids_with_shell_or_path_characters(bad: str) -> None:
                      st.text(max_size=8)))
 def test_bad_vf_count_is_refused(bad: Any) -> None:
     assume(not _valid(VfCount.parse, bad))
-    _refused(lambda h: SriovService(h).enable(GOOD_PCI, bad))
+    _refused(lambda h: set_vf_count(h, GOOD_PCI, bad))
 
 
 # ---------------------------------------------------------------- everything else
@@ -161,7 +163,7 @@ def test_bad_binding_record_is_refused(record: dict[str, Any]) -> None:
 
 def test_empty_address_list_is_refused() -> None:
     _refused(lambda h: iommu.check_assignable(h, []))
-    _refused(lambda h: iommu.prepare(h, []))
+    _refused(lambda h: prepare_vfio(h, []))
 
 
 def test_malformed_domain_xml_stops_gc_before_reading() -> None:

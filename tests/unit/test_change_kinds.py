@@ -133,8 +133,10 @@ def test_bind_driver_to_vfio_and_back() -> None:
     assert host.read([driver]).link_name(driver) == "vfio-pci" and step.happened(host.read([driver]))
     assert r.rollback() == [f"{host.name}: bound {T4} back to nvidia"]
     assert host.read([driver]).link_name(driver) == "nvidia"
-    # a device that had no driver: nothing to go back to
-    assert BindDriver(host.name, "", T4, None, "vfio-pci").undo_item(10.0) is None
+    # a device that had no driver: the undo of its bind to vfio-pci unbinds it (no probe: no driver to go back to)
+    undo = BindDriver(host.name, "", T4, None, "vfio-pci").undo_item(10.0)
+    assert undo is not None and [op.path.rsplit("/", 1)[-1] for op in undo.ops] == ["driver_override", "unbind"]
+    assert BindDriver(host.name, "", T4, None, "nvidia").undo_item(10.0) is None
 
 
 def test_mixed_size_both_ways() -> None:

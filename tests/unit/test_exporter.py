@@ -254,8 +254,9 @@ def test_an_injected_xid_reaches_the_exporter_once():
 
 
 def test_scheduler_set_through_the_registry_shows_in_the_exporter_after_a_driver_reload():
+    from vgpuvirt.change.scheduler import apply_schedulers
     from vgpuvirt.services.scheduler_model import SchedulerSetting
-    from vgpuvirt.services.vgpu_scheduler import apply_schedulers, plan_schedulers
+    from vgpuvirt.services.vgpu_scheduler import plan_schedulers
     host = SimHost.from_profile("t4x2", name="s")
     host.model.sched.nvml_supported = False
     scraper = ParallelScraper([host], timeout=10)

@@ -73,7 +73,7 @@ def test_a_failed_run_disables_the_vfs_it_enabled():
     from vgpuvirt.errors import ProvisioningError
     with pytest.raises(ProvisioningError, match="cut") as ei:
         provision(h, conn, [_gaming("w16vm-nicfail", nic=NicRequest(), start=False)], progress=cut)
-    assert "sim:desktop: disabled the VFs of 0000:05:00.0 again" in ei.value.rollback
+    assert "sim:desktop: set 0 SR-IOV VFs on 0000:05:00.0 again" in ei.value.rollback
     pf = next(d for d in inventory(h).pci_devices if str(d.address) == NIC_PF)
     assert pf.sriov_numvfs == 0 and not pf.virtfns
     assert not conn.exists("w16vm-nicfail")

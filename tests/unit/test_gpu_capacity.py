@@ -205,7 +205,7 @@ def test_sriov_enablement_is_undone_when_nothing_fits_after_it(conn) -> None:
     with pytest.raises(ProvisioningError) as ei:
         provision(host, conn, _pool(1, "fb>=48G"))                   # no A10 type is that large
     assert isinstance(ei.value.cause, NoCapacity) and "no type fits" in str(ei.value.cause)
-    assert ei.value.rollback == ["sim:a10-sriov: disabled the VFs of 0000:41:00.0 again"]
+    assert ei.value.rollback == ["sim:a10-sriov: set 0 SR-IOV VFs on 0000:41:00.0 again"]
     assert not inventory(host).gpus[0].sriov_numvfs                 # disabled again
 
 

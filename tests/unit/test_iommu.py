@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from lifecycle_doubles import PciTree, domain_xml
 
+from vgpuvirt.change.driver import prepare_vfio
 from vgpuvirt.errors import NotAssignable
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services import iommu
@@ -152,7 +153,7 @@ def test_vendor_vgpu_vf_needs_a_type_and_is_never_rebound() -> None:
     rep = iommu.check_assignable(host, ["41:00.4"])
     assert rep.assignable and rep.devices[0].vendor_vfio
     assert any("managed='no'" in w for w in rep.warnings)
-    change, record = iommu.prepare(host, ["41:00.4"])
+    change, record, _ = prepare_vfio(host, ["41:00.4"])
     assert not change.changed and record.bindings == ()
     assert [c[0] for c in host.calls] == ["read", "read"], "nothing written for a vendor VF"
 
@@ -169,7 +170,7 @@ def test_reset_capability_is_reported() -> None:
 
 def test_prepare_dry_run_plans_override_unbind_probe_wait_for_every_endpoint() -> None:
     host = skylake().host()
-    change, record = iommu.prepare(host, ["01:00.0"], dry_run=True)
+    change, record, _ = prepare_vfio(host, ["01:00.0"], dry_run=True)
     assert change.changed and change.dry_run
     assert [c[0] for c in host.calls] == ["read"], "a dry run never applies"
     assert [op.describe() for op in change.ops] == [
@@ -192,7 +193,7 @@ def test_prepare_dry_run_plans_override_unbind_probe_wait_for_every_endpoint() -
 def test_prepare_refuses_when_not_assignable_and_writes_nothing() -> None:
     host = two_gpus_one_group().host()
     with pytest.raises(NotAssignable) as ei:
-        iommu.prepare(host, ["01:00.0"])
+        prepare_vfio(host, ["01:00.0"])
     assert ei.value.report is not None and not ei.value.report.assignable
     assert [c[0] for c in host.calls] == ["read"]
 
@@ -201,7 +202,7 @@ def test_prepare_skips_devices_already_on_vfio() -> None:
     tree = (PciTree().dev("0000:00:01.0", BRIDGE, "pcieport", 1).dev("0000:01:00.0", VGA, "vfio-pci", 1)
             .dev("0000:01:00.1", AUDIO, "vfio-pci", 1))
     host = tree.host()
-    change, record = iommu.prepare(host, ["01:00.0"])
+    change, record, _ = prepare_vfio(host, ["01:00.0"])
     assert not change.changed and record.bindings == ()
     assert [c[0] for c in host.calls] == ["read"]
 
@@ -268,10 +269,10 @@ def test_prepare_and_release_on_the_simulated_desktop() -> None:
     host = SimHost.from_profile("desktop")
     addrs = ["0000:01:00.0", "0000:01:00.1"]
     assert _drivers(host, addrs) == {"0000:01:00.0": "nvidia", "0000:01:00.1": "snd_hda_intel"}
-    change, record = iommu.prepare(host, ["0000:01:00.0"])
+    change, record, _ = prepare_vfio(host, ["0000:01:00.0"])
     assert change.changed and len(record.bindings) == 2
     assert _drivers(host, addrs) == dict.fromkeys(addrs, "vfio-pci")
-    again, rec2 = iommu.prepare(host, ["0000:01:00.0"])
+    again, rec2, _ = prepare_vfio(host, ["0000:01:00.0"])
     assert not again.changed and rec2.bindings == ()
     # the audio function is now vfio-bound: the group is viable for the GPU alone too
     assert iommu.check_assignable(host, ["0000:01:00.0"]).assignable
@@ -286,7 +287,7 @@ def test_prepare_and_release_on_the_simulated_desktop() -> None:
 def test_release_without_a_record_lets_the_kernel_probe_the_default_driver() -> None:
     from vgpuvirt.sim import SimHost
     host = SimHost.from_profile("desktop")
-    iommu.prepare(host, ["0000:01:00.0", "0000:01:00.1"])
+    prepare_vfio(host, ["0000:01:00.0", "0000:01:00.1"])
     assert iommu.release(host, ["0000:01:00.0", "0000:01:00.1"]).changed
     assert _drivers(host, ["0000:01:00.0", "0000:01:00.1"]) == {"0000:01:00.0": "nvidia",
                                                                 "0000:01:00.1": "snd_hda_intel"}
@@ -298,14 +299,33 @@ def test_a_failed_bind_rolls_back_the_devices_that_moved() -> None:
 
     from lifecycle_doubles import Wrapped
 
-    from vgpuvirt.errors import VgpuvirtError
+    from vgpuvirt.errors import ProvisioningError, VgpuvirtError
     from vgpuvirt.sim import SimHost
     host = Wrapped(SimHost.from_profile("desktop"))
     host.fail["/drivers/snd_hda_intel/unbind"] = errno.EBUSY
-    with pytest.raises(VgpuvirtError, match="EBUSY"):
-        iommu.prepare(host, ["0000:01:00.0"])
+    with pytest.raises(VgpuvirtError, match="EBUSY") as err:
+        prepare_vfio(host, ["0000:01:00.0"])
     assert _drivers(host, ["0000:01:00.0", "0000:01:00.1"]) == {"0000:01:00.0": "nvidia",
                                                                 "0000:01:00.1": "snd_hda_intel"}
+    assert isinstance(err.value, ProvisioningError)         # the runner's: what ran, what its rollback did
+    assert err.value.rollback == [f"{host.name}: bound 0000:01:00.1 back to snd_hda_intel",
+                                  f"{host.name}: bound 0000:01:00.0 back to nvidia"]
+
+
+def test_the_last_binding_failing_leaves_the_host_exactly_as_before() -> None:
+    """The last device's final write (the probe of the audio function) fails: the whole host (drivers and
+    overrides of every function) is as before."""
+    from host_state import diff, fail_last, host_state
+
+    from vgpuvirt.errors import ProvisioningError
+    from vgpuvirt.sim import SimHost
+    host = SimHost.from_profile("desktop")
+    start = host_state(host)
+    with fail_last(host, lambda op: op.op == "write" and op.value == "0000:01:00.1" and "drivers_probe" in op.path), \
+            pytest.raises(ProvisioningError, match="injected") as err:
+        prepare_vfio(host, ["0000:01:00.0"])
+    assert len(err.value.rollback) == 2 and not any("FAILED" in line for line in err.value.rollback)
+    assert diff(start, host_state(host)) == []
 
 
 def test_blocked_group_on_the_simulated_desktop() -> None:

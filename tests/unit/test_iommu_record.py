@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpuvirt.change.driver import prepare_vfio
 from vgpuvirt.cli import main
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import RecordError
@@ -52,7 +53,8 @@ def assert_refused(rc: int, err: str, host: SimHost, *words: str) -> None:
 def test_the_record_is_complete_before_anything_is_bound(host, tmp_path, capsys):
     seen: list[dict[str, str | None]] = []
     rec = tmp_path / "rec.json"
-    real = iommu.prepare
+    import vgpuvirt.cli.iommu as cli_iommu
+    real = cli_iommu.prepare_vfio
 
     def spy(*a, **kw):
         hook = kw["before_change"]
@@ -63,12 +65,11 @@ def test_the_record_is_complete_before_anything_is_bound(host, tmp_path, capsys)
             assert json.loads(rec.read_text())["bindings"][0]["original_driver"] == "nvidia"
         return real(*a, **{**kw, "before_change": check})
 
-    import vgpuvirt.cli.iommu as cli_iommu
-    cli_iommu.iommu.prepare = spy  # type: ignore[attr-defined]
+    cli_iommu.prepare_vfio = spy
     try:
         rc, _, err = prepare(capsys, rec)
     finally:
-        cli_iommu.iommu.prepare = real  # type: ignore[attr-defined]
+        cli_iommu.prepare_vfio = real
     assert rc == 0, err
     assert seen == [ORIGINAL] and drivers(host) == {GPU: "vfio-pci", AUDIO: "vfio-pci"}
     assert oct(rec.stat().st_mode & 0o777) == "0o600"
@@ -134,5 +135,5 @@ def test_api_hook_failure_changes_nothing(tmp_path):
     def full(_record: iommu.BindingRecord) -> None:
         raise RecordError(str(tmp_path / "r"), errno.ENOSPC, "cannot be written (No space left on device)")
     with pytest.raises(RecordError, match="nothing was bound"):
-        iommu.prepare(h, [GPU], before_change=full)
+        prepare_vfio(h, [GPU], before_change=full)
     assert drivers(h) == ORIGINAL

@@ -255,21 +255,9 @@ def _private_uses_in(module: str, tree: ast.Module, is_package: bool, mods: set[
                 yield f"{module}:{node.lineno} uses {target}.{node.attr}"
 
 
-# Issue 23: these modules are being rewritten on other branches (the change engine) and were left alone here; the
-# list may only shrink, and a fixed entry must leave it (the test fails both ways).
-BEING_REWRITTEN = {
-    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._parse_addresses",
-    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._report",
-    "vgpuvirt.services.vfio_binding imports vgpuvirt.services.iommu_check._users",
-}
-
-
 def test_no_private_name_imported_across_modules() -> None:
-    found = {u for m in sorted(_modules()) for u in _private_uses(m)}
-    unlisted = sorted(u for u in found if re.sub(r":\d+ ", " ", u) not in BEING_REWRITTEN)
-    assert not unlisted, f"{len(unlisted)} private names used across modules:\n" + "\n".join(unlisted)
-    gone = BEING_REWRITTEN - {re.sub(r":\d+ ", " ", u) for u in found}
-    assert not gone, f"fixed: take them off BEING_REWRITTEN: {sorted(gone)}"
+    found = sorted(u for m in sorted(_modules()) for u in _private_uses(m))
+    assert not found, f"{len(found)} private names used across modules:\n" + "\n".join(found)
 
 
 def test_the_private_name_reader_sees_every_form() -> None:

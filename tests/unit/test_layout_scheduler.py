@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from layout_doubles import FailingWrite
 
+from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.layout import dump_layout, parse_layout, verbs
 from vgpuvirt.layout.planner import LayoutStep, plan_host
 from vgpuvirt.services.scheduler_model import SchedulerSetting as S
-from vgpuvirt.services.vgpu_scheduler import apply_schedulers, plan_schedulers, read_schedulers
+from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
 from vgpuvirt.sim.host import SimHost
 
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"

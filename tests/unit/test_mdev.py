@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from lifecycle_doubles import Wrapped, mdev_types
 
+from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import (
     AlreadyExists,
     DeviceNotFound,
@@ -55,7 +56,7 @@ def target(host: Wrapped) -> tuple[str, str, int]:
     if not mdev_types(host):
         for pf in SriovService(host.inner).report():
             if pf.total_vfs and not pf.num_vfs:
-                SriovService(host.inner).enable(pf.address)
+                set_vf_count(host.inner, pf.address)
     free = [t for t in mdev_types(host) if t[2] > 0]
     assert free, "a host with an mdev-capable GPU offers a type with a free instance"
     return max(free, key=lambda t: (t[2], t[0], t[1]))
@@ -76,7 +77,7 @@ def test_a_host_without_mdev_refuses_to_create_one(profile: str) -> None:
     host = sim(profile)
     for pf in SriovService(host.inner).report():
         if pf.total_vfs and not pf.num_vfs:
-            SriovService(host.inner).enable(pf.address)
+            set_vf_count(host.inner, pf.address)
     assert not mdev_types(host)
     gpu = host.read(["/sys/bus/pci/devices/*/class"])
     addr = next(p.split("/")[5] for p in sorted(gpu) if (gpu.text(p) or "").startswith("0x03"))

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.change.mig import mig_steps
+from vgpuvirt.change.runner import run_host
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.services.mig import read_mig_state
 from vgpuvirt.services.mig_geometry import geometry_actions
-from vgpuvirt.services.mig_ops import apply_mig
 from vgpuvirt.sim import SimHost
 
 
 def reach(host: SimHost, index: int, want: dict[str, int], **kw: object) -> list[str]:
     gpu = read_mig_state(host).gpus[index]
     acts = geometry_actions(gpu, want, **kw)  # type: ignore[arg-type]
-    res = apply_mig(host, acts)
-    assert res.ok, res.to_dict()
+    run_host(host, mig_steps(host.name, gpu, acts), what="mig geometry")
     return [" ".join(a.argv()) for a in acts]
 
 
@@ -41,8 +41,10 @@ def test_a_kept_instance_in_the_way_fails_and_rolls_back_then_rebuild_works() ->
     assert host.run(["nvidia-smi", "-i", "1", "-mig", "1"]).exit_code == 0
     assert host.run(["nvidia-smi", "mig", "-i", "1", "-cgi", "19:3"]).exit_code == 0   # a 1g in slice 3 (GI 10)
     want = {"1g.10gb": 1, "4g.40gb": 1}                                      # 4g.40gb can only start at 0
-    failed = apply_mig(host, geometry_actions(read_mig_state(host).gpus[1], want))
-    assert not failed.ok and [(g.id, g.start) for g in read_mig_state(host).gpus[1].gpu_instances] == [(10, 3)]
+    gpu = read_mig_state(host).gpus[1]
+    with pytest.raises(ProvisioningError):
+        run_host(host, mig_steps(host.name, gpu, geometry_actions(gpu, want)), what="mig geometry")
+    assert [(g.id, g.start) for g in read_mig_state(host).gpus[1].gpu_instances] == [(10, 3)]
     argv = reach(host, 1, want, rebuild=True)
     assert argv == ["nvidia-smi mig -i 1 -dgi -gi 10", "nvidia-smi mig -i 1 -cgi 4g.40gb,1g.10gb"]
     assert sorted((g.profile, g.start) for g in read_mig_state(host).gpus[1].gpu_instances) == [

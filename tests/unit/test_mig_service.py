@@ -1,14 +1,17 @@
-"""services.mig / mig_ops on simulated hosts: one round trip to read every GPU's MIG state, validated argv,
-one batch to change, per-item status, and a rollback that leaves the host as it was."""
+"""services.mig / mig_ops and the MIG change kinds on simulated hosts: one round trip to read every GPU's MIG
+state, validated argv, one batch to change through the runner, and a rollback that leaves the host as it was."""
 
 from __future__ import annotations
 
 import pytest
+from host_state import diff, fail_last, host_state
 
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.change.mig import MigStep, SetMigMode, mig_steps
+from vgpuvirt.change.runner import run_host
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import Op
 from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.mig_ops import MigAction, apply_mig, check_against
+from vgpuvirt.services.mig_ops import MigAction, check_against
 from vgpuvirt.sim import SimHost
 
 
@@ -60,40 +63,58 @@ def test_bad_values_are_refused_before_anything_reaches_the_host() -> None:
         check_against(MigAction.create_gi(0, ["2g.12gb"], placements=[1]), state.gpus[0])
 
 
-def test_apply_in_one_batch_with_per_item_status() -> None:
+def _steps(host: SimHost, *per_gpu: tuple[int, list[MigAction]]) -> list[MigStep]:
+    state = read_mig_state(host)
+    return [s for i, acts in per_gpu for s in mig_steps(host.name, state.gpus[i], acts)]
+
+
+def test_apply_in_one_batch_with_the_one_report() -> None:
     host = SimHost.from_profile("a100-sriov")
+    steps = _steps(host, (1, [MigAction.mode(1, True),
+                              MigAction.create_gi(1, ["3g.40gb", "1g.10gb"], default_ci=True)]),
+                   (0, [MigAction.destroy_gi(0, [13])]))
     before = host.round_trips
-    res = apply_mig(host, [MigAction.mode(1, True), MigAction.create_gi(1, ["3g.40gb", "1g.10gb"], default_ci=True),
-                           MigAction.destroy_gi(0, [13])])
-    assert host.round_trips == before + 1 and res.ok and res.round_trips == 1
-    assert [i.status for i in res.items] == ["ok", "ok", "ok"]
-    assert res.items[1].created_gis == ((1, 1), (1, 13)) and res.items[1].created_cis == ((1, 1, 0), (1, 13, 0))
+    rep = run_host(host, steps, what="mig")
+    assert host.round_trips == before + 1 and rep.round_trips == {host.name: 1}
+    assert rep.done == ["sim:a100-sriov: turn MIG mode on on 0000:65:00.0",
+                        "sim:a100-sriov: create GPU instances 3g.40gb,1g.10gb on 0000:65:00.0",
+                        "sim:a100-sriov: destroy GPU instance 13 (1g.10gb) on 0000:17:00.0"]
     assert (1, 1, "3g.40gb", 0) in _gis(host) and (0, 13, "1g.10gb", 6) not in _gis(host)
 
 
-def test_a_failure_stops_the_batch_and_rolls_back_what_it_did() -> None:
+def test_the_last_create_failing_half_way_rolls_back_to_exactly_the_host_as_before() -> None:
     host = SimHost.from_profile("a100-sriov")
     assert host.run(["nvidia-smi", "-i", "1", "-mig", "1"]).exit_code == 0
-    start = _gis(host)
-    res = apply_mig(host, [MigAction.create_gi(1, ["19", "19"], default_ci=True),
-                           MigAction.create_gi(1, ["3g.40gb", "4g.40gb"]),      # 4g at 0 overlaps: fails half-way
-                           MigAction.destroy_gi(0, [13])],
-                    previous_modes={1: True})
-    assert not res.ok and [i.status for i in res.items] == ["ok", "failed", "skipped"]
-    assert res.items[1].message == "Unable to create a GPU instance on GPU  1 using profile 5: Insufficient Resources"
-    assert res.round_trips == 2 and all(line.endswith(": ok") for line in res.rollback)
-    assert len(res.rollback) == 5                                           # 2 CIs, 2 GIs, then the 3g GI
-    assert _gis(host) == start                                              # exactly as before
+    start = host_state(host)
+    steps = _steps(host, (0, [MigAction.destroy_gi(0, [13])]),
+                   (1, [MigAction.create_gi(1, ["19", "19"], default_ci=True),
+                        MigAction.create_gi(1, ["3g.40gb", "4g.40gb"])]))      # 4g at 0 overlaps: fails half-way
+    with pytest.raises(ProvisioningError) as err:
+        run_host(host, steps, what="mig create")
+    assert "Insufficient Resources" in str(err.value.cause)
+    # the half-made 3g.40gb is learned from the answer; the two 1g with their CIs; the destroyed 13 made again
+    assert err.value.rollback == ["sim:a100-sriov: destroyed the GPU instances 3g.40gb,4g.40gb made on 0000:65:00.0",
+                                  "sim:a100-sriov: destroyed the GPU instances 19,19 made on 0000:65:00.0",
+                                  "sim:a100-sriov: created GPU instance 1g.10gb on 0000:17:00.0 at placement 6 again"]
+    assert diff(start, host_state(host)) == []
 
 
-def test_mode_change_reports_pending_and_rolls_back() -> None:
+def test_a_mode_change_pending_a_reset_fails_the_step_and_is_set_back() -> None:
     host = SimHost.from_profile("a100-sriov")
     host.model.gpus["0000:65:00.0"].processes = 1
-    res = apply_mig(host, [MigAction.mode(1, True), MigAction.create_gi(1, ["19"])], previous_modes={1: False})
-    assert [i.status for i in res.items] == ["pending", "failed"]
-    assert res.rollback == ("GPU 1: MIG mode off: ok",)
+    start = host_state(host)
+    steps = _steps(host, (1, [MigAction.mode(1, True), MigAction.create_gi(1, ["19"])]))
+    with pytest.raises(ProvisioningError, match="pending until the GPU is reset") as err:
+        run_host(host, steps, what="mig")
+    assert err.value.rollback == ["sim:a100-sriov: turned MIG mode off on 0000:65:00.0 again"]
     g = read_mig_state(host).gpus[1]
-    assert (g.mode_current, g.mode_pending) == ("Disabled", "Disabled")
+    assert (g.mode_current, g.mode_pending) == ("Disabled", "Disabled") and diff(start, host_state(host)) == []
+    # asked for as such (`vgpuvirt mig enable`), the pending change is what was wanted
+    step = steps[0]
+    assert isinstance(step, SetMigMode)
+    ok = SetMigMode(step.host, "", step.gpu, step.index, on=True, was=False, pending_ok=True)
+    assert run_host(host, [ok], what="mig enable").done == ["sim:a100-sriov: turn MIG mode on on 0000:65:00.0"]
+    assert read_mig_state(host).gpus[1].mode_pending == "Enabled"
 
 
 def test_exec_ops_are_argv_never_a_shell() -> None:
@@ -134,12 +155,39 @@ def test_rollback_creates_again_what_the_batch_destroyed() -> None:
     host = SimHost.from_profile("a100-sriov")
     assert host.run(["nvidia-smi", "mig", "-i", "0", "-gi", "13", "-cci"]).exit_code == 0
     before = read_mig_state(host)
-    res = apply_mig(host, [MigAction.destroy_ci(0, 13, [0]), MigAction.destroy_gi(0, [13, 5]),
-                           MigAction.create_gi(0, ["7g.80gb"])], before=before)      # 7g: GIs 1 and 2 remain
-    assert [i.status for i in res.items] == ["ok", "ok", "failed"]
-    assert res.items[1].destroyed_gis == ((0, 13), (0, 5))
-    assert res.rollback == ("GPU 0: create GPU instance(s) 2g.20gb: ok", "GPU 0: create GPU instance(s) 1g.10gb: ok",
-                            "GPU 0 GI 13: create compute instance(s) 0: ok")
+    start = host_state(host)
+    steps = _steps(host, (0, [MigAction.destroy_ci(0, 13, [0]), MigAction.destroy_gi(0, [13, 5]),
+                              MigAction.create_gi(0, ["7g.80gb"])]))      # 7g: GIs 3 and 4 remain: it fails
+    with pytest.raises(ProvisioningError) as err:
+        run_host(host, steps, what="mig")
+    made = "sim:a100-sriov: created"
+    assert err.value.rollback == [f"{made} GPU instance 2g.20gb on 0000:17:00.0 at placement 4 again",
+                                  f"{made} GPU instance 1g.10gb on 0000:17:00.0 at placement 6 again",
+                                  f"{made} compute instances 0 in GPU instance 13 on 0000:17:00.0 again"]
     after = read_mig_state(host).gpus[0]
     assert after.gpu_instances == before.gpus[0].gpu_instances
     assert after.compute_instances == before.gpus[0].compute_instances
+    assert diff(start, host_state(host)) == []
+
+
+def test_the_last_step_refused_by_the_tool_leaves_the_host_as_before() -> None:
+    """An injected failure of the LAST op (nvidia-smi refuses the final destroy): everything before is undone."""
+    host = SimHost.from_profile("a100-sriov")
+    start = host_state(host)
+    steps = _steps(host, (1, [MigAction.mode(1, True), MigAction.create_gi(1, ["1g.10gb"], default_ci=True)]),
+                   (0, [MigAction.destroy_gi(0, [13])]))
+    with fail_last(host, lambda op: op.op == "exec" and "-dgi" in op.argv) as failed, \
+            pytest.raises(ProvisioningError, match="injected failure") as err:
+        run_host(host, steps, what="mig")
+    assert len(failed) == 1 and len(err.value.completed) == 2
+    assert diff(start, host_state(host)) == []
+
+
+def test_each_action_kind_runs_as_its_step_kind() -> None:
+    from vgpuvirt.change.mig import ACTION_STEPS
+    assert {k: c.kind for k, c in ACTION_STEPS.items()} == {
+        "mode": "mig-mode", "create-gi": "create-gpu-instances", "destroy-gi": "destroy-gpu-instance",
+        "create-ci": "create-compute-instances", "destroy-ci": "destroy-compute-instances", "reset": "gpu-reset"}
+    g0 = read_mig_state(SimHost.from_profile("a100-sriov")).gpus[0]
+    with pytest.raises(InvalidSpec, match="GPU instance of GPU 0"):
+        mig_steps("h", g0, [MigAction.destroy_gi(0, [9])])

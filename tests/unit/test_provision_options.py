@@ -156,7 +156,7 @@ def test_a_preflight_refusal_after_enabling_vfs_does_not_say_nothing_was_changed
     msg = str(ei.value)
     assert "nothing was changed" not in msg
     assert msg.startswith("after enabling SR-IOV: pre-flight refused the plan: sim:a10-sriov: ")
-    assert "rolled back: sim:a10-sriov: disabled the VFs of 0000:41:00.0 again" in msg
+    assert "rolled back: sim:a10-sriov: set 0 SR-IOV VFs on 0000:41:00.0 again" in msg
     assert not inventory(host).gpus[0].sriov_numvfs
 
 

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.cli import main
 from vgpuvirt.errors import DeviceNotFound, InvalidSpec, ProvisioningError
 from vgpuvirt.services.scheduler_model import (
@@ -17,7 +18,7 @@ from vgpuvirt.services.scheduler_model import (
     parse_setting,
     registry_values,
 )
-from vgpuvirt.services.vgpu_scheduler import SchedulerError, apply_schedulers, plan_schedulers, read_schedulers
+from vgpuvirt.services.vgpu_scheduler import SchedulerError, plan_schedulers, read_schedulers
 from vgpuvirt.sim import SimHost
 
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"
@@ -159,10 +160,29 @@ def test_failed_nvml_set_puts_the_file_back():
             return {"ok": False, "errno": None, "rc": 19, "error": "In use by another client"}
         return real(op)
     host.model.sched.nvml = refuse_sets  # type: ignore[method-assign]
-    with pytest.raises(SchedulerError, match=r"In use by another client.*put back"):
+    with pytest.raises(ProvisioningError, match=r"In use by another client") as err:
         apply_schedulers(host, plan)
-    assert host.model.sched.modprobe["vgpuvirt-scheduler.conf"] == ""      # as before: no RmPVMRL
+    assert err.value.rollback == [f"{host.name}: removed /etc/modprobe.d/vgpuvirt-scheduler.conf again"]
+    assert "vgpuvirt-scheduler.conf" not in host.model.sched.modprobe      # as before: there was no file
     assert read_schedulers(host, [GPU0])[0].pending == S(policy="best-effort")
+
+
+def test_the_last_gpus_nvml_set_failing_leaves_the_host_exactly_as_before():
+    """Two GPUs with --persist over a file already there: the second GPU's NVML set (the LAST step) is refused;
+    the first GPU's policy, the file and every other part of the host are as before."""
+    from host_state import diff, fail_last, host_state
+    host = SimHost.from_profile("t4x2")
+    apply_schedulers(host, plan_schedulers(host, {GPU1: S(policy="equal-share")}, persist=True))
+    start = host_state(host)
+    was = [g.current for g in read_schedulers(host, [GPU0, GPU1])]
+    plan = plan_schedulers(host, {GPU0: S(policy="fixed-share"), GPU1: S(policy="fixed-share")}, persist=True)
+    with fail_last(host, lambda op: op.op == "nvml"), pytest.raises(ProvisioningError, match="injected") as err:
+        apply_schedulers(host, plan)
+    assert len(err.value.rollback) == 2 and not any("FAILED" in x for x in err.value.rollback)
+    assert diff(start, host_state(host)) == []
+    # what NVML reports (the driver's state; the simulator's model may hold the default as an explicit entry)
+    assert [g.current for g in read_schedulers(host, [GPU0, GPU1])] == was == [S(policy="best-effort"),
+                                                                                S(policy="equal-share")]
 
 
 def test_cli_show_and_set(capsys):

@@ -324,20 +324,32 @@ def run_host(host: Host, steps: Sequence[Step], conn: LibvirtConnection | None =
 
 def run_hosts(steps: Mapping[str, Sequence[Step]], hosts: Hosts, conn: Conns, *, what: str = "provisioning",
               progress: Progress | None = None, parallel: bool = True, wait_timeout: float = 10.0,
-              ours: Mapping[str, frozenset[str]] | None = None, kept: Sequence[str] = ()) -> Report:
+              ours: Mapping[str, frozenset[str]] | None = None, kept: Sequence[str] = (),
+              prior: Mapping[str, Runner] | None = None) -> Report:
     """Run each host's steps (hosts in parallel, one thread and one libvirt connection each) as ONE change: on
     any failure every host's completed steps are rolled back and ProvisioningError says what was done and what
     the rollback did. ``ours``: per host, the targets absent when planned (a cut batch's rollback removes only
-    those)."""
+    those). ``prior``: runners that already ran part of this change on some hosts (a preparation the plan was
+    made after): their journals are taken over, so the one rollback undoes them too, and the report lists them."""
     by_name = hosts_by_name(hosts)
-    names = [h for h, s in steps.items() if s]
+    prior = prior or {}
+    names = [h for h, s in steps.items() if s] + [h for h in prior if not steps.get(h)]
     missing = [h for h in names if h not in by_name]
     if missing:
         raise InvalidSpec("hosts", sorted(by_name), f"a Host for each host of the change (missing: {missing})")
     cancel = threading.Event()
-    runners = {h: Runner(by_name[h], conn_for(conn, h) if any(isinstance(s, DomainStep) for s in steps[h]) else None,
-                         wait_timeout=wait_timeout, progress=progress, cancel=cancel,
-                         ours=(ours or {}).get(h, frozenset()) if ours is not None else None) for h in names}
+    runners: dict[str, Runner] = {}
+    for h in names:
+        c = conn_for(conn, h) if any(isinstance(s, DomainStep) for s in steps.get(h, ())) else None
+        mine = (ours or {}).get(h, frozenset()) if ours is not None else None
+        r = prior.get(h)
+        if r is None:
+            r = Runner(by_name[h], c, wait_timeout=wait_timeout, progress=progress, cancel=cancel, ours=mine)
+        else:
+            # the preparation's runner goes on with this change: its journal stays, the rest is this change's
+            r.conn, r.progress, r.cancel, r.wait_timeout = r.conn or c, progress, cancel, wait_timeout
+            r.ours = None if mine is None else mine | {e.step.target for e in r.journal.entries}
+        runners[h] = r
     seconds: dict[str, float] = {}
     errors: dict[str, BaseException] = {}
     t0 = time.monotonic()
@@ -345,7 +357,7 @@ def run_hosts(steps: Mapping[str, Sequence[Step]], hosts: Hosts, conn: Conns, *,
     def work(h: str) -> None:
         t = time.monotonic()
         try:
-            runners[h].run(steps[h])
+            runners[h].run(steps.get(h, ()))
         except BaseException as exc:  # every failure, even a bug, must trigger the rollback
             errors[h] = exc
             cancel.set()

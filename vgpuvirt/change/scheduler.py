@@ -7,7 +7,8 @@ the next driver load (the ``RmPVMRL`` registry key).
   takes effect at the next load of the nvidia module, which only the operator does).
 
 Both run in the DEVICES phase, after the vGPUs are made (the file first: the NVML call is the one that can fail on a
-busy GPU, and the file's undo is the cheaper one).
+busy GPU, and the file's undo is the cheaper one). :func:`apply_schedulers` is ``vgpuvirt scheduler set``: a
+:class:`~vgpuvirt.services.vgpu_scheduler.SchedulerPlan` as these steps, through the runner.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from vgpuvirt.change.runner import Report, run_host
 from vgpuvirt.change.step import HostFacts, HostStep
-from vgpuvirt.host.base import Snapshot
+from vgpuvirt.host.base import Host, Snapshot
 from vgpuvirt.model import PciAddress
 from vgpuvirt.services import vgpu_scheduler
 from vgpuvirt.services.mutation import Planned
 from vgpuvirt.services.scheduler_model import MODPROBE_FILE, SchedulerSetting
+from vgpuvirt.services.vgpu_scheduler import SchedulerPlan
 
 PENDING = "pending until the driver reloads"
 
@@ -111,3 +114,25 @@ class WriteSchedulerFile(HostStep):
 
     def undone(self) -> str:
         return f"put {MODPROBE_FILE} back as it was" if self.before is not None else f"removed {MODPROBE_FILE} again"
+
+
+def scheduler_steps(plan: SchedulerPlan) -> list[HostStep]:
+    """The steps that carry out ``plan``: the file (when it changes), then one NVML set per GPU whose running
+    policy changes."""
+    steps: list[HostStep] = []
+    if plan.file_text is not None:
+        pending = tuple(PciAddress.parse(c.gpu) for c in plan.changes if c.pending)
+        steps.append(WriteSchedulerFile(plan.host, "", plan.file_text, plan.file_before, pending))
+    steps += [SetSchedulerNvml(plan.host, "", PciAddress.parse(c.gpu), c.after, c.before) for c in plan.changes
+              if c.via == "nvml" and c.before != c.after]
+    return steps
+
+
+def apply_schedulers(host: Host, plan: SchedulerPlan, *, wait_timeout: float = 10.0) -> Report:
+    """Run the plan in one batch; a failure (a GPU whose NVML set is refused) undoes what ran: the file is put back
+    (or removed again where there was none), the GPUs already set get their policy back (ProvisioningError)."""
+    steps = scheduler_steps(plan)
+    if not steps:
+        return Report(kept=[f"{host.name}: {c.describe()}" for c in plan.changes])
+    return run_host(host, steps, what="scheduler set", wait_timeout=wait_timeout,
+                    kept=[f"{host.name}: {c.describe()}" for c in plan.changes if c.via == "none"])

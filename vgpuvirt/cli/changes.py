@@ -1,15 +1,19 @@
-"""Shared by the lifecycle subcommands (mdev, sriov, iommu, gc): common options and printing a Change."""
+"""Shared by the lifecycle subcommands (mdev, sriov, iommu, gc, mig, scheduler): common options, printing a Change,
+and printing a change the runner made (its Report, or its failure and rollback)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from vgpuvirt import files
+from vgpuvirt.change.runner import Report
+from vgpuvirt.change.step import HostStep, Step
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.cli.targets import add_connect, local_domains
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BaseHost
 from vgpuvirt.services.mutation import Change
 
@@ -61,3 +65,40 @@ def emit(ctx: Context, ch: Change) -> None:
         return
     for line in _lines(ch):
         print(printable(line))
+
+
+def emit_report(ctx: Context, report: Report, extra: dict[str, Any] | None = None) -> None:
+    """A change the runner made, in the one report format (``extra``: verb-specific JSON fields)."""
+    if ctx.json:
+        ctx.emit_json({"ok": True, **report.to_dict(), **(extra or {})})
+        return
+    if not report.done and not report.pending_reload and not report.kept:
+        print("nothing to do")
+    for line in report.lines():
+        print(printable(line))
+
+
+def emit_failure(ctx: Context, exc: ProvisioningError) -> int:
+    """A change that failed and was rolled back: what failed, what had run, what the rollback did (exit 1)."""
+    cause = str(exc.cause or exc.reason)
+    if ctx.json:
+        ctx.emit_json({"ok": False, "error": cause, "completed": exc.completed, "rollback": exc.rollback})
+        return 1
+    print(printable(f"failed: {cause}"))
+    for line in exc.completed:
+        print(printable(f"completed: {line}"))
+    for line in exc.rollback:
+        print(printable(f"rolled back: {line}"))
+    return 1
+
+
+def dry_run_steps(ctx: Context, steps: Sequence[Step]) -> None:
+    """What a change would do: each step's line and the argv/writes it would send."""
+    if ctx.json:
+        ctx.emit_json({"dry_run": True, "steps": [s.to_dict() for s in steps]})
+        return
+    for s in steps:
+        print(printable(f"would: {s.describe()}"))
+        if isinstance(s, HostStep):
+            for op in s.item(10.0).ops:
+                print(printable(f"  {op.describe()}"))

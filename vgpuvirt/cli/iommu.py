@@ -6,10 +6,11 @@ import argparse
 import json
 
 from vgpuvirt import files
-from vgpuvirt.cli.changes import add_common, domains, emit
+from vgpuvirt.change.driver import prepare_vfio
+from vgpuvirt.cli.changes import add_common, domains, emit, emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.durable import write_new_file
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.services import iommu
 from vgpuvirt.services.iommu import AssignabilityReport, BindingRecord
 
@@ -64,10 +65,17 @@ def _prepare(ctx: Context, args: argparse.Namespace) -> int:
     def keep(record: BindingRecord) -> None:
         write_new_file(args.record, json.dumps(record.to_dict(), indent=2) + "\n")
 
-    ch, record = iommu.prepare(ctx.host(), args.addresses, domains=domains(args), for_domain=args.for_domain,
-                               dry_run=args.dry_run, before_change=keep if args.record else None)
+    try:
+        ch, record, report = prepare_vfio(ctx.host(), args.addresses, domains=domains(args),
+                                          for_domain=args.for_domain, dry_run=args.dry_run,
+                                          before_change=keep if args.record else None)
+    except ProvisioningError as exc:
+        return emit_failure(ctx, exc)
     if ctx.json:
-        ctx.emit_json({**ch.to_dict(), "record": record.to_dict()})
+        ctx.emit_json({**ch.to_dict(), "record": record.to_dict(),
+                       **({"applied": report.to_dict()} if report is not None else {})})
+    elif report is not None:
+        emit_report(ctx, report)
     else:
         emit(ctx, ch)
     return 0

@@ -1,16 +1,19 @@
-"""``vgpuvirt mig show|enable|disable|create|destroy``: MIG mode and GPU/compute instances (thin: the work is
-in :mod:`vgpuvirt.services.mig` and :mod:`vgpuvirt.services.mig_ops`). A change reads the state (one round
-trip), validates, then runs every item in one batch and rolls back on failure (a second round trip)."""
+"""``vgpuvirt mig show|enable|disable|create|destroy``: MIG mode and GPU/compute instances (thin: the state is
+read by :mod:`vgpuvirt.services.mig`, the changes are the change engine's MIG kinds, :mod:`vgpuvirt.change.mig`).
+A change reads the state (one round trip), validates, then the runner does every step in one locked batch and,
+when one fails, undoes exactly what ran (a second round trip); it reports in the runner's one format."""
 
 from __future__ import annotations
 
 import argparse
 
-from vgpuvirt.cli.changes import add_common
+from vgpuvirt.change.mig import MigStep, SetMigMode, mig_steps
+from vgpuvirt.change.runner import run_host
+from vgpuvirt.cli.changes import add_common, dry_run_steps, emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
-from vgpuvirt.errors import InvalidSpec
+from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.services.mig import MigGpu, MigState, read_mig_state
-from vgpuvirt.services.mig_ops import MigAction, apply_mig, check_against
+from vgpuvirt.services.mig_ops import MigAction, check_against
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -86,23 +89,27 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(ctx: Context, args: argparse.Namespace, state: MigState, actions: list[MigAction]) -> int:
+def _run(ctx: Context, args: argparse.Namespace, steps: list[MigStep]) -> int:
     if args.dry_run:
-        if ctx.json:
-            ctx.emit_json({"dry_run": True, "items": [a.to_dict() for a in actions]})
-        else:
-            for a in actions:
-                print(printable(f"would run: {' '.join(a.argv())}   # {a.describe()}"))
+        dry_run_steps(ctx, steps)
         return 0
-    res = apply_mig(ctx.host(), actions, before=state)
-    if ctx.json:
-        ctx.emit_json(res.to_dict())
-    else:
-        for it in res.items:
-            print(printable(f"{it.status}: {it.action.describe()}: {it.message}"))
-        for line in res.rollback:
-            print(printable(f"rolled back: {line}"))
-    return 0 if res.ok else 1
+    host = ctx.host()
+    try:
+        report = run_host(host, steps, what="mig " + args.verb)
+    except ProvisioningError as exc:
+        return emit_failure(ctx, exc)
+    pending: list[str] = []
+    if any(isinstance(s, SetMigMode) for s in steps):
+        # a mode change nvidia-smi accepted may wait for a GPU reset: say so (one more read)
+        after = read_mig_state(host)
+        pending = [f"{host.name}: MIG mode of GPU {g.index} {g.address} is {g.mode_pending} after a GPU reset or "
+                   f"reboot (now {g.mode_current})" for s in steps if isinstance(s, SetMigMode)
+                   for g in after.gpus if g.address == s.gpu and g.pending]
+    emit_report(ctx, report, {"pending_reset": pending} if ctx.json else None)
+    if not ctx.json:
+        for line in pending:
+            print(printable(f"pending: {line}"))
+    return 0
 
 
 def _mode(ctx: Context, args: argparse.Namespace) -> int:
@@ -111,7 +118,9 @@ def _mode(ctx: Context, args: argparse.Namespace) -> int:
     for g in targets:
         if not g.capable:
             raise InvalidSpec("GPU", str(g.address), "a MIG-capable GPU (A100, A30, H100 ...)")
-    return _run(ctx, args, state, [MigAction.mode(g.index, args.enabled) for g in targets])
+    return _run(ctx, args, [SetMigMode(ctx.host().name, "", s.gpu, s.index, on=s.on, was=s.was, pending_ok=True)
+                            for g in targets for s in mig_steps(state.host, g, [MigAction.mode(g.index, args.enabled)])
+                            if isinstance(s, SetMigMode)])
 
 
 def _create(ctx: Context, args: argparse.Namespace) -> int:
@@ -129,7 +138,7 @@ def _create(ctx: Context, args: argparse.Namespace) -> int:
         starts.append(int(start) if sep else None)
     action = MigAction.create_gi(g.index, names, placements=starts, default_ci=args.compute_instance)
     check_against(action, g)
-    return _run(ctx, args, state, [action])
+    return _run(ctx, args, mig_steps(ctx.host().name, g, [action]))
 
 
 def _destroy(ctx: Context, args: argparse.Namespace) -> int:
@@ -153,4 +162,4 @@ def _destroy(ctx: Context, args: argparse.Namespace) -> int:
     if not actions:
         print(printable(f"GPU {g.index}: nothing to destroy"))
         return 0
-    return _run(ctx, args, state, actions)
+    return _run(ctx, args, mig_steps(ctx.host().name, g, actions))

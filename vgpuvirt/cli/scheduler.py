@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from vgpuvirt.change.scheduler import apply_schedulers
+from vgpuvirt.cli.changes import emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import ProvisioningError
 from vgpuvirt.services.scheduler_model import POLICIES, SchedulerSetting
-from vgpuvirt.services.vgpu_scheduler import apply_schedulers, plan_schedulers, read_schedulers
+from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -61,11 +64,21 @@ def _set(ctx: Context, args: argparse.Namespace) -> int:
     want = SchedulerSetting(policy=args.policy, timeslice_us=args.timeslice_us, adaptive=args.adaptive)
     host = ctx.host()
     plan = plan_schedulers(host, dict.fromkeys(args.gpu, want), persist=args.persist)
-    if not args.dry_run:
-        apply_schedulers(host, plan)
-    if ctx.json:
-        ctx.emit_json(dict(plan.to_dict(), dry_run=bool(args.dry_run)))
+    if args.dry_run:
+        if ctx.json:
+            ctx.emit_json(dict(plan.to_dict(), dry_run=True))
+            return 0
+        for c in plan.changes:
+            print(printable(("would set " if c.via != "none" else "") + c.describe()))
         return 0
-    for c in plan.changes:
-        print(printable(("would set " if args.dry_run and c.via != "none" else "") + c.describe()))
+    try:
+        report = apply_schedulers(host, plan)
+    except ProvisioningError as exc:
+        return emit_failure(ctx, exc)
+    # the one report, with the plan's per-GPU lines (before -> after, now or at the next driver load) beside it
+    emit_report(ctx, report, {**plan.to_dict(), "dry_run": False} if ctx.json else None)
+    if not ctx.json:
+        for c in plan.changes:
+            if c.via != "none":
+                print(printable(c.describe()))
     return 0

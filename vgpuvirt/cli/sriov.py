@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from vgpuvirt.cli.changes import add_common, domains, emit
+from vgpuvirt.change.sriov import set_vf_count
+from vgpuvirt.cli.changes import add_common, domains, emit, emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
+from vgpuvirt.errors import ProvisioningError
 from vgpuvirt.services.sriov import SriovService
 
 
@@ -34,14 +36,27 @@ def _svc(ctx: Context, args: argparse.Namespace) -> SriovService:
 
 
 def _enable(ctx: Context, args: argparse.Namespace) -> int:
-    emit(ctx, _svc(ctx, args).enable(args.pf, args.num, force=args.force, dry_run=args.dry_run,
-                                     domains=domains(args, ctx.host())))
-    return 0
+    return _set(ctx, args, args.num)
 
 
 def _disable(ctx: Context, args: argparse.Namespace) -> int:
-    emit(ctx, _svc(ctx, args).disable(args.pf, force=args.force, dry_run=args.dry_run,
-                                      domains=domains(args, ctx.host())))
+    return _set(ctx, args, 0)
+
+
+def _set(ctx: Context, args: argparse.Namespace, count: str | int | None) -> int:
+    """Through the change engine: one SR-IOV step, the runner's report (or its failure and rollback)."""
+    try:
+        ch, report = set_vf_count(ctx.host(), args.pf, count, force=args.force, dry_run=args.dry_run,
+                                  domains=domains(args, ctx.host()),
+                                  vendor_tool=False if args.no_vendor_tool else None)
+    except ProvisioningError as exc:
+        return emit_failure(ctx, exc)
+    if report is None:
+        emit(ctx, ch)                   # nothing ran: a dry run, or the count it has already
+    elif ctx.json:
+        ctx.emit_json({**ch.to_dict(), "applied": report.to_dict()})
+    else:
+        emit_report(ctx, report)
     return 0
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vgpuvirt.change.runner import Conns, Hosts, Progress, Report, run_hosts
+from vgpuvirt.change.runner import Conns, Hosts, Progress, Report, Runner, run_hosts
 from vgpuvirt.provision.plan import Plan
 
 
 def apply(plan: Plan, hosts: Hosts, conn: Conns, *, progress: Progress | None = None, parallel: bool = True,
-          wait_timeout: float = 10.0) -> Report:
-    """Run ``plan``; on any failure roll back every host's completed steps and raise ProvisioningError."""
+          wait_timeout: float = 10.0, prior: Mapping[str, Runner] | None = None) -> Report:
+    """Run ``plan``; on any failure roll back every host's completed steps (and what ``prior``, the runners of a
+    preparation the plan was made after, did) and raise ProvisioningError."""
     steps: Mapping[str, list] = {h: plan.for_host(h) for h in plan.hosts}  # type: ignore[type-arg]
     return run_hosts(steps, hosts, conn, what="provisioning", progress=progress, parallel=parallel,
                      wait_timeout=wait_timeout, ours={h: plan.absent_before.get(h, frozenset()) for h in plan.hosts},
-                     kept=[f"{k.host}: {k.what}" for k in plan.kept])
+                     kept=[f"{k.host}: {k.what}" for k in plan.kept], prior=prior)

@@ -13,9 +13,10 @@ from typing import Any
 
 from vgpuvirt.change.domain import DefineDomain
 from vgpuvirt.change.mdev import CreateMdev
-from vgpuvirt.change.runner import Progress, Report, conn_for, hosts_by_name
+from vgpuvirt.change.runner import Progress, Report, Runner, conn_for, hosts_by_name
+from vgpuvirt.change.sriov import enable_steps
 from vgpuvirt.change.vendor_vf import SetVfType
-from vgpuvirt.errors import NoCapacity, PreflightFailed, ProvisioningError, VgpuvirtError
+from vgpuvirt.errors import NoCapacity, PreflightFailed, ProvisioningError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.libvirt_storage import LibvirtFacts
@@ -131,21 +132,20 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
                             conn: LibvirtConnection | Mapping[str, LibvirtConnection], requests: Sequence[VmRequest],
                             *, policy: Policy, heterogeneous: bool, progress: Progress | None,
                             on_plan: Callable[[Plan], None] | None, wait_timeout: float, t0: float) -> ProvisionResult:
-    """Enable the VFs the plan asks for, read the hosts again, plan and apply; any failure disables
-    exactly the VFs this call enabled (the hosts are left as they were)."""
-    from vgpuvirt.services.sriov import SriovService
-
-    enabled: list[tuple[str, PciAddress]] = []
+    """Enable the VFs the plan asks for (a change-engine step on each host's runner), read the hosts again, plan
+    and apply on the same runners: the one rollback of a failure undoes the provisioning and the preparation (the
+    hosts are left as they were)."""
+    runners: dict[str, Runner] = {}
     tried: set[tuple[str, PciAddress]] = set()
     try:
         todo = prep_plan.prep
         while True:
             # A second round only when the new plan asks for other PFs: vGPU boards first, then the NICs
             # the VMs placed on them need (each PF at most once, so this ends).
-            for pr in todo:
-                change = SriovService(hosts[pr.host]).enable(pr.pf)
-                if change.changed:
-                    enabled.append((pr.host, pr.pf))
+            for h in dict.fromkeys(pr.host for pr in todo):
+                # no progress ticks here: they count the plan's steps (apply's run_hosts sets them on this runner)
+                r = runners.setdefault(h, Runner(hosts[h], wait_timeout=wait_timeout))
+                r.run(enable_steps(hosts[h], [pr.pf for pr in todo if pr.host == h]), phase="prepare")
             tried |= {(pr.host, pr.pf) for pr in todo}
             facts: dict[str, LibvirtFacts] = {}
             invs, doms = gather(hosts, conn, facts)
@@ -160,20 +160,13 @@ def _prepare_then_provision(prep_plan: Plan, hosts: dict[str, Host],
                                  f"still nothing fits after enabling VFs: {p.unmet}")
         if on_plan is not None:
             on_plan(p)
-        applied = apply(p, hosts, conn, progress=progress, wait_timeout=wait_timeout)
-    except BaseException as exc:
-        undone = []
-        for host, pf in reversed(enabled):
-            try:
-                SriovService(hosts[host]).enable(pf, 0)
-                undone.append(f"{host}: disabled the VFs of {pf} again")
-            except VgpuvirtError as err:
-                undone.append(f"{host}: FAILED to disable the VFs of {pf}: {err}")
-        made = [f"{h}: enabled VFs on {pf}" for h, pf in enabled]
-        if isinstance(exc, ProvisioningError):
-            raise ProvisioningError(exc.reason, completed=[*made, *exc.completed],
-                                    rollback=[*exc.rollback, *undone], cause=exc.cause) from exc
-        if undone and isinstance(exc, VgpuvirtError):
+        applied = apply(p, hosts, conn, progress=progress, wait_timeout=wait_timeout, prior=runners)
+    except ProvisioningError:
+        raise                       # apply's rollback took the preparation's journals over: all undone
+    except BaseException as exc:    # the preparation or the re-read/plan failed: undo what the preparation did
+        made = [c for r in runners.values() for c in r.journal.completed]
+        undone = [line for r in runners.values() for line in r.rollback()]
+        if made:
             # A pre-flight refusal here comes after VFs were enabled (and disabled again): its own "nothing
             # was changed" would contradict the lines that follow.
             why = f"pre-flight refused the plan: {exc.shown}" if isinstance(exc, PreflightFailed) else str(exc)

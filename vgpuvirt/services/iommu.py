@@ -12,9 +12,10 @@ PCI function) and applies the kernel's and libvirt's rules (see hostdata/iommu_e
 * a GPU hosting mdevs is not passed whole; a vGPU 17+ VF needs its vGPU type set first and keeps
   its ``nvidia`` driver (libvirt ``managed='no'``).
 
-:func:`prepare` binds every endpoint of the groups to vfio-pci (``driver_override`` + unbind +
-``drivers_probe``, never ``new_id``, which would grab every device with that id), waits until
-bound, and returns a :class:`BindingRecord` of the original drivers; :func:`release` restores them.
+:func:`plan_prepare` says which endpoints of the groups go to vfio-pci and keeps their original drivers in
+a :class:`BindingRecord`; :func:`vgpuvirt.change.driver.prepare_vfio` binds them (``driver_override`` +
+unbind + ``drivers_probe``, never ``new_id``, which would grab every device with that id) through the change
+engine, waiting until bound, rolling back on failure; :func:`release` restores them.
 The record is the caller's to keep (``vgpuvirt iommu prepare --json`` prints it).
 The pre-flight lives in :mod:`.iommu_check`, binding and release in :mod:`.vfio_binding`; this module
 gathers their public names.
@@ -32,7 +33,7 @@ from vgpuvirt.services.iommu_check import (
     check_assignable,
     read_patterns,
 )
-from vgpuvirt.services.vfio_binding import Binding, BindingRecord, prepare, release
+from vgpuvirt.services.vfio_binding import Binding, BindingRecord, PreparePlan, plan_prepare, release
 
 __all__ = ["CLASS_NAMES", "DMA_SAFE", "VFIO", "AssignabilityReport", "Binding", "BindingRecord", "DeviceCheck",
-           "Member", "check_assignable", "prepare", "read_patterns", "release"]
+           "Member", "PreparePlan", "check_assignable", "plan_prepare", "read_patterns", "release"]

@@ -109,7 +109,7 @@ def read_patterns() -> list[str]:
             f"{sysfs.MDEV_DEVICES}/*", *(sysfs.pci("*", a) for a in attrs)]
 
 
-def _users(domains: Iterable[tuple[str, str]] | None, for_domain: str | None) -> dict[PciAddress, list[str]]:
+def domain_users(domains: Iterable[tuple[str, str]] | None, for_domain: str | None) -> dict[PciAddress, list[str]]:
     users: dict[PciAddress, list[str]] = {}
     for name, xml in domains or ():
         if name == for_domain:
@@ -265,7 +265,7 @@ def check_one(f: _Facts, a: PciAddress, requested: set[PciAddress],
                        vendor_vfio, tuple(resets) if resets is not None else None, tuple(blocking), tuple(warnings))
 
 
-def _parse_addresses(addresses: Iterable[str | PciAddress]) -> list[PciAddress]:
+def parse_addresses(addresses: Iterable[str | PciAddress]) -> list[PciAddress]:
     if isinstance(addresses, (str, PciAddress)):
         addresses = [addresses]
     out = [PciAddress.parse(a) for a in addresses]
@@ -274,8 +274,8 @@ def _parse_addresses(addresses: Iterable[str | PciAddress]) -> list[PciAddress]:
     return list(dict.fromkeys(out))
 
 
-def _report(host: Host, snap: Snapshot, reqs: list[PciAddress], users: Mapping[PciAddress, list[str]]
-            ) -> tuple[AssignabilityReport, _Facts]:
+def assignability(host: Host, snap: Snapshot, reqs: list[PciAddress], users: Mapping[PciAddress, list[str]]
+                  ) -> tuple[AssignabilityReport, _Facts]:
     f = _Facts(snap)
     checks = tuple(check_one(f, a, set(reqs), users) for a in reqs)
     reasons: list[str] = []
@@ -296,9 +296,9 @@ def check_assignable(host: Host, addresses: Iterable[str | PciAddress], *,
                      for_domain: str | None = None) -> AssignabilityReport:
     """Can ``addresses`` be given to one VM? ``domains`` ((name, xml) pairs) makes devices used by
     other domains block; ``for_domain`` names the VM the devices are for (its own use is fine)."""
-    reqs = _parse_addresses(addresses)
-    users = _users(domains, for_domain)
-    return _report(host, host.read(read_patterns()), reqs, users)[0]
+    reqs = parse_addresses(addresses)
+    users = domain_users(domains, for_domain)
+    return assignability(host, host.read(read_patterns()), reqs, users)[0]
 
 
 # ---------------------------------------------------------------------------------- binding

@@ -1,5 +1,5 @@
 """From a wanted MIG geometry (``{"1g.10gb": 7}``, mixed ones too) to the :class:`MigAction` list that gets a GPU
-there from its state as read (pure; run the list with :func:`~vgpuvirt.services.mig_ops.apply_mig`).
+there from its state as read (pure; run the list as change steps: :func:`vgpuvirt.change.mig.mig_steps` and the runner).
 
 Minimal churn by default: GPU instances already there and wanted are kept; surplus ones are destroyed (their
 compute instances first, highest id first); missing ones are created largest first (the driver puts a

@@ -23,7 +23,7 @@ from vgpuvirt.errors import DeviceBusy, DeviceError, DeviceNotFound, InvalidSpec
 from vgpuvirt.host.base import Host, Op, OpResult, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
 from vgpuvirt.services import sysfs
-from vgpuvirt.services.mutation import Change, Planned, error_for, first_failure, note
+from vgpuvirt.services.mutation import Planned, error_for
 from vgpuvirt.services.parsers import parse_hex_id, pci_or_none
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -113,6 +113,28 @@ def pfs_from_snapshot(snap: Snapshot, users: dict[PciAddress, list[str]] | None 
     return sorted(out, key=lambda p: p.address)
 
 
+class VendorToolMissing(DeviceError):
+    """sriov-manage is not installed on the host (exit 127): the sysfs way is used instead."""
+
+
+@dataclass(frozen=True)
+class VfPlan:
+    """A PF's VF count from ``current`` to ``want`` (``changed`` False: it has them already); ``via_tool``: through
+    NVIDIA's sriov-manage rather than sysfs."""
+
+    pf: PciAddress
+    current: int
+    want: int
+    total: int
+    changed: bool
+    via_tool: bool = False
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return {"pf": str(self.pf), "from": self.current, "to": self.want, "total": self.total,
+                "via": "sriov-manage" if self.via_tool else "sysfs"}
+
+
 class SriovService:
     def __init__(self, host: Host, *, wait_timeout: float = 30.0, vendor_tool: bool | None = None) -> None:
         """``vendor_tool``: None = use sriov-manage for NVIDIA PFs when sysfs_root is /; False = never."""
@@ -132,21 +154,20 @@ class SriovService:
             raise DeviceNotFound(self.host.name, str(pf), "not an SR-IOV capable PF (no sriov_totalvfs)")
         return found[0]
 
-    def enable(self, pf: str | PciAddress, count: int | str | VfCount | None = None, *, force: bool = False,
-               dry_run: bool = False, domains: Iterable[tuple[str, str]] | None = None) -> Change:
-        """Set the PF's VF count (``None`` = all it supports); 0 disables."""
+    def plan_count(self, pf: str | PciAddress, count: int | str | VfCount | None = None, *, force: bool = False,
+                   domains: Iterable[tuple[str, str]] | None = None) -> VfPlan:
+        """What setting the PF's VF count (``None`` = all it supports; 0 disables) takes (one read); refuses
+        (nothing changed) a count above sriov_totalvfs, a PF without a driver, a PF passed through whole, and
+        VFs in use unless ``force``. The change itself is the change engine's (``vgpuvirt.change.sriov``)."""
         a = PciAddress.parse(pf)
         n = VfCount.parse(count) if count is not None else None
         info = self._pf(a, domains)
         host = self.host.name
         want = info.total_vfs if n is None else n.value
-        data: dict[str, Any] = {"pf": str(a), "from": info.num_vfs, "to": want, "total": info.total_vfs}
         if want > info.total_vfs:
             raise InvalidSpec("VF count", want, f"0..{info.total_vfs} (sriov_totalvfs of {a})")
-        action = "sriov.enable" if want else "sriov.disable"
         if want == info.num_vfs and (want == 0 or len(info.vfs) >= want):
-            return Change(host, action, str(a), changed=False, dry_run=dry_run, data=data,
-                          message=f"{want} VFs already")
+            return VfPlan(a, info.num_vfs, want, info.total_vfs, changed=False)
         if info.driver is None:
             raise DeviceError(host, str(a), "no driver bound to the PF; the kernel cannot configure SR-IOV (ENOENT)")
         if want and (info.used_by or info.driver in VFIO_DRIVERS):
@@ -157,27 +178,7 @@ class SriovService:
             lst = "; ".join(f"{v.address} {v.in_use}" for v in busy[:8])
             raise DeviceBusy(host, str(a), f"{len(busy)} VF(s) in use ({lst}); changing the VF count would remove "
                                            "them (pass force=True to do it anyway)")
-        ops = self._plan(a, info, want)
-        data["via"] = "sriov-manage" if ops and ops[0].op == "exec" else "sysfs"
-        if dry_run:
-            return Change(host, action, str(a), changed=True, dry_run=True, ops=tuple(ops), data=data,
-                          message=f"would set {want} VFs")
-        note(host, action, str(a), f"{info.num_vfs} -> {want} VFs via {data['via']}")
-        batch = self.host.apply(ops)
-        bad = first_failure(batch)
-        if bad is not None and bad.op.op == "exec" and (bad.rc == 127 or bad.errno == _errno.ENOENT):
-            ops = self._sysfs_plan(a, info.num_vfs, want)       # the vendor tool is not installed
-            data["via"] = "sysfs"
-            batch = self.host.apply(ops)
-            bad = first_failure(batch)
-        if bad is not None:
-            raise error_for(host, str(a), bad, what=f"setting {want} VFs on {a}",
-                            overrides={_errno.ERANGE: DeviceError})
-        return Change(host, action, str(a), changed=True, ops=tuple(ops), data=data, message=f"{want} VFs")
-
-    def disable(self, pf: str | PciAddress, *, force: bool = False, dry_run: bool = False,
-                domains: Iterable[tuple[str, str]] | None = None) -> Change:
-        return self.enable(pf, 0, force=force, dry_run=dry_run, domains=domains)
+        return VfPlan(a, info.num_vfs, want, info.total_vfs, changed=True, via_tool=self._use_tool(info, want))
 
     def _use_tool(self, info: PfInfo, want: int) -> bool:
         if self.vendor_tool is False or info.vendor != NVIDIA:
@@ -185,30 +186,6 @@ class SriovService:
         if self.vendor_tool is None and self.host.sysfs_root != "/":
             return False
         return want in (0, info.total_vfs)
-
-    def _plan(self, a: PciAddress, info: PfInfo, want: int) -> list[Op]:
-        if self._use_tool(info, want):
-            ops = []
-            if want:
-                if info.num_vfs:
-                    ops.append(Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout))
-                ops += [Op.exec([SRIOV_MANAGE, "-e", str(a)], timeout=self.wait_timeout),
-                        Op.wait(f"{sysfs.PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
-            else:
-                ops += [Op.exec([SRIOV_MANAGE, "-d", str(a)], timeout=self.wait_timeout),
-                        Op.wait(f"{sysfs.PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
-            return ops
-        return self._sysfs_plan(a, info.num_vfs, want)
-
-    def _sysfs_plan(self, a: PciAddress, current: int, want: int) -> list[Op]:
-        path = f"{sysfs.PCI}/{a}/sriov_numvfs"
-        ops: list[Op] = []
-        if current:
-            ops += [Op.write(path, "0"), Op.wait(f"{sysfs.PCI}/{a}/virtfn0", "absent", timeout=self.wait_timeout)]
-        if want:
-            ops += [Op.write(path, str(want)),
-                    Op.wait(f"{sysfs.PCI}/{a}/virtfn{want - 1}", "exists", timeout=self.wait_timeout)]
-        return ops
 
 
 def count_item(host: str, pf: PciAddress, current: int, want: int, *, wait_timeout: float = 30.0) -> Planned:
@@ -229,3 +206,28 @@ def count_item(host: str, pf: PciAddress, current: int, want: int, *, wait_timeo
     return Planned("sriov.enable" if want else "sriov.disable", str(pf), tuple(ops), explain,
                    {"pf": str(pf), "from": current, "to": want}, intent=f"{current} -> {want} VFs",
                    message=f"{want} VFs", dry_message=f"would set {want} VFs")
+
+
+def tool_item(host: str, pf: PciAddress, current: int, want: int, *, wait_timeout: float = 30.0) -> Planned:
+    """NVIDIA's own ``sriov-manage`` (what the driver's service runs; it only ever enables ALL VFs) taking a PF from
+    ``current`` to ``want`` (0 or all) VFs, as one batch item. A host without the tool answers exit 127: the item's
+    error is then :class:`VendorToolMissing`."""
+    g = f"sriov:{pf}"
+    ops: list[Op] = []
+    if want:
+        if current:
+            ops.append(Op.exec([SRIOV_MANAGE, "-d", str(pf)], timeout=wait_timeout, group=g))
+        ops += [Op.exec([SRIOV_MANAGE, "-e", str(pf)], timeout=wait_timeout, group=g),
+                Op.wait(f"{sysfs.PCI}/{pf}/virtfn{want - 1}", "exists", timeout=wait_timeout, group=g)]
+    else:
+        ops += [Op.exec([SRIOV_MANAGE, "-d", str(pf)], timeout=wait_timeout, group=g),
+                Op.wait(f"{sysfs.PCI}/{pf}/virtfn0", "absent", timeout=wait_timeout, group=g)]
+
+    def explain(bad: OpResult) -> DeviceError:
+        if bad.op.op == "exec" and (bad.rc == 127 or bad.errno == _errno.ENOENT):
+            return VendorToolMissing(host, str(pf), f"{SRIOV_MANAGE} is not installed")
+        return error_for(host, str(pf), bad, what=f"setting {want} VFs on {pf}", overrides={_errno.ERANGE: DeviceError})
+
+    return Planned("sriov.enable" if want else "sriov.disable", str(pf), tuple(ops), explain,
+                   {"pf": str(pf), "from": current, "to": want, "via": "sriov-manage"},
+                   intent=f"{current} -> {want} VFs", message=f"{want} VFs", dry_message=f"would set {want} VFs")

@@ -1,22 +1,30 @@
 """vfio-pci binding of whole IOMMU groups (after the pre-flight) and giving the devices back.
 
 ``driver_override`` + unbind + ``drivers_probe``, never ``new_id`` (which would grab every device with
-that id); the :class:`BindingRecord` of original drivers is the caller's to keep. A caller that stores
-it passes ``before_change``: the record is handed over before the first write, so a record that cannot
-be kept (a full disk, a bad path) stops the binding instead of being lost after it.
+that id); the :class:`BindingRecord` of original drivers is the caller's to keep. :func:`plan_prepare` says
+what to bind (pure but for one read); the binding runs as the change engine's ``BindDriver`` steps
+(:func:`vgpuvirt.change.driver.prepare_vfio`: one batch, the runner's rollback). :func:`release` gives the
+devices back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable, RecordError
+from vgpuvirt.errors import DeviceBusy, DeviceError, InvalidSpec, NotAssignable
 from vgpuvirt.host.base import Host, Op, OpResult
 from vgpuvirt.model import DriverName, PciAddress
 from vgpuvirt.services import sysfs
-from vgpuvirt.services.iommu_check import VFIO, _parse_addresses, _report, _users, read_patterns
+from vgpuvirt.services.iommu_check import (
+    VFIO,
+    AssignabilityReport,
+    assignability,
+    domain_users,
+    parse_addresses,
+    read_patterns,
+)
 from vgpuvirt.services.mutation import Change, Planned, error_for, note
 from vgpuvirt.services.parsers import parse_driver_override
 
@@ -77,13 +85,15 @@ def _release_ops(a: PciAddress, current: str | None, b: Binding, timeout: float)
     return ops
 
 
-def bind_item(host: str, a: PciAddress, current: str | None, to: str, *, timeout: float = 10.0) -> Planned:
-    """One device moved from driver ``current`` to ``to`` (vfio-pci, or back to the vendor's driver) with the
-    same ops :func:`prepare` and :func:`release` use, as one batch item (the layouts' driver step)."""
+def bind_item(host: str, a: PciAddress, current: str | None, to: str | None, *, timeout: float = 10.0,
+              override: str | None = None) -> Planned:
+    """One device moved from driver ``current`` to ``to`` (vfio-pci, or back to the vendor's driver; None: back to
+    no driver) with the same ops a binding and :func:`release` use, as one batch item (the driver step).
+    ``override``: the ``driver_override`` to leave when going back (what the device had)."""
     if to == VFIO:
         ops = _bind_ops(a, current, timeout)
     else:
-        ops = _release_ops(a, current, Binding(a, str(DriverName(to))), timeout)
+        ops = _release_ops(a, current, Binding(a, str(DriverName(to)) if to else None, override), timeout)
 
     def explain(bad: OpResult) -> DeviceError:
         return error_for(host, str(a), bad, what=f"binding {a} to {to}")
@@ -92,15 +102,32 @@ def bind_item(host: str, a: PciAddress, current: str | None, to: str, *, timeout
                    intent=f"bind to {to}", message=f"bound to {to}", dry_message=f"would bind to {to}")
 
 
-def prepare(host: Host, addresses: Iterable[str | PciAddress], *, domains: Iterable[tuple[str, str]] | None = None,
-            for_domain: str | None = None, dry_run: bool = False, timeout: float = 10.0,
-            before_change: Callable[[BindingRecord], None] | None = None) -> tuple[Change, BindingRecord]:
-    """Bind every endpoint of the devices' IOMMU groups to vfio-pci; refuse (NotAssignable) when the
-    pre-flight says no. Returns the change and the record of original drivers. ``before_change(record)``
-    runs before the first write (only when something is to be bound); if it raises, nothing is bound."""
-    reqs = _parse_addresses(addresses)
-    users = _users(domains, for_domain)
-    report, f = _report(host, host.read(read_patterns()), reqs, users)
+@dataclass(frozen=True)
+class PreparePlan:
+    """What binding devices' IOMMU groups to vfio-pci takes: ``record.bindings`` (each endpoint not yet on
+    vfio-pci, with its driver and override now), the pre-flight ``report``, the devices asked for."""
+
+    record: BindingRecord
+    report: AssignabilityReport
+    requested: tuple[PciAddress, ...]
+
+    @property
+    def target(self) -> str:
+        return ",".join(str(a) for a in self.requested)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return {"devices": [str(a) for a in self.requested], "bind": [b.to_dict() for b in self.record.bindings],
+                "report": self.report}
+
+
+def plan_prepare(host: Host, addresses: Iterable[str | PciAddress], *,
+                 domains: Iterable[tuple[str, str]] | None = None, for_domain: str | None = None) -> PreparePlan:
+    """Which endpoints of the devices' IOMMU groups go to vfio-pci (one read); refuse (NotAssignable) when the
+    pre-flight says no. Nothing is changed."""
+    reqs = parse_addresses(addresses)
+    users = domain_users(domains, for_domain)
+    report, f = assignability(host, host.read(read_patterns()), reqs, users)
     if not report.assignable:
         raise NotAssignable(host.name, ", ".join(str(a) for a in reqs), list(report.reasons), report)
     targets: list[PciAddress] = []
@@ -111,45 +138,13 @@ def prepare(host: Host, addresses: Iterable[str | PciAddress], *, domains: Itera
             if f.vgpu_type(m.address) is not None:
                 continue      # a vGPU 17+ VF is already a VFIO device under nvidia: never rebind it
             targets.append(m.address)
-    bindings: list[Binding] = []
-    ops: list[Op] = []
-    for a in targets:
-        drv = f.driver(a)
-        if drv == VFIO:
-            continue
-        bindings.append(Binding(a, drv, f.override(a)))
-        ops += _bind_ops(a, drv, timeout)
-    record = BindingRecord(host.name, tuple(bindings))
-    data = {"devices": [str(a) for a in reqs], "bind": [b.to_dict() for b in bindings], "report": report}
-    target = ",".join(str(a) for a in reqs)
-    if not ops:
-        return Change(host.name, "iommu.prepare", target, changed=False, dry_run=dry_run, data=data,
-                      message="every endpoint is already bound to vfio-pci"), record
-    if dry_run:
-        return Change(host.name, "iommu.prepare", target, changed=True, dry_run=True, ops=tuple(ops), data=data,
-                      message=f"would bind {len(bindings)} device(s) to vfio-pci"), record
-    if before_change is not None:
-        try:
-            before_change(record)
-        except RecordError as exc:
-            raise RecordError(exc.path, exc.errno, f"{exc.reason}: nothing was bound") from None
-    note(host.name, "iommu.prepare", target, "bind " + ", ".join(f"{b.address} (from {b.original_driver})"
-                                                                  for b in bindings))
-    batch = host.apply(ops, on_error="continue")
-    failed = [r for r in batch.results if not r.ok and not r.skipped]
-    if failed:
-        # Undo the devices that did move (and the half-moved one): a failure leaves the host as it was.
-        bad_groups = {r.op.group for r in failed}
-        undo: list[Op] = []
-        for b in bindings:
-            now = VFIO if f"bind:{b.address}" not in bad_groups else None
-            undo += _release_ops(b.address, now, b, timeout)
-        if undo:
-            note(host.name, "iommu.prepare", target, "rolling back the vfio-pci binding")
-            host.apply(undo, on_error="continue")
-        raise error_for(host.name, failed[0].op.path or target, failed[0], what="binding to vfio-pci")
-    return Change(host.name, "iommu.prepare", target, changed=True, ops=tuple(ops), data=data,
-                  message=f"bound {len(bindings)} device(s) to vfio-pci"), record
+    bindings = [Binding(a, f.driver(a), f.override(a)) for a in targets if f.driver(a) != VFIO]
+    return PreparePlan(BindingRecord(host.name, tuple(bindings)), report, tuple(reqs))
+
+
+def note_prepare(host: str, plan: PreparePlan) -> None:
+    note(host, "iommu.prepare", plan.target, "bind " + ", ".join(f"{b.address} (from {b.original_driver})"
+                                                                 for b in plan.record.bindings))
 
 
 def release(host: Host, record: BindingRecord | Sequence[str | PciAddress], *,
@@ -161,9 +156,9 @@ def release(host: Host, record: BindingRecord | Sequence[str | PciAddress], *,
         bindings = list(record.bindings)
         probe_default = False
     else:
-        bindings = [Binding(a, None) for a in _parse_addresses(record)]
+        bindings = [Binding(a, None) for a in parse_addresses(record)]
         probe_default = True
-    users = _users(domains, None)
+    users = domain_users(domains, None)
     snap = host.read([f"{sysfs.PCI}/{b.address}/{x}" for b in bindings for x in ("driver", "driver_override", "class")])
     ops: list[Op] = []
     done: list[str] = []

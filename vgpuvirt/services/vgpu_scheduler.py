@@ -6,10 +6,11 @@ loaded registry parameters (``/proc/driver/nvidia/params``) read after it. Where
 scheduler calls, ``set`` changes the state at once (and, with ``persist``, also writes the registry key so that
 the next driver load keeps it); where it does not, ``set`` writes the driver's registry key RmPVMRL into
 vgpuvirt's own file in /etc/modprobe.d, which takes effect at the next load of the nvidia module: the change is
-"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is one batch;
-when its NVML part fails after the file was replaced, the file is put back.
+"pending", and :func:`read_schedulers` reports both the current and the pending setting. Writing is the change
+engine's (:func:`vgpuvirt.change.scheduler.apply_schedulers`: one batch, and when its NVML part fails the runner
+puts the file back and sets the GPUs already changed back).
 
-:func:`plan_schedulers` / :func:`apply_schedulers` are the entry points other parts (a layout file) call.
+:func:`plan_schedulers` (here) and ``apply_schedulers`` (change/) are the entry points other parts call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from vgpuvirt.services.scheduler_model import (
     render_modprobe,
 )
 
-__all__ = ["READ_GLOBS", "GpuScheduler", "SchedulerChange", "SchedulerPlan", "SchedulerRead", "apply_schedulers",
+__all__ = ["READ_GLOBS", "GpuScheduler", "SchedulerChange", "SchedulerPlan", "SchedulerRead",
            "file_item", "nvidia_gpus", "nvml_item", "parse_read", "plan_from_read", "plan_schedulers", "read_ops",
            "read_schedulers"]
 
@@ -197,6 +198,11 @@ class SchedulerChange:
         was = self.before.describe() if self.before else "unknown"
         return f"{self.gpu}: {was} -> {self.after.describe()} ({when})"
 
+    @property
+    def pending(self) -> bool:
+        """Only the registry key carries it: it takes effect at the next load of the nvidia module."""
+        return self.via == "registry"
+
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "before": self.before.to_dict() if self.before else None,
                 "after": self.after.to_dict(), "via": self.via, "persist": self.persist,
@@ -209,6 +215,7 @@ class SchedulerPlan:
     changes: tuple[SchedulerChange, ...]
     ops: tuple[Op, ...]
     file_before: str | None              # vgpuvirt's modprobe.d file as it was (for the undo)
+    file_text: str | None = None         # what the file becomes; None: it stays as it is
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "changes": [c.to_dict() for c in self.changes]}
@@ -259,29 +266,15 @@ def plan_from_read(host: str, r: SchedulerRead, wanted: Mapping[str, SchedulerSe
             via = "none" if g.pending.to_rmpvmrl() == values[g.address] else "registry"
         changes.append(SchedulerChange(g.address, g.current, want, via, persist and g.nvml))
     ops: list[Op] = []
+    text: str | None = None
     if values != r.ours:
         if r.foreign:
             raise SchedulerError(host, ", ".join(wanted), f"{', '.join(r.foreign)} also sets the nvidia "
                                  "module's NVreg_RegistryDwordsPerDevice: only one file can; merge it into "
                                  f"{MODPROBE_FILE} or remove it first")
-        ops.append(Op.replace_file(MODPROBE_FILE, render_modprobe(values)))
-    return SchedulerPlan(host, tuple(changes), tuple(ops + nvml_ops), r.files.get(MODPROBE_FILE))
-
-
-def apply_schedulers(host: Host, plan: SchedulerPlan) -> SchedulerPlan:
-    """Run the plan's one batch; if its NVML part fails after the file was replaced, put the file back."""
-    if not plan.ops:
-        return plan
-    batch = host.apply(plan.ops, on_error="stop")
-    if batch.ok:
-        return plan
-    failed = batch.failures()[0]
-    undo = ""
-    if any(r.ok and r.op.op == "replace_file" for r in batch):
-        back = host.apply([Op.replace_file(MODPROBE_FILE, plan.file_before or "")])
-        undo = "; the modprobe.d file was put back" if back.ok else "; putting the modprobe.d file back FAILED"
-    gpu = failed.op.argv[0] if failed.op.op == "nvml" and failed.op.argv else MODPROBE_FILE
-    raise SchedulerError(host.name, gpu, f"{failed.op.describe()} failed: {failed.error}{undo}")
+        text = render_modprobe(values)
+        ops.append(Op.replace_file(MODPROBE_FILE, text))
+    return SchedulerPlan(host, tuple(changes), tuple(ops + nvml_ops), r.files.get(MODPROBE_FILE), text)
 
 
 # -- batch items (the change engine's scheduler kinds, vgpuvirt.change.scheduler, put them in a host's batch) ------

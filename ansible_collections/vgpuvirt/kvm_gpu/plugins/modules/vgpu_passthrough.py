@@ -161,6 +161,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and domain_pairs stay names of this module: unit tests replace them
     from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.change.driver import prepare_vfio
     from vgpuvirt.errors import NotAssignable
     from vgpuvirt.model import PciAddress
     from vgpuvirt.services import iommu, sysfs
@@ -193,8 +194,8 @@ def run(module, host):
             raise NotAssignable(host.name, ", ".join(p["addresses"]), list(report.reasons), report)
         return dict(changed=False, assignable=True, report=report.to_dict(), message="assignable", ops=[])
     if p["state"] == "prepared":
-        change, record = iommu.prepare(host, p["addresses"], domains=domains, for_domain=p["domain"],
-                                       dry_run=module.check_mode, timeout=p["timeout"])
+        change, record, _ = prepare_vfio(host, p["addresses"], domains=domains, for_domain=p["domain"],
+                                         dry_run=module.check_mode, timeout=p["timeout"])
         moved = [b.address for b in record.bindings]
         before = {str(b.address): b.original_driver for b in record.bindings}
         after = {str(a): iommu.VFIO for a in moved}
