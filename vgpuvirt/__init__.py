@@ -45,7 +45,7 @@ _LAZY = {
     "SimHost": "vgpuvirt.sim",
     "inventory": "vgpuvirt.services.inventory",
     "Inventory": "vgpuvirt.services.inventory",
-    "MdevService": "vgpuvirt.services.mdev",
+    "MdevService": "vgpuvirt.change.mdev_service",
     "VendorVgpuService": "vgpuvirt.services.vendor_vgpu",
     "SriovService": "vgpuvirt.services.sriov",
     "check_assignable": "vgpuvirt.services.iommu",

@@ -24,11 +24,11 @@ from _sim_mount import sim_mount  # type: ignore[import-not-found]
 from conftest import Testbed, require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.change.driver import prepare_vfio
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.host.ssh import SSHHost
 from vgpuvirt.services import gc, iommu
-from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,7 @@ RACER = """
 import json, sys
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.host.ssh import SSHHost
-from vgpuvirt.services.mdev import MdevService
+from vgpuvirt.change.mdev_service import MdevService
 p = json.loads(sys.argv[1])
 host = SSHHost(p["ssh_host"], port=p["ssh_port"], username="root", key_filename=p["identity"],
                known_hosts=p["known_hosts"], sysfs_root=p["mnt"])

@@ -103,8 +103,8 @@ def test_attach_then_detach_a_vgpu_through_the_cli(conn, sim, capsys):
 
 
 def test_detach_leaves_a_vgpu_that_vgpuvirt_did_not_make_for_the_vm(conn, sim, capsys):
+    from vgpuvirt.change.mdev_service import MdevService
     from vgpuvirt.model import MdevUuid
-    from vgpuvirt.services.mdev import MdevService
     from vgpuvirt.xml import MdevHostdev
 
     name = PREFIX + "foreign"

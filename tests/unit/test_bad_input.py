@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from lifecycle_doubles import RecordingHost
 
 from vgpuvirt.change.driver import prepare_vfio
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VfCount, VgpuTypeId
 from vgpuvirt.services import gc, iommu
 from vgpuvirt.services.iommu import BindingRecord
-from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.sriov import SriovService
 from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 

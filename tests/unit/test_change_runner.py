@@ -200,3 +200,26 @@ def test_steps_after_one_that_did_not_take_effect_in_the_same_batch_are_rolled_b
     assert len(r.journal.entries) == 2
     r.rollback()
     assert host.read([first, second]).text(first) == "" and host.read([second]).text(second) == ""
+
+
+@dataclass(frozen=True)
+class HalfDone(WriteMarker):
+    """Writes its file, then runs a program the host lacks: the step ran in part."""
+
+    kind: ClassVar[str] = "test-half-done"
+
+    def item(self, wait_timeout: float) -> Planned:
+        ops = (*self._write(self.text).ops, Op.exec(["no-such-program"]))
+        return Planned("test.half", self.path, ops, lambda r: DeviceError(self.host, self.path, "program missing"))
+
+
+def test_items_that_stand_alone_keep_the_completed_ones_and_undo_only_the_half_done(host: SimHost) -> None:
+    done, half = "/etc/modprobe.d/vgpuvirt-test-done.conf", "/etc/modprobe.d/vgpuvirt-test-half.conf"
+    r = Runner(host)
+    outcomes = r.run_items([WriteMarker(host.name, "", done, "kept", ""), HalfDone(host.name, "", half, "x", "")])
+    assert outcomes[0].ok and not outcomes[1].ok and outcomes[1].wrote
+    assert host.read([half]).text(half) == "x"
+    lines = r.undo_partial()
+    assert [ln.split(": ", 1)[1] for ln in lines] == [f"wrote '' back to {half}"]
+    assert host.read([half]).text(half) == "" and host.read([done]).text(done) == "kept"
+    assert [e.step.target for e in r.journal.entries] == [done]       # the completed item stays journaled

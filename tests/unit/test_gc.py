@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from lifecycle_doubles import Wrapped, domain_xml
 
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.services import gc
-from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 from vgpuvirt.sim import SimHost, list_profiles
 

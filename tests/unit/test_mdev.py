@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from lifecycle_doubles import Wrapped, mdev_types
 
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import (
     AlreadyExists,
@@ -20,7 +21,6 @@ from vgpuvirt.errors import (
     WriteFailed,
 )
 from vgpuvirt.model import MdevUuid
-from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.sriov import SriovService
 from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 

@@ -9,6 +9,7 @@ import errno
 import pytest
 from lifecycle_doubles import RecordingHost, Wrapped, domain_xml, mdev_types
 
+from vgpuvirt.change.mdev_service import MdevService, MdevSpec
 from vgpuvirt.errors import (
     AlreadyExists,
     DeviceBusy,
@@ -18,7 +19,6 @@ from vgpuvirt.errors import (
     WriteFailed,
 )
 from vgpuvirt.model import MdevUuid
-from vgpuvirt.services.mdev import MdevService, MdevSpec
 from vgpuvirt.services.vendor_vgpu import AssignSpec, VendorVgpuService
 from vgpuvirt.sim import SimHost
 

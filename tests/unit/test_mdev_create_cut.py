@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.cli import main
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import TransportError
-from vgpuvirt.services.mdev import MdevService
 from vgpuvirt.services.mdev_state import active_from_snapshot
 from vgpuvirt.sim import SimHost
 

@@ -35,7 +35,7 @@ from vgpuvirt.change.step import DomainStep, HostStep, Step
 from vgpuvirt.errors import DeviceError, InvalidSpec, ProvisioningError, VgpuvirtError
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.services.mutation import Planned, apply_items
+from vgpuvirt.services.mutation import Outcome, Planned, apply_items
 
 log = logging.getLogger("vgpuvirt.change")
 
@@ -163,6 +163,14 @@ class Runner:
     def _batch(self, steps: list[HostStep]) -> None:
         if self.cancel.is_set():
             raise Cancelled(f"{self.host.name}: stopped because another host failed")
+        first = self._first_failure(steps, self.run_items(steps))
+        if first is not None:
+            raise first
+
+    def run_items(self, steps: Sequence[HostStep]) -> list[Outcome]:
+        """Host steps in ONE locked batch that stops at the first failed step; every step that ran (in full or in
+        part) is journaled, and each step's outcome is returned (a ``*_many`` API's per-item answer). Raises only
+        when the batch's answer is lost (then every step is journaled as "maybe done")."""
         try:
             outcomes = apply_items(self.host, [s.item(self.wait_timeout) for s in steps], on_error="stop")
         except VgpuvirtError:
@@ -170,9 +178,6 @@ class Runner:
             for s in steps:
                 self.journal.add(s, certain=False, undo=s.undo_item(self.wait_timeout))
             raise
-        # Every step that ran is journaled before the first failure is raised: the batch goes on past a step whose
-        # ops succeeded but which did not take effect (check), so the steps after it ran too and must be undone.
-        first: VgpuvirtError | None = None
         for s, o in zip(steps, outcomes, strict=True):
             if o.skipped:
                 continue
@@ -182,12 +187,20 @@ class Runner:
                 # host's answer names (then its undo is exactly those: certain)
                 self.journal.add(s, certain=o.ok or s.undo_learned, undo=undo)
                 self._tick(s)
+        return outcomes
+
+    def _first_failure(self, steps: Sequence[HostStep], outcomes: Sequence[Outcome]) -> VgpuvirtError | None:
+        # Every step that ran is journaled (run_items) before the first failure is raised: the batch goes on past a
+        # step whose ops succeeded but which did not take effect (check), so the steps after it ran too.
+        first: VgpuvirtError | None = None
+        for s, o in zip(steps, outcomes, strict=True):
+            if o.skipped:
+                continue
             if first is None:
                 first = o.error
             if first is None and (why := s.check(o.results)) is not None:
                 first = DeviceError(self.host.name, s.target, why)
-        if first is not None:
-            raise first
+        return first
 
     def _call(self, step: Step) -> None:
         if not isinstance(step, DomainStep):
@@ -202,6 +215,17 @@ class Runner:
         self._tick(step)
 
     # -- rollback ---------------------------------------------------------------------------
+    def undo_partial(self) -> list[str]:
+        """Undo only the steps that ran in part (a create whose define then failed), keeping those that completed:
+        a ``*_many`` API whose items stand alone. The completed ones stay journaled."""
+        partial = [e for e in self.journal.entries if not e.certain]
+        kept = [e for e in self.journal.entries if e.certain]
+        self.journal.entries[:] = partial
+        try:
+            return self.rollback()
+        finally:
+            self.journal.entries[:] = kept
+
     def rollback(self) -> list[str]:
         """Undo the journal in reverse; one line per step (``FAILED to undo`` where an undo failed). The journal
         is emptied: what is undone is not undone twice."""

@@ -10,10 +10,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from vgpuvirt.change.mdev_service import PERSIST_CHOICES, MdevService, MdevSpec
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec, TransportError
-from vgpuvirt.services.mdev import PERSIST_CHOICES, MdevService, MdevSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

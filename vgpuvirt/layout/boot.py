@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from vgpuvirt.change.boot import InstallBootUnit
+from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.runner import run_host
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host
@@ -25,7 +26,6 @@ from vgpuvirt.layout import verbs
 from vgpuvirt.layout.model import VFIO, Layout, LayoutConfig
 from vgpuvirt.layout.schema import dump_layout
 from vgpuvirt.services import host_files, nvidia_modes
-from vgpuvirt.services.mdev import MdevService
 
 UNIT_NAME = "vgpuvirt-layout.service"
 LIB_DIR = "/usr/lib/vgpuvirt"

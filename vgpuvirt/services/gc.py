@@ -16,8 +16,7 @@ from typing import Any
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.services import mdev as mdev_svc
-from vgpuvirt.services import sysfs, vendor_vgpu
+from vgpuvirt.services import mdev_state, sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Change, note
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -51,7 +50,7 @@ def find_orphans(host: Host, domains: Iterable[tuple[str, str]]) -> list[Orphan]
     snap = host.read([f"{sysfs.MDEV_DEVICES}/*", f"{sysfs.MDEV_DEVICES}/*/mdev_type",
                       *vendor_vgpu.read_patterns()])
     out: list[Orphan] = []
-    for u, (parent, type_) in sorted(mdev_svc.active_from_snapshot(snap).items(), key=lambda kv: str(kv[0])):
+    for u, (parent, type_) in sorted(mdev_state.active_from_snapshot(snap).items(), key=lambda kv: str(kv[0])):
         if u not in used_mdevs:
             out.append(Orphan("mdev", str(u), parent, type_))
     for vf in vendor_vgpu.vfs_from_snapshot(snap):

@@ -222,13 +222,13 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     # open_host and domain_pairs stay names of this module: unit tests replace them
     from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.ansible_support import open_local_host as open_host
+    from vgpuvirt.change.mdev_service import MdevService
     from vgpuvirt.errors import InvalidSpec
     from vgpuvirt.model import MdevUuid, PciAddress
     from vgpuvirt.provision.by_need import place_one, profile_at, smallest_fitting_type
     from vgpuvirt.provision.plan import mdev_uuid_for
     from vgpuvirt.provision.request import TypeProfile, VgpuRequest, fit
     from vgpuvirt.services.inventory import VendorType, inventory
-    from vgpuvirt.services.mdev import MdevService
     from vgpuvirt.services.vendor_vgpu import VendorVgpuService
 
 

@@ -15,8 +15,10 @@ defined-but-inactive devices on demand). The mdevctl command is injectable: ``Md
 mdevctl=["unshare", "-m", ..., "mdevctl"])`` runs it through a prefix (tests use a mount
 namespace that binds a simulated sysfs over /sys).
 
-The service decides here; what exists (active and defined mdevs) is read in :mod:`.mdev_state`, the
-locked ops of one create or remove are built in :mod:`.mdev_ops` (their names are re-exported here).
+The service decides here; what exists (active and defined mdevs) is read in
+:mod:`vgpuvirt.services.mdev_state`, the locked ops of one create or remove are built in
+:mod:`vgpuvirt.services.mdev_ops` (their names are re-exported here). It sits on the change engine: a batch of
+creates runs through :class:`~vgpuvirt.change.runner.Runner`, which undoes an item that ran in part.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import errno as _errno
 import posixpath
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal
 
+from vgpuvirt.change.runner import Runner
+from vgpuvirt.change.step import HostFacts, HostStep
 from vgpuvirt.errors import (
     AlreadyExists,
     DeviceBusy,
@@ -74,6 +78,45 @@ PERSIST_CHOICES = ("transient", "persistent")
 # MdevService has a method named ``list``: these names keep the builtin usable in its annotations.
 Results = list[ItemResult]
 Slots = list[Planned | ItemResult]
+
+
+@dataclass(frozen=True)
+class CreateMdevItem(HostStep):
+    """One item of :meth:`MdevService.create_many`: the service's checked create of one mdev (and its mdevctl
+    define, ``persist="persistent"``). Its undo removes the device: the runner applies it to an item that ran in
+    part (created, then the define failed)."""
+
+    kind: ClassVar[str] = "mdev-service-create"
+    rank: ClassVar[int] = 70
+    host: str
+    vm: str
+    uuid: MdevUuid
+    planned: Planned = field(compare=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        return str(self.uuid)
+
+    def describe(self) -> str:
+        return self.planned.intent or f"create mdev {self.uuid}"
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return facts.has_mdev(self.uuid)
+
+    def item(self, wait_timeout: float) -> Planned:
+        return self.planned
+
+    def undo_item(self, wait_timeout: float) -> Planned:
+        return remove_item(self.host, self.uuid, wait_timeout=wait_timeout)
+
+    def state_path(self) -> str:
+        return sysfs.mdev(self.uuid)
+
+    def happened(self, snap: Snapshot) -> bool:
+        return snap.has(self.state_path())
+
+    def undone(self) -> str:
+        return f"removed mdev {self.uuid} again"
 
 
 class MdevService:
@@ -183,20 +226,17 @@ class MdevService:
         items = [x for x in slots if isinstance(x, Planned)]
         if dry_run or not items:
             return dry_results(host, slots)
+        runner = Runner(self.host, wait_timeout=self.wait_timeout)
         try:
-            outcomes = apply_items(self.host, items)
+            outcomes = runner.run_items([CreateMdevItem(host, "", MdevUuid.parse(it.target), it) for it in items])
         except TransportError as exc:
             # The batch may have run before the link dropped. The UUIDs were chosen here (and logged by
             # apply_items before sending), so naming them is all a caller needs to converge.
             made = ", ".join(f"uuid={it.target}" for it in items)
             raise TransportError(host, f"{str(exc).removeprefix(f'{host}: ')}: outcome unknown for the create of "
                                        f"mdev {made}; rerun with the same UUID, which converges") from exc
-        undo = [remove_item(host, MdevUuid.parse(o.item.target), wait_timeout=self.wait_timeout)
-                for o in outcomes if o.failure is not None and o.wrote]
-        if undo:
-            # the define failed after the create: undo exactly what we did.
-            note(host, action, ", ".join(u.target for u in undo), "rolling back the create after a failed define")
-            apply_items(self.host, undo, on_error="continue")
+        # an item stands alone: one whose define failed after its create is undone, the others stay
+        runner.undo_partial()
         done = iter(outcomes)
         return [x if isinstance(x, ItemResult) else result_of(host, next(done)) for x in slots]
 
