@@ -25,7 +25,7 @@ def place_one(inv: Inventory, req: VgpuRequest, *, kind: SlotKind | None = None,
     for g in hs.gpus:
         g.slots = [s for s in g.slots if (kind is None or s.kind == kind)
                    and (where is None or where in (s.address, g.address))]
-    assignments, _ = place([VmRequest(name=vm, gpus=(req,), start=False)], {hs.name: hs})
+    assignments = place([VmRequest(name=vm, gpus=(req,), start=False)], {hs.name: hs}).assignments
     if not assignments:
         raise NoCapacity(inv.host, vm, f"no place for {req.describe()}")
     return assignments[0]

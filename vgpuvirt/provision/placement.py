@@ -1,10 +1,10 @@
 """Where each VM's GPUs go, and why: binpack or spread across GPUs and hosts, NUMA affinity,
 the equal-size rule (or heterogeneous mode), PF/VF exclusivity.
 
-:func:`place` is pure: it takes :class:`~vgpuvirt.provision.state.HostState` objects (mutating
-them to account for what it plans) and returns one :class:`Assignment` per GPU request plus, per
-VM, a :class:`Candidate` line for every GPU it looked at (chosen / skipped and why) - what
-``--explain`` prints.
+:func:`place` is pure: it reads :class:`~vgpuvirt.provision.state.HostState` objects (never changes
+them) and returns a :class:`Placement`: one :class:`Assignment` per GPU request, per VM a
+:class:`Candidate` line for every GPU it looked at (chosen / skipped and why; what ``--explain``
+prints), and new host states that account for what it placed (the caller plans on with those).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from vgpuvirt.provision.request import TypeProfile, VmRequest
 from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
 
-__all__ = ["POLICIES", "Assignment", "Candidate", "Policy", "place"]
+__all__ = ["POLICIES", "Assignment", "Candidate", "Placement", "Policy", "place"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,14 @@ class Assignment:
     numa_node: int | None = None
 
 
+class Placement(NamedTuple):
+    """What :func:`place` decided; ``hosts``: copies of the states it was given, with what it placed taken."""
+
+    assignments: list[Assignment]
+    explain: list[Candidate]
+    hosts: dict[str, HostState]
+
+
 def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
     bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind in ("mdev", "vendor-vf") else "",
             f"{policy}: {o.gpu.used - 1} already on this GPU"]
@@ -47,11 +55,11 @@ def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
 
 
 def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: Policy = "binpack",
-          search_limit: int = DEFAULT_LIMIT) -> tuple[list[Assignment], list[Candidate]]:
+          search_limit: int = DEFAULT_LIMIT) -> Placement:
     """Assign every GPU request of every VM: each VM takes its best-ranked option; when that leaves a later
     VM without room, a bounded search (:mod:`.search`) looks for a placement that fits everything. Raises
     NoCapacity (every GPU considered for the VM that did not fit, with its reason) when none is found.
-    ``hosts`` is updated to account for what is placed."""
+    ``hosts`` is left as it was: the states after placement are the result's ``hosts``."""
     if policy not in POLICIES:
         raise InvalidSpec("placement policy", policy, "binpack or spread")
     work = {k: v.clone() for k, v in hosts.items()}
@@ -71,10 +79,7 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
             raise NoCapacity(exc.host, exc.device, f"{_reason(exc)}; the budgets allow a fit, but a search of "
                                                    f"up to {search_limit} choices found none") from exc
         assignments, explain = _searched(vms, found, policy)
-    for name, h in hosts.items():
-        h.gpus[:] = work[name].gpus
-        h.free_nic_vfs[:] = work[name].free_nic_vfs
-    return assignments, explain
+    return Placement(assignments, explain, work)
 
 
 def _reason(exc: NoCapacity) -> str:

@@ -222,7 +222,11 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     ready = _adopt_lost(todo, hs, kept)
     to_place = [vm for vm in todo if vm.gpus and vm.name not in {a.vm for a in ready}]
     try:
-        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], [])
+        if to_place:
+            placed, explain, after = place(to_place, hs, policy=policy)
+            hs = {**hs, **after}           # place() is pure: the plan goes on from the states it returned
+        else:
+            placed, explain = [], []
     except NoCapacity as exc:
         prep = sriov_preparation(hs, to_place)
         if not prep:

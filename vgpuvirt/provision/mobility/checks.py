@@ -262,7 +262,7 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
             g.slots = []
     reqs = tuple(VgpuRequest(type=m.type) for m in moves)
     try:
-        assignments, _ = place([VmRequest(name=vm, gpus=reqs, start=False)], {hs.name: hs})
+        assignments = place([VmRequest(name=vm, gpus=reqs, start=False)], {hs.name: hs}).assignments
     except NoCapacity as exc:
         refusals.append(f"no capacity on {dst.name}: {exc}")
         return moves
