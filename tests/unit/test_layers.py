@@ -60,7 +60,7 @@ def test_no_import_cycle() -> None:
 
 def test_model_and_xml_stay_at_the_bottom() -> None:
     graph = _graph()
-    low = [m for m in graph if m in ("vgpuvirt.model", "vgpuvirt.errors", "vgpuvirt.layout.model",
+    low = [m for m in graph if m in ("vgpuvirt.model", "vgpuvirt.usage", "vgpuvirt.errors", "vgpuvirt.layout.model",
                                      "vgpuvirt.layout.schema") or m.startswith("vgpuvirt.xml")]
     for m in low:
         up = {t for t in graph[m] if t.startswith(("vgpuvirt.host", "vgpuvirt.services", "vgpuvirt.change",

@@ -12,11 +12,12 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import Assignment, place
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
-from vgpuvirt.provision.state import SlotKind, host_state
+from vgpuvirt.provision.state import host_state
 from vgpuvirt.services.inventory import Inventory
+from vgpuvirt.usage import GpuUse
 
 
-def place_one(inv: Inventory, req: VgpuRequest, *, kind: SlotKind | None = None, where: PciAddress | None = None,
+def place_one(inv: Inventory, req: VgpuRequest, *, kind: GpuUse | None = None, where: PciAddress | None = None,
               vm: str = "vm", domains: Iterable[tuple[str, str]] = ()) -> Assignment:
     """Where one vGPU for ``req`` goes on the inventoried host: only places of ``kind`` (``mdev``,
     ``vendor-vf``, ...), and only at ``where`` (a GPU, or one parent/VF) when given. Raises NoCapacity

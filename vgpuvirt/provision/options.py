@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import GpuState, HostState, Slot
+from vgpuvirt.usage import GpuUse
 
 Policy = Literal["binpack", "spread"]
 POLICIES = ("binpack", "spread")
@@ -46,7 +47,7 @@ def _fit(req: VgpuRequest, t: TypeProfile) -> str | None:
 
 
 def _passthrough(req: VgpuRequest, g: GpuState, numa_penalty: int) -> Option | str:
-    whole = next((s for s in g.slots if s.kind == "whole"), None)
+    whole = next((s for s in g.slots if s.kind == GpuUse.WHOLE), None)
     if whole is None:
         return "cannot be passed through whole"
     if g.whole_taken:
@@ -97,9 +98,9 @@ def evaluate(vm: VmRequest, req: VgpuRequest, g: GpuState) -> Option | str:
         return f"whole GPU {g.whole_taken}"
     if req.mode == "vf":
         for s in g.slots:
-            if s.kind == "vf" and s.available.get("vf", 0) > 0:
+            if s.kind == GpuUse.VF and s.available.get("vf", 0) > 0:
                 return Option(g, s, s.profiles["vf"], numa_penalty, f"free VF {s.address}")
-        return "no free VF" if any(s.kind == "vf" for s in g.slots) else "has no plain VFs"
+        return "no free VF" if any(s.kind == GpuUse.VF for s in g.slots) else "has no plain VFs"
     opts = _vgpu_options(req, g, numa_penalty)
     return opts[0] if isinstance(opts, list) else opts
 
@@ -119,7 +120,7 @@ def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Opti
     """Every fitting type the GPU's budget still takes, smallest first, or why none."""
     types, misfit = _fitting_types(req, g)
     if not types:
-        if not any(s.kind in ("mdev", "vendor-vf") for s in g.slots):
+        if not any(s.kind in (GpuUse.MDEV, GpuUse.VENDOR_VF) for s in g.slots):
             if g.sriov_capable:
                 return (f"offers no vGPU types yet: SR-IOV is off ({g.sriov_capable} VFs possible; "
                         "its vGPU types appear on the VFs once enabled)")
@@ -129,7 +130,7 @@ def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Opti
     # reason leads the message; the larger ones are counted, not listed.
     refused: list[str] = []
     found: list[Option] = []
-    mine = [s for s in g.slots if s.kind in ("mdev", "vendor-vf")]
+    mine = [s for s in g.slots if s.kind in (GpuUse.MDEV, GpuUse.VENDOR_VF)]
     # Only the slots placement may use (a caller may have narrowed g.slots) and that are not blocked.
     allowed = ({str(s.address) for s in mine if s.blocked is None} if len(mine) != len(g.budget.places) else None)
     blocked = {str(s.address) for s in mine if s.blocked is not None} if allowed is None else set()
@@ -142,7 +143,7 @@ def _vgpu_options(req: VgpuRequest, g: GpuState, numa_penalty: int) -> list[Opti
         if place is None:
             refused.append(f"{prof.id}: {f.reason}, but no free place offers it")
             continue
-        slot = next(s for s in g.slots if str(s.address) == place.address and s.kind in ("mdev", "vendor-vf"))
+        slot = next(s for s in g.slots if str(s.address) == place.address and s.kind in (GpuUse.MDEV, GpuUse.VENDOR_VF))
         found.append(Option(g, slot, prof, numa_penalty, f"{f.reason}; {f.fits_now - 1} left after this one"))
     if found:
         return found
@@ -167,11 +168,11 @@ def rank_key(o: Option, host: HostState, policy: Policy, order: Mapping[str, int
 
 def commit(o: Option) -> None:
     g, s, t = o.gpu, o.slot, o.type
-    if s.kind == "whole":
+    if s.kind == GpuUse.WHOLE:
         g.whole_taken = "planned for passthrough"
         g.budget = g.budget.whole_taken("(planned)")
         return
-    if s.kind == "vf":
+    if s.kind == GpuUse.VF:
         s.available["vf"] = 0
         g.vfs_in_use += 1
         return
