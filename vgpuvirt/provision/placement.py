@@ -13,13 +13,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from vgpuvirt.change.identity import mdev_uuid_for
 from vgpuvirt.errors import InvalidSpec, NoCapacity
-from vgpuvirt.model import PciAddress
+from vgpuvirt.model import MdevUuid, PciAddress
+from vgpuvirt.provision.attachment import Attachment, attachment
 from vgpuvirt.provision.bound import refusal
 from vgpuvirt.provision.options import POLICIES, Candidate, EvalMemo, Option, Policy, commit, rank
 from vgpuvirt.provision.request import TypeProfile, VmRequest
 from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
+from vgpuvirt.usage import GpuUse
 
 __all__ = ["POLICIES", "Assignment", "Candidate", "Placement", "Policy", "place"]
 
@@ -31,10 +34,20 @@ class Assignment:
     host: str
     gpu: PciAddress                 # the physical GPU
     slot: PciAddress                # where the instance is created / what is passed through
-    kind: str                       # mdev | vendor-vf | vf | whole
+    kind: GpuUse                    # MDEV, VENDOR_VF, VF or WHOLE
     type: TypeProfile
     functions: tuple[PciAddress, ...] = ()
     numa_node: int | None = None
+
+    def attachment(self, uuid: MdevUuid | None = None, *, with_audio: bool = False, frl_off: bool = False,
+                   display: bool = False) -> Attachment:
+        """What this placed GPU gives the VM: the step that makes its device, its hostdevs, its provenance
+        entry (:mod:`.attachment`). ``uuid``: an mdev's, by default the one derived from the VM's name and
+        this request's index."""
+        if uuid is None and self.kind is GpuUse.MDEV:
+            uuid = mdev_uuid_for(self.vm, self.index)
+        return attachment(self.host, self.vm, self.kind, self.slot, self.type.id, functions=self.functions,
+                          uuid=uuid, with_audio=with_audio, frl_off=frl_off, display=display)
 
 
 class Placement(NamedTuple):
@@ -46,7 +59,7 @@ class Placement(NamedTuple):
 
 
 def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
-    bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind in ("mdev", "vendor-vf") else "",
+    bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind.is_vgpu else "",
             f"{policy}: {o.gpu.used - 1} already on this GPU"]
     if vm.numa_node is not None:
         bits.append("same NUMA node" if o.numa_penalty == 0
