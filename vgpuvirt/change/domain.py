@@ -1,4 +1,5 @@
-"""libvirt domains: define, start; hot-plug a device in or out; record what vgpuvirt made in the metadata."""
+"""libvirt domains: define, start, destroy, undefine; hot-plug a device in or out; record what vgpuvirt made in
+the domain's metadata."""
 
 from __future__ import annotations
 
@@ -185,3 +186,64 @@ class SetProvenance(DomainStep):
     def undo(self, conn: LibvirtConnection) -> str:
         self._write(conn, self.old)
         return f"put back {self.vm}'s metadata ({len(self.old.gpus)} device(s))"
+
+
+@dataclass(frozen=True)
+class DestroyDomain(DomainStep):
+    """Power a domain off at once (teardown: a running VM holds its vGPUs); undo: start it again."""
+
+    kind: ClassVar[str] = "destroy"
+    phase: ClassVar[Phase] = Phase.DOMAINS
+    rank: ClassVar[int] = 0
+    host: str
+    vm: str
+
+    @property
+    def target(self) -> str:
+        return self.vm
+
+    def describe(self) -> str:
+        return f"destroy domain {self.vm}"
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return not StartDomain(self.host, self.vm).done_in(facts)
+
+    def run(self, conn: LibvirtConnection) -> None:
+        conn.destroy(self.vm)
+
+    def undo(self, conn: LibvirtConnection) -> str:
+        conn.start(self.vm)
+        return f"started domain {self.vm} again"
+
+
+@dataclass(frozen=True)
+class UndefineDomain(DomainStep):
+    """Remove a domain's definition (its disk volumes too with ``remove_storage``); undo: define it again from
+    the XML it had (deleted disks are not made again)."""
+
+    kind: ClassVar[str] = "undefine"
+    phase: ClassVar[Phase] = Phase.DOMAINS
+    rank: ClassVar[int] = 9
+    host: str
+    vm: str
+    xml: str = field(repr=False, compare=False)
+    remove_storage: bool = False
+    #: filled by run(): the disk paths libvirt deleted with the domain
+    deleted: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def target(self) -> str:
+        return self.vm
+
+    def describe(self) -> str:
+        return f"undefine domain {self.vm}" + (" with its disk volumes" if self.remove_storage else "")
+
+    def done_in(self, facts: HostFacts) -> bool:
+        return facts.domain_xml(self.vm) is None
+
+    def run(self, conn: LibvirtConnection) -> None:
+        self.deleted[:] = conn.undefine(self.vm, remove_storage=self.remove_storage)
+
+    def undo(self, conn: LibvirtConnection) -> str:
+        conn.define(self.xml)
+        return f"defined domain {self.vm} again"
