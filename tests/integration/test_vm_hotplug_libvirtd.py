@@ -310,3 +310,40 @@ def test_a_failure_in_the_last_step_of_detach_leaves_host_and_vm_as_before(conn,
     assert _picture(sim, conn, name) == before
     monkeypatch.undo()
     assert teardown(sim, conn, [name]).ok and not inventory(sim).mdevs
+
+
+def test_a_cut_after_removing_an_unrecorded_vgpu_makes_it_again(conn, monkeypatch):
+    """A VM vgpuvirt did not make holds a vGPU with a UUID derived from its name (no metadata): detach reads
+    its parent and type from the host, so when the link drops after the removal ran, the rollback makes the
+    same vGPU again and attaches it again."""
+    from vgpuvirt.errors import ProvisioningError, TransportError
+    from vgpuvirt.provision.hotplug import detach_gpu
+    from vgpuvirt.provision.plan import mdev_uuid_for
+    from vgpuvirt.services.mdev import MdevService
+    from vgpuvirt.xml import DomainOptions, MdevHostdev, VirtioNic, build_domain
+
+    h = SimHost.from_profile("t4x2")
+    name = PREFIX + "cut"
+    conn.define(build_domain("vdi", name=name, memory_mib=256, vcpus=1,
+                             options=DomainOptions(virtio_nics=(VirtioNic("user"),))).to_xml())
+    u = mdev_uuid_for(name, 0)
+    MdevService(h).create("0000:3b:00.0", "nvidia-232", u)
+    conn.attach(name, MdevHostdev(u), config=True)
+    before = _picture(h, conn, name)
+    real, cut = h._exchange, []
+
+    def cut_after_the_write(request: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        out = real(request, **kw)
+        if not cut and any(o.get("op") == "write" for o in request.get("ops") or ()):
+            cut.append(request)
+            raise TransportError(h.name, "connection lost: simulated cut")
+        return out
+
+    monkeypatch.setattr(h, "_exchange", cut_after_the_write)
+    with pytest.raises(ProvisioningError, match="simulated cut") as ei:
+        detach_gpu(h, conn, name, config=True)
+    assert ei.value.rollback == [f"{h.name}: made again: create vGPU nvidia-232 {u} on 0000:3b:00.0 (for {name})",
+                                 f"{h.name}: attached mdev {u} to {name} again"]
+    assert _picture(h, conn, name) == before
+    monkeypatch.undo()
+    MdevService(h).remove(u)

@@ -38,6 +38,8 @@ from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.provision.by_need import place_one
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.request import VgpuRequest
+from vgpuvirt.services import sysfs
+from vgpuvirt.services.mdev_state import active_from_snapshot
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev
@@ -187,12 +189,21 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
         made = step_from_meta(host.name, vm, e)
         if made is not None and made.target in sources:
             steps.append(made)
-    for d in chosen:
-        if isinstance(d, MdevHostdev) and made_for(d.uuid, vm) and not any(s.target == str(d.uuid) for s in steps):
-            # A domain without metadata (not made by vgpuvirt): the name-derived UUID is the creation record.
-            # Removal needs the UUID only; parent and type are what the VM's XML cannot tell.
-            steps.append(CreateMdev(host.name, vm, d.uuid, PciAddress(0, 0, 0, 0), MdevTypeId.parse("vfio-unknown")))
-            guessed.add(str(d.uuid))
+    unrecorded = [d.uuid for d in chosen if isinstance(d, MdevHostdev) and made_for(d.uuid, vm)
+                  and not any(s.target == str(d.uuid) for s in steps)]
+    found: dict[MdevUuid, tuple[str, str]] = {}
+    if unrecorded and not dry_run:
+        # A domain without metadata (not made by vgpuvirt): the name-derived UUID is the creation record. The
+        # VM's XML cannot tell parent and type, which a rollback needs to make the vGPU again: the host can.
+        found = active_from_snapshot(host.read([p for u in unrecorded
+                                                 for p in (sysfs.mdev(u), sysfs.mdev(u, "mdev_type"))]))
+    for u in unrecorded:
+        parent, type_id = found.get(u, ("", ""))
+        if parent and type_id:
+            steps.append(CreateMdev(host.name, vm, u, PciAddress.parse(parent), MdevTypeId.parse(type_id)))
+        else:          # gone already, or a dry run: removal needs the UUID only
+            steps.append(CreateMdev(host.name, vm, u, PciAddress(0, 0, 0, 0), MdevTypeId.parse("vfio-unknown")))
+            guessed.add(str(u))
     result = HotplugResult(vm, host.name, "detach", [_label(d) for d in chosen])
     mine = {s.target for s in steps}
     result.left += [f"vGPU {d.uuid}: not made by vgpuvirt for {vm} (no record, UUID not derived from the name): "
