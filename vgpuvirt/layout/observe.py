@@ -18,6 +18,7 @@ from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
 from vgpuvirt.services.inventory_model import Gpu, Inventory
 from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
+from vgpuvirt.usage import Backend
 from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -159,7 +160,7 @@ class GpuNow:
             return "passthrough"
         if self.mig_enabled:
             return "mig-vgpu" if self.vgpus else "mig"
-        if self.vgpus or self.budget.types or (self.vfs and self.backend == "sriov-vf"):
+        if self.vgpus or self.budget.types or (self.vfs and self.backend is Backend.SRIOV_VF):
             return "vgpu"
         return "off"
 
