@@ -179,7 +179,7 @@ def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, caps
     monkeypatch.setattr(conn, "detach", second_fails)
     with pytest.raises(ProvisioningError, match="injected") as ei:
         detach_gpu(h, conn, name, config=True)
-    assert ei.value.rollback == [f"attached PCI hostdev 0000:01:00.0 to {name} again"]
+    assert ei.value.rollback == [f"{h.name}: attached PCI hostdev 0000:01:00.0 to {name} again"]
     assert len(Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses) == 2
     monkeypatch.setattr(conn, "detach", real)
     assert main(["--host", "sim:desktop", "detach", name, *uri]) == 0        # its only GPU, both functions
@@ -196,7 +196,7 @@ def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
     before = {m.uuid for m in inventory(sim).mdevs}
     with pytest.raises(ProvisioningError, match="not running") as ei:       # --live on a VM that is shut off
         attach_gpu(sim, conn, name, VgpuRequest.parse("nvidia-231"), live=True, config=False)
-    assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
+    assert any(r.startswith(f"{sim.name}: removed vGPU") for r in ei.value.rollback)
     assert {m.uuid for m in inventory(sim).mdevs} == before
     teardown(sim, conn, [name])
 
@@ -249,3 +249,102 @@ def test_detach_keeps_a_vgpu_another_domain_holds_and_its_record(conn, sim, caps
     conn.detach(b, MdevHostdev(uuid), config=True)
     r = teardown(sim, conn, [a, b])
     assert r.ok and not inventory(sim).mdevs
+
+
+def _picture(host: SimHost, conn: Any, name: str) -> tuple[object, ...]:
+    """What a failed hot-plug must leave as it was: the host's devices as sysfs shows them (inventory: mdevs,
+    each type's free instances, VF types), the VM's persistent and live XML, and libvirt's domains."""
+    return (inventory(host).to_dict(), conn.xml(name, inactive=True), conn.xml(name),
+            sorted((d.name, d.active) for d in conn.domains()))
+
+
+def _refuse_metadata(conn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpuvirt.errors import LibvirtError
+
+    def refused(vm: str, *a: Any, **kw: Any) -> None:
+        raise LibvirtError("set metadata failed: injected", domain=vm, code=1, uri=conn.uri)
+
+    monkeypatch.setattr(conn, "set_metadata", refused)
+
+
+def test_a_failure_in_the_last_step_of_attach_leaves_host_and_vm_as_before(conn, sim, monkeypatch):
+    """attach = make the vGPU, attach it, record it: the record (the last step) failing undoes the other two."""
+    from vgpuvirt.errors import ProvisioningError
+    from vgpuvirt.provision.hotplug import attach_gpu
+
+    name = PREFIX + "att-last"
+    provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
+                                    vcpus=1, options=NO_NIC)])
+    before = _picture(sim, conn, name)
+    _refuse_metadata(conn, monkeypatch)
+    with pytest.raises(ProvisioningError, match="injected") as ei:
+        attach_gpu(sim, conn, name, VgpuRequest.parse("nvidia-231"), config=True)
+    err = ei.value
+    assert [c.split(": ", 1)[1].split()[0] for c in err.completed] == ["create", "attach"]
+    assert [r.split(": ", 1)[1].split()[0] for r in err.rollback] == ["detached", "removed"]
+    assert all("FAILED" not in r for r in err.rollback)
+    assert _picture(sim, conn, name) == before
+    teardown(sim, conn, [name])
+
+
+def test_a_failure_in_the_last_step_of_detach_leaves_host_and_vm_as_before(conn, sim, monkeypatch):
+    """detach = detach the vGPU, remove it, drop its record: the record failing makes the vGPU again (same
+    UUID, parent and type) and attaches it again."""
+    from vgpuvirt.errors import ProvisioningError
+    from vgpuvirt.provision.hotplug import detach_gpu
+    from vgpuvirt.xml import Domain
+
+    name = PREFIX + "det-last"
+    provision(sim, conn, [VmRequest(name, gpus=(VgpuRequest.parse("nvidia-231"),), start=False, memory_mib=256,
+                                    vcpus=1, options=NO_NIC)])
+    (u,) = Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().mdev_uuids
+    before = _picture(sim, conn, name)
+    _refuse_metadata(conn, monkeypatch)
+    with pytest.raises(ProvisioningError, match="injected") as ei:
+        detach_gpu(sim, conn, name, config=True)
+    err = ei.value
+    assert [c.split(": ", 1)[1] for c in err.completed] == [f"detach mdev {u} from {name}",
+                                                             f"remove {u}, made by vgpuvirt for {name}"]
+    assert err.rollback[0].startswith(f"{sim.name}: made again: create vGPU nvidia-231 {u}")
+    assert err.rollback[1:] == [f"{sim.name}: attached mdev {u} to {name} again"]
+    assert _picture(sim, conn, name) == before
+    monkeypatch.undo()
+    assert teardown(sim, conn, [name]).ok and not inventory(sim).mdevs
+
+
+def test_a_cut_after_removing_an_unrecorded_vgpu_makes_it_again(conn, monkeypatch):
+    """A VM vgpuvirt did not make holds a vGPU with a UUID derived from its name (no metadata): detach reads
+    its parent and type from the host, so when the link drops after the removal ran, the rollback makes the
+    same vGPU again and attaches it again."""
+    from vgpuvirt.services.mdev import MdevService
+
+    from vgpuvirt.errors import ProvisioningError, TransportError
+    from vgpuvirt.provision.hotplug import detach_gpu
+    from vgpuvirt.provision.plan import mdev_uuid_for
+    from vgpuvirt.xml import DomainOptions, MdevHostdev, VirtioNic, build_domain
+
+    h = SimHost.from_profile("t4x2")
+    name = PREFIX + "cut"
+    conn.define(build_domain("vdi", name=name, memory_mib=256, vcpus=1,
+                             options=DomainOptions(virtio_nics=(VirtioNic("user"),))).to_xml())
+    u = mdev_uuid_for(name, 0)
+    MdevService(h).create("0000:3b:00.0", "nvidia-232", u)
+    conn.attach(name, MdevHostdev(u), config=True)
+    before = _picture(h, conn, name)
+    real, cut = h._exchange, []
+
+    def cut_after_the_write(request: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        out = real(request, **kw)
+        if not cut and any(o.get("op") == "write" for o in request.get("ops") or ()):
+            cut.append(request)
+            raise TransportError(h.name, "connection lost: simulated cut")
+        return out
+
+    monkeypatch.setattr(h, "_exchange", cut_after_the_write)
+    with pytest.raises(ProvisioningError, match="simulated cut") as ei:
+        detach_gpu(h, conn, name, config=True)
+    assert ei.value.rollback == [f"{h.name}: made again: create vGPU nvidia-232 {u} on 0000:3b:00.0 (for {name})",
+                                 f"{h.name}: attached mdev {u} to {name} again"]
+    assert _picture(h, conn, name) == before
+    monkeypatch.undo()
+    MdevService(h).remove(u)

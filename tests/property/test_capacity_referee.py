@@ -47,6 +47,7 @@ from vgpuvirt.provision import VgpuRequest, VmRequest, plan
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 from vgpuvirt.sim.model import SimModel
+from vgpuvirt.usage import GpuUse
 
 PROFILES = list_profiles()
 # Small enough for an exhaustive search of every placement (few GPUs, few VFs).
@@ -209,6 +210,10 @@ def _errno_name(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
+#: The uses a plan passes through as they are, and the request mode that asks for each.
+PASSED_THROUGH = {GpuUse.WHOLE: "passthrough", GpuUse.VF: "vf"}
+
+
 def refusals_of(model: SimModel, p: Plan, vms: tuple[VmRequest, ...]) -> list[str]:
     """Run the plan's device work on the simulator; every refusal, and every device that is not what was
     asked for, as one line each (empty: the simulator accepts the whole plan)."""
@@ -217,12 +222,12 @@ def refusals_of(model: SimModel, p: Plan, vms: tuple[VmRequest, ...]) -> list[st
     for a in p.assignments:
         req = asked[(a.vm, a.index)]
         dev = model.devices.get(str(a.slot))
-        if a.kind in ("mdev", "vendor-vf") and dev is not None and dev.gpu is not None:
+        if a.kind.is_vgpu and dev is not None and dev.gpu is not None:
             t = dev.gpu.table.get(a.type.id)
             pf = model.devices[dev.physfn or dev.addr]
             if req.mode != "vgpu" or t is None or not satisfies(req, t, vendor_of(pf)):
                 out.append(f"{a.vm} gpu {a.index}: asked {req.describe()}, planned {a.type.id} on {a.slot}")
-        elif a.kind in ("whole", "vf") and req.mode != {"whole": "passthrough", "vf": "vf"}[a.kind]:
+        elif a.kind in PASSED_THROUGH and req.mode != PASSED_THROUGH[a.kind]:
             out.append(f"{a.vm} gpu {a.index}: asked {req.describe()}, planned {a.kind} {a.slot}")
     for s in p.steps:
         if isinstance(s, SetMixedSize):
@@ -252,10 +257,10 @@ def refusals_of(model: SimModel, p: Plan, vms: tuple[VmRequest, ...]) -> list[st
             out.append(f"{s.describe()}: simulator says {_errno_name(exc)}")
     taken: dict[str, str] = {}
     for a in p.assignments:
-        if a.kind not in ("whole", "vf"):
+        if a.kind not in PASSED_THROUGH:
             continue
         req = asked[(a.vm, a.index)]
-        addrs = [str(f) for f in a.functions] if a.kind == "whole" and req.with_audio else [str(a.slot)]
+        addrs = [str(f) for f in a.functions] if a.kind is GpuUse.WHOLE and req.with_audio else [str(a.slot)]
         devs = [model.devices[x] for x in addrs if x in model.devices]
         why = "no such device" if len(devs) != len(addrs) else pass_through(model, devs, taken, a.vm)
         if why:

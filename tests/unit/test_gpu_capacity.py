@@ -20,6 +20,7 @@ from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
 from vgpuvirt.services.gpu_capacity_build import gpu_budgets
 from vgpuvirt.services.inventory import inventory
 from vgpuvirt.sim import SimHost
+from vgpuvirt.usage import GpuUse
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def test_equal_size_mode_counts_the_framebuffer_and_the_maximum() -> None:
     f = b.fit("nvidia-1152")                                   # L40S-8Q
     assert f.fits_now == 6 and f.exact and "48 GiB, equal-size mode, 8 GiB type: max 6 per GPU" in f.reason
     one = b.with_vgpu("nvidia-1152", b.free_place("nvidia-1152").address)   # type: ignore[union-attr]
-    assert one.fit("nvidia-1152").fits_now == 5 and one.mode == "vf-vgpu"
+    assert one.fit("nvidia-1152").fits_now == 5 and one.mode is GpuUse.VENDOR_VF and one.to_dict()["mode"] == "vf-vgpu"
     refused = one.fit("nvidia-1148")                           # a 2 GiB type next to an 8 GiB one
     assert refused.fits_now == 0 and "equal-size mode: the GPU holds 1 vGPU(s) of 8 GiB" in refused.reason
 
@@ -81,7 +82,7 @@ def test_mig_backed_types_count_gpu_instances() -> None:
 def test_gvtg_pool_takes_the_kernels_count_then_estimates() -> None:
     host = SimHost.from_profile("gvtg")
     inv = inventory(host)
-    (b,) = [x for x in gpu_budgets(inv) if x.mode == "gvtg"]
+    (b,) = [x for x in gpu_budgets(inv) if x.mode is GpuUse.GVTG]
     parent = inv.mdev_parents[0]
     for t in parent.types:                                     # the kernel's figure, exactly
         assert b.fit(t.id).fits_now == t.available_instances and b.fit(t.id).exact
@@ -112,7 +113,8 @@ def test_existing_vgpus_are_residents() -> None:
                                 str(uuid.uuid4()))]).ok
     inv = inventory(host)
     b = next(x for x in gpu_budgets(inv) if str(x.address) == "0000:3b:00.0")
-    assert b.mode == "mdev-vgpu" and b.residents == (Resident("nvidia-232", 4096, "0000:3b:00.0", None),)
+    assert b.mode is GpuUse.MDEV and b.to_dict()["mode"] == "mdev-vgpu"
+    assert b.residents == (Resident("nvidia-232", 4096, "0000:3b:00.0", None),)
     assert b.fit("nvidia-232").fits_now == 3 and b.fit("nvidia-231").fits_now == 0
 
 

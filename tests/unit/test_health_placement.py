@@ -47,7 +47,7 @@ def test_unhealthy_gpu_is_skipped_with_its_reason(fault):
     assert any(w.startswith(f"GPU {T4A} is unhealthy") and reason in w for w in inv.warnings)
     assert inv.gpu(T4A).health is not None and not inv.gpu(T4A).health.healthy
     assert inv.gpu(T4B).health is not None and inv.gpu(T4B).health.healthy
-    got, why = place(VmRequest.pool("vdi", 2, gpu=Q2), host_states([inv]))
+    got, why, _ = place(VmRequest.pool("vdi", 2, gpu=Q2), host_states([inv]))
     assert {str(a.gpu) for a in got} == {T4B}
     skipped = [c for c in why if c.gpu == T4A and c.verdict == "skipped"]
     assert skipped and all(c.reason.startswith("unhealthy: ") and reason in c.reason for c in skipped)
@@ -57,7 +57,7 @@ def test_unhealthy_gpu_is_skipped_with_its_reason(fault):
 def test_healthy_host_places_on_the_first_gpu():
     inv = inventory(_faulty(lambda t: t.inject_xid(T4A, 13)))   # an application's XID is no fault of the GPU
     assert not any("unhealthy" in w for w in inv.warnings)
-    got, _ = place(VmRequest.pool("vdi", 1, gpu=Q2), host_states([inv]))
+    got, _, _ = place(VmRequest.pool("vdi", 1, gpu=Q2), host_states([inv]))
     assert str(got[0].gpu) == T4A
 
 

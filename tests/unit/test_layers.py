@@ -154,7 +154,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
 
 def test_model_and_xml_stay_at_the_bottom() -> None:
     graph = _graph()
-    low = [m for m in graph if m in ("vgpuvirt.model", "vgpuvirt.errors", "vgpuvirt.layout.model",
+    low = [m for m in graph if m in ("vgpuvirt.model", "vgpuvirt.usage", "vgpuvirt.errors", "vgpuvirt.layout.model",
                                      "vgpuvirt.layout.schema") or m.startswith("vgpuvirt.xml")]
     for m in low:
         up = {t for t in graph[m] if t.startswith(("vgpuvirt.host", "vgpuvirt.services", "vgpuvirt.change",
@@ -173,7 +173,7 @@ def test_model_and_xml_stay_at_the_bottom() -> None:
 # provision are peers (both plan changes and run them on the one change engine, change/, below them); observe
 # watches hosts for the CLI.
 LAYERS: dict[str, int] = {
-    "errors": 0, "model": 0, "files": 0, "durable": 0, "audit": 0,
+    "errors": 0, "model": 0, "usage": 0, "files": 0, "durable": 0, "audit": 0,
     "xml": 1,
     "host": 2,
     "services": 3, "sim": 3, "libvirt_uri": 3, "libvirt_bound": 3,

@@ -33,7 +33,7 @@ def test_a_pool_on_a_fleet_evaluates_each_gpu_again_only_when_it_changed(monkeyp
                                                                          policy: str) -> None:
     calls = counting(monkeypatch)
     hosts = host_states([t4_host(f"h{i}") for i in range(8)])        # 16 GPUs
-    got, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts,
+    got, _, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts,
                    policy=policy)  # type: ignore[arg-type]
     assert len(got) == 64
     # the first VM looks at all 16 GPUs, each later one at the one GPU the VM before it changed
@@ -68,7 +68,7 @@ def test_the_memo_places_exactly_as_evaluating_everything(monkeypatch: pytest.Mo
 
     def outcome() -> object:
         try:
-            return place(vms, host_states(invs), policy=policy)  # type: ignore[arg-type]
+            return place(vms, host_states(invs), policy=policy)[:2]  # type: ignore[arg-type]
         except NoCapacity as exc:        # a refusal must be the same refusal, reasons included
             return str(exc)
 
@@ -89,7 +89,7 @@ def test_a_pool_on_a_fleet_ranks_again_only_the_host_the_last_vm_went_to(monkeyp
 
     monkeypatch.setattr(placement, "rank", counted)
     hosts = host_states([t4_host(f"h{i}") for i in range(8)])        # 16 GPUs, 2 per host
-    got, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts, policy="spread")
+    got, _, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts, policy="spread")
     assert len(got) == 64
     assert sum(looked) <= 16 + 63 * 2, sum(looked)                     # was 64 x 16 = 1,024
 
@@ -106,7 +106,7 @@ def test_the_reused_ranking_places_and_explains_exactly_as_ranking_everything(
 
     def outcome() -> object:
         try:
-            return place(vms, host_states(invs), policy=policy)  # type: ignore[arg-type]
+            return place(vms, host_states(invs), policy=policy)[:2]  # type: ignore[arg-type]
         except NoCapacity as exc:
             return str(exc)
 
@@ -135,7 +135,7 @@ def test_a_pool_on_a_fleet_makes_its_eligible_lines_only_when_the_explanation_is
 
     monkeypatch.setattr(placement, "Candidate", counted)
     hosts = host_states([t4_host(f"h{i}") for i in range(8)])        # 16 GPUs
-    got, why = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts, policy="spread")
+    got, why, _ = place(VmRequest.pool("vdi", 64, gpu=VgpuRequest(type="nvidia-231")), hosts, policy="spread")
     assert len(got) == 64
     assert made.count("eligible") == 0 and len(made) <= 64, len(made)   # was 64 + 64 x 15
     lines = list(why)                                                   # read: every line is there

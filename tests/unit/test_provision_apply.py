@@ -70,6 +70,10 @@ class FaultyConn(LibvirtConnection):
         self._boom("start", name)
         super().start(name)
 
+    def undefine(self, name: str, *, remove_storage: bool = False) -> list[str]:
+        self._boom("undefine", name)
+        return super().undefine(name, remove_storage=remove_storage)
+
 
 @pytest.fixture
 def conn():
@@ -347,3 +351,73 @@ def test_a_cut_during_rollback_with_the_host_gone_says_failed(conn):
         provision(host, conn, vms)
     conn.fail = None
     assert sum("FAILED to undo" in r for r in ei.value.rollback) == 2     # it could not look: it says so
+
+
+def test_a_failure_in_the_last_host_step_leaves_the_host_as_before(conn):
+    """The batch's last vGPU cannot be made (someone took the GPU's last instance after the plan): the seven
+    made before it are removed, nothing was defined."""
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 8, gpu=Q2)                  # binpack: all eight on GPU0 (a T4 holds 8 x 2Q)
+    invs, doms = gather({host.name: host}, {host.name: conn})
+    p = plan(invs, vms, domains=doms)
+    creates = [s for s in p.steps if isinstance(s, CreateMdev)]
+    assert len(creates) == 8 and {str(s.parent) for s in creates} == {"0000:3b:00.0"}
+    assert next(s for s in p.steps if not isinstance(s, CreateMdev)).kind == "define"   # host steps first
+    assert host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-231/create",
+                                FOREIGN_UUID)]).ok
+    before = _state(host, conn)
+    with pytest.raises(ProvisioningError) as ei:
+        apply(p, host, conn)
+    err = ei.value
+    assert str(creates[-1].uuid) in str(err.cause) or "no free instance" in str(err.cause)
+    assert [c.split(": ", 1)[1] for c in err.completed] == [s.describe() for s in creates[:7]]
+    assert sorted(r.split(": ", 1)[1] for r in err.rollback) == sorted(f"removed vGPU {s.uuid}" for s in creates[:7])
+    assert _state(host, conn) == before
+
+
+def test_a_failure_in_the_last_domain_step_leaves_the_host_as_before(conn):
+    """The last step of a plan is the last VM's start: everything before it is undone, in reverse."""
+    host = SimHost.from_profile("t4x2")
+    foreign = _foreign(host, conn)
+    vms = VmRequest.pool(_prefix(), 3, gpu=Q2)
+    before = _state(host, conn)
+    invs, doms = gather({host.name: host}, {host.name: conn})
+    p = plan(invs, vms, domains=doms)
+    assert (p.steps[-1].kind, p.steps[-1].vm) == ("start", vms[-1].name)
+    conn.fail = ("start", vms[-1].name)
+    with pytest.raises(ProvisioningError) as ei:
+        apply(p, host, conn)
+    err = ei.value
+    assert len(err.completed) == len(p.steps) - 1
+    assert len(err.rollback) == len(p.steps) - 1 and not any("FAILED" in r for r in err.rollback)
+    assert _state(host, conn) == before and foreign in before[2]
+
+
+def test_a_failure_in_the_last_step_of_teardown_is_reported_precisely(conn):
+    """Teardown's last step is the last VM's undefine: it fails; the report names every step that ran (both
+    VMs destroyed, both vGPUs removed, the first VM undefined) and the one that did not, and the host holds
+    exactly that. Teardown puts nothing back: a rerun finishes."""
+    host = SimHost.from_profile("t4x2")
+    vms = VmRequest.pool(_prefix(), 2, gpu=Q2)
+    a, b = (v.name for v in vms)
+    provision(host, conn, vms)
+    ua, ub = (str(mdev_uuid_for(n, 0)) for n in (a, b))
+    conn.fail = ("undefine", b)
+    r = teardown(host, conn, [a, b])
+    h = host.name
+    assert sorted(r.removed) == sorted([f"{h}: destroyed {a}", f"{h}: destroyed {b}", f"{h}: removed vGPU {ua}",
+                                        f"{h}: removed vGPU {ub}", f"{h}: undefined {a}"])
+    (failed,) = r.failed
+    assert failed.startswith(f"{h}: {b}: ") and "undefine failed: injected" in failed
+    assert sorted(d.split(": ", 1)[1] for d in r.report.done) == sorted([
+        f"destroy domain {a}", f"destroy domain {b}", f"remove {ua}, made by vgpuvirt for {a}",
+        f"remove {ub}, made by vgpuvirt for {b}", f"undefine domain {a}"])
+    out = r.to_dict()
+    assert out["failed"] == [failed] and out["done"] == r.report.done
+    assert out["round_trips"] == {h: 1}                 # the one removal batch
+    mdevs, _, doms = _state(host, conn)
+    assert ua not in mdevs and ub not in mdevs and a not in doms and doms[b] is False
+    conn.fail = None
+    again = teardown(host, conn, [a, b])
+    assert again.ok and again.removed == [f"{h}: undefined {b}"]
+    assert b not in _state(host, conn)[2]

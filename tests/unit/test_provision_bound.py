@@ -75,7 +75,7 @@ def test_where_the_bound_allows_a_fit_the_search_runs_and_says_so(large: object,
 def test_the_search_still_finds_what_greedy_misses(searches: list[int]) -> None:
     # search.py's own example: "any vGPU" first takes the 1 GiB type; a later VM wants 2 GiB + 4 GiB
     late = VmRequest("late", gpus=(VgpuRequest.parse("fb>=2G"), VgpuRequest.parse("fb>=4G")), start=False)
-    got, _ = place([*pool("any", 1, "fb>=1G"), late], host_states([t4_host()]))
+    got, _, _ = place([*pool("any", 1, "fb>=1G"), late], host_states([t4_host()]))
     assert searches == [1] and len(got) == 3
 
 
@@ -90,5 +90,5 @@ def test_the_bound_allows_what_fits_exactly(large: object) -> None:
     hs = host_state(large)  # type: ignore[arg-type]
     vms = pool("a", 12, "fb>=8G") + pool("b", 12, "fb>=8G,series=Q")
     assert refusal(vms, {hs.name: hs}) is None
-    got, _ = place(vms, {hs.name: hs})
+    got, _, _ = place(vms, {hs.name: hs})
     assert len(got) == 24

@@ -148,7 +148,7 @@ def test_a_failed_attach_removes_the_vgpu_it_made(conn, monkeypatch):
         monkeypatch.setattr(conn, "attach", refused)
         with pytest.raises(ProvisioningError, match="injected") as ei:
             attach_gpu(h, conn, "w16vm-hp-fail", VgpuRequest.parse("nvidia-231"))
-        assert any(r.startswith("removed vGPU") for r in ei.value.rollback)
+        assert any(r.startswith(f"{h.name}: removed vGPU") for r in ei.value.rollback)
         assert {m.uuid for m in inventory(h).mdevs} == before
     finally:
         monkeypatch.undo()

@@ -13,6 +13,7 @@ from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.services import mdev_ops as mdev_svc
 from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import DomainRefs
 
 
@@ -23,7 +24,7 @@ class CreateMdev(DeviceStep):
     kind: ClassVar[str] = "create-mdev"
     phase: ClassVar[Phase] = Phase.DEVICES
     rank: ClassVar[int] = 70
-    meta_kind: ClassVar[str] = "mdev"
+    meta_kind: ClassVar[GpuUse] = GpuUse.MDEV
     host: str
     vm: str
     uuid: MdevUuid
@@ -71,7 +72,7 @@ class CreateMdev(DeviceStep):
         return f"removed vGPU {self.uuid}"
 
     def meta(self) -> dict[str, str]:
-        return {"kind": "mdev", "uuid": str(self.uuid), "parent": str(self.parent), "type": str(self.type)}
+        return {"kind": GpuUse.MDEV, "uuid": str(self.uuid), "parent": str(self.parent), "type": str(self.type)}
 
     def not_made_for(self, own: DomainRefs) -> str | None:
         # The UUID is derived from the VM name: copied metadata names the other VM's UUIDs.

@@ -67,6 +67,7 @@ from vgpuvirt.services.mutation import (
     result_of,
 )
 from vgpuvirt.services.parsers import parse_nvidia_description
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import domain_device_refs
 
 __all__ = ["PERSIST_CHOICES", "Definition", "MdevRecord", "MdevService", "MdevSpec", "Persist", "State",
@@ -301,8 +302,8 @@ class MdevService:
         held = [link.split("/")[-3] for link in snap.glob(f"{types_dir}/*/devices/*")]
         residents = tuple(Resident(tid, types[tid].framebuffer_mib if tid in types else None, str(p)) for tid in held)
         sizes = {r.framebuffer_mib for r in residents if r.framebuffer_mib}
-        budget = GpuBudget("", p, "nvidia", "mdev-vgpu" if residents else "free", types,
-                           (Place(str(p), "mdev", False, {str(t): 0}),), residents,
+        budget = GpuBudget("", p, "nvidia", GpuUse.MDEV if residents else GpuUse.FREE, types,
+                           (Place(str(p), GpuUse.MDEV, False, {str(t): 0}),), residents,
                            sizing="mixed" if len(sizes) > 1 else "equal")
         return budget.fit(str(t)).reason
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import DomainRefs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +69,7 @@ class HostFacts(Protocol):
 #: kind -> class, filled as each step class is defined.
 STEP_KINDS: dict[str, type[Step]] = {}
 #: provenance entry kind -> the HostStep class that made such a device.
-META_KINDS: dict[str, type[DeviceStep]] = {}
+META_KINDS: dict[GpuUse, type[DeviceStep]] = {}
 
 
 class Step(ABC):
@@ -162,12 +163,12 @@ class DeviceStep(HostStep):
     provenance metadata (``meta()``) and is rebuilt from it by ``from_meta()`` (``meta_kind`` names the entry):
     teardown and reruns find the device again, and ask ``not_made_for`` before removing it."""
 
-    meta_kind: ClassVar[str]
+    meta_kind: ClassVar[GpuUse]
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         mk = cls.__dict__.get("meta_kind")
-        if isinstance(mk, str):
+        if isinstance(mk, GpuUse):
             META_KINDS[mk] = cls
 
     @abstractmethod
@@ -211,5 +212,8 @@ class DomainStep(Step):
 
 def step_from_meta(host: str, vm: str, entry: Mapping[str, str]) -> DeviceStep | None:
     """The step that made a provenance entry's device; None for entries no step makes (whole GPUs, VFs)."""
-    cls = META_KINDS.get(entry.get("kind", ""))
+    try:
+        cls = META_KINDS.get(GpuUse(entry.get("kind", "")))
+    except ValueError:          # a kind this version does not know: nothing it can remove
+        return None
     return cls.from_meta(host, vm, entry) if cls is not None else None

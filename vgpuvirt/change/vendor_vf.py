@@ -12,6 +12,7 @@ from vgpuvirt.host.base import Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
 from vgpuvirt.services import sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import DomainRefs
 
 
@@ -21,7 +22,7 @@ class SetVfType(DeviceStep):
 
     kind: ClassVar[str] = "set-vf-type"
     rank: ClassVar[int] = 60
-    meta_kind: ClassVar[str] = "vendor-vf"
+    meta_kind: ClassVar[GpuUse] = GpuUse.VENDOR_VF
     host: str
     vm: str
     vf: PciAddress
@@ -59,7 +60,7 @@ class SetVfType(DeviceStep):
         return f"reset VF {self.vf}"
 
     def meta(self) -> dict[str, str]:
-        return {"kind": "vendor-vf", "vf": str(self.vf), "type": str(self.type)}
+        return {"kind": GpuUse.VENDOR_VF, "vf": str(self.vf), "type": str(self.type)}
 
     def not_made_for(self, own: DomainRefs) -> str | None:
         # A VF has no name-derived identity; the domain vgpuvirt defined for it holds it as a hostdev.

@@ -8,6 +8,7 @@ from typing import Any
 from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.cli.targets import add_connect, connect_uris
 from vgpuvirt.services.inventory import Inventory, class_name, inventory, type_capacity
+from vgpuvirt.usage import Backend
 
 
 def register(sub: Any) -> None:
@@ -60,11 +61,12 @@ def render(console: Any, inv: Inventory) -> None:
     t = Table(title="GPUs", title_justify="left")
     for col in ("address", "vendor / name", "driver", "backend", "mode", "NUMA", "group", "VFs", "vGPUs", "reset"):
         t.add_column(col, no_wrap=col in ("address", "backend"))
-    modes = {b.address: b.mode + (f" ({b.sizing}-size)" if b.sizing and b.residents else "") for b in inv.capacity()}
+    modes = {b.address: b.mode.capacity_word + (f" ({b.sizing}-size)" if b.sizing and b.residents else "")
+             for b in inv.capacity()}
     for g in inv.gpus:
         name = g.name or f"{g.vendor_name or g.vendor} {g.device}"
         vfs = f"{g.sriov_numvfs or 0}/{g.sriov_totalvfs}" if g.sriov_totalvfs else "-"
-        use = str(g.vgpus_in_use) if g.backend not in ("passthrough", "sriov-vf") else (g.domain or "-")
+        use = str(g.vgpus_in_use) if g.backend not in (Backend.PASSTHROUGH, Backend.SRIOV_VF) else (g.domain or "-")
         t.add_row(*map(plain, (g.address, name, _opt(g.driver), g.backend, modes.get(g.address, "-"),
                                _opt(g.numa_node), _opt(g.iommu_group), vfs, use,
                                " ".join(g.reset_methods or []) or "-")))

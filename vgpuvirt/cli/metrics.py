@@ -15,6 +15,7 @@ from vgpuvirt.cli.context import Context, plain, printable
 from vgpuvirt.cli.targets import open_one
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot
+from vgpuvirt.usage import GpuUse
 
 
 def register(sub: Any) -> None:
@@ -103,7 +104,7 @@ def _render_host(console: Any, h: HostMetrics, table: Any) -> None:
     for g in h.gpus:
         for v in g.vgpus:
             frl = "off" if v.frl_enabled is False else _v(v.frame_rate_limit_fps, " fps")
-            short = v.id[:8] if v.kind == "mdev" else v.id   # the whole UUID is in --json
+            short = v.id[:8] if v.kind == GpuUse.MDEV else v.id   # the whole UUID is in --json
             vt.add_row(plain(short), plain(g.address[5:]), plain(v.type_name or v.type_id or "-"),
                        plain(v.vm_name or "-"),
                        _v(v.fb_used_mib, " MiB"), _v(v.sm_util_pct, "%"), _v(v.encoder_util_pct, "%"),

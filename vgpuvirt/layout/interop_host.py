@@ -18,6 +18,7 @@ from vgpuvirt.layout.interop import MIG_PARTED, NotExpressible, export_config, m
 from vgpuvirt.layout.model import GpuEntry, GpuLayout, Layout, LayoutConfig, Selector, VgpuCount
 from vgpuvirt.layout.observe import GpuNow
 from vgpuvirt.layout.planner import want_vfs
+from vgpuvirt.usage import GpuUse
 
 KUBEVIRT = "kubevirt"
 #: KubeVirt resource names: a vendor domain and the device's name with anything else than these as ``_``.
@@ -130,9 +131,9 @@ def kubevirt_configuration(hosts: Mapping[str, Sequence[tuple[GpuNow, GpuLayout]
                 raise NotExpressible(KUBEVIRT, where, "mode mig (GPU instances are for containers; a VM takes a "
                                                       "MIG-backed vGPU: mode mig-vgpu)")
             elif lay.mode in ("vgpu", "mig-vgpu"):
-                if any(p.kind == "vendor-vf" for p in g.budget.places) and not strict:
+                if any(p.kind is GpuUse.VENDOR_VF for p in g.budget.places) and not strict:
                     continue
-                if any(p.kind == "vendor-vf" for p in g.budget.places):
+                if any(p.kind is GpuUse.VENDOR_VF for p in g.budget.places):
                     raise NotExpressible(KUBEVIRT, where, "vGPU 17+ VF types (they are PCI VFs, not mediated "
                                                           "devices KubeVirt can select by name)")
                 for v in lay.vgpu_devices:

@@ -19,6 +19,7 @@ from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.inventory_parts import Gpu
 from vgpuvirt.services.mig import MigGpu, MigState
 from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
+from vgpuvirt.usage import Backend
 from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -160,7 +161,7 @@ class GpuNow:
             return "passthrough"
         if self.mig_enabled:
             return "mig-vgpu" if self.vgpus else "mig"
-        if self.vgpus or self.budget.types or (self.vfs and self.backend == "sriov-vf"):
+        if self.vgpus or self.budget.types or (self.vfs and self.backend is Backend.SRIOV_VF):
             return "vgpu"
         return "off"
 

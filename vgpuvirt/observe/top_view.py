@@ -15,6 +15,7 @@ from rich.text import Text
 
 from vgpuvirt.cli.context import plain
 from vgpuvirt.services.metrics_model import GpuMetrics, HostMetrics, MetricsSnapshot, VgpuMetrics
+from vgpuvirt.usage import GpuUse
 
 BAR_WIDTH = 8
 
@@ -51,7 +52,7 @@ def _gpu_row(t: Table, g: GpuMetrics) -> None:
 def _vgpu_row(t: Table, v: VgpuMetrics, last: bool) -> None:
     branch = "└─" if last else "├─"
     vm = plain(v.vm_name) if v.vm_name else "[dim](no VM)[/]"
-    ident = plain(v.id[:8] if v.kind == "mdev" else v.id)
+    ident = plain(v.id[:8] if v.kind == GpuUse.MDEV else v.id)
     t.add_row(f"  {branch} {ident}", plain(v.type_name or v.type_id or "-"), vm, _bar(v.sm_util_pct),
               _fb(v.fb_used_mib, v.fb_total_mib),
               f"enc {_n(v.encoder_util_pct, '%')}" + (f" {v.encoder_fps:.0f}fps" if v.encoder_fps else ""),

@@ -29,6 +29,11 @@ from collections.abc import Collection, Mapping, Sequence
 from vgpuvirt.provision.options import Option, options_for
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import GpuState, HostState
+from vgpuvirt.usage import GpuUse
+
+# Module names for the members the inner loops compare with: a lookup of ``GpuUse.X`` costs ~70 ns on Python 3.11
+# (bench_placement's search ran 10% slower with it).
+_WHOLE, _VF = GpuUse.WHOLE, GpuUse.VF
 
 
 def _gib(mib: int) -> str:
@@ -64,12 +69,12 @@ def _gpu_framebuffer(g: GpuState, modes: Collection[str]) -> int | None:
         ts = max(sliced, default=0)                    # equal-size: one size on the GPU at a time
     total = ts + pooled
     for s in g.slots:
-        if s.kind == "whole" and "passthrough" in modes and not g.whole_taken and not g.whole_blocked:
+        if s.kind is _WHOLE and "passthrough" in modes and not g.whole_taken and not g.whole_blocked:
             fb = s.profiles["passthrough"].framebuffer_mib
             if fb is None:
                 return None
             total = max(total, fb)
-        elif s.kind == "vf" and "vf" in modes and s.available.get("vf", 0) > 0:
+        elif s.kind is _VF and "vf" in modes and s.available.get("vf", 0) > 0:
             fb = s.profiles["vf"].framebuffer_mib
             if fb is None:
                 return None
@@ -85,7 +90,7 @@ def _gpu_count(vm: VmRequest, req: VgpuRequest, g: GpuState) -> int:
     if req.mode == "passthrough":
         return 1
     if req.mode == "vf":
-        return sum(1 for s in g.slots if s.kind == "vf" and s.available.get("vf", 0) > 0)
+        return sum(1 for s in g.slots if s.kind is _VF and s.available.get("vf", 0) > 0)
     b = g.budget
     fits = {o.type.id: b.fit(o.type.id).fits_now for o in opts}
     sliced = [n for tid, n in fits.items() if b.types[tid].mig_profile is None and b.types[tid].gvtg is None]

@@ -12,11 +12,12 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import Assignment, place
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
-from vgpuvirt.provision.state import SlotKind, host_state
+from vgpuvirt.provision.state import host_state
 from vgpuvirt.services.inventory import Inventory
+from vgpuvirt.usage import GpuUse
 
 
-def place_one(inv: Inventory, req: VgpuRequest, *, kind: SlotKind | None = None, where: PciAddress | None = None,
+def place_one(inv: Inventory, req: VgpuRequest, *, kind: GpuUse | None = None, where: PciAddress | None = None,
               vm: str = "vm", domains: Iterable[tuple[str, str]] = ()) -> Assignment:
     """Where one vGPU for ``req`` goes on the inventoried host: only places of ``kind`` (``mdev``,
     ``vendor-vf``, ...), and only at ``where`` (a GPU, or one parent/VF) when given. Raises NoCapacity
@@ -25,7 +26,7 @@ def place_one(inv: Inventory, req: VgpuRequest, *, kind: SlotKind | None = None,
     for g in hs.gpus:
         g.slots = [s for s in g.slots if (kind is None or s.kind == kind)
                    and (where is None or where in (s.address, g.address))]
-    assignments, _ = place([VmRequest(name=vm, gpus=(req,), start=False)], {hs.name: hs})
+    assignments = place([VmRequest(name=vm, gpus=(req,), start=False)], {hs.name: hs}).assignments
     if not assignments:
         raise NoCapacity(inv.host, vm, f"no place for {req.describe()}")
     return assignments[0]

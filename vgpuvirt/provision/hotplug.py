@@ -4,13 +4,17 @@
 placement as provisioning (:func:`~vgpuvirt.provision.by_need.place_one`), makes the device (an mdev
 with a UUID derived from the VM's name and its next free index, or a vGPU type on a vGPU 17+ VF; a
 plain VF or a whole GPU needs nothing made: libvirt binds it to vfio-pci, ``managed='yes'``), attaches
-it and records it in the VM's provenance metadata. Any failure undoes what the call did, in reverse:
-devices attached are detached, a vGPU created is removed.
+it and records it in the VM's provenance metadata: the placed GPU's attachment
+(:meth:`~vgpuvirt.provision.placement.Assignment.attachment`, as provisioning uses it) gives the step, the
+hostdevs and the record. They run as steps on the one runner (:mod:`vgpuvirt.change.runner`): any failure
+undoes what ran, in reverse (the record put back, devices detached, a vGPU created removed).
 
 ``detach`` detaches the device and then removes what vgpuvirt made for the VM, under the rules of
 :mod:`.ownership`: an mdev only when its UUID is derived from this VM's name, a VF's vGPU type only when
 the VM's metadata lists it and the VM held it, and never a device another domain (or the VM's other
-definition, after a live-only or config-only detach) still uses.
+definition, after a live-only or config-only detach) still uses. Detaching, removing and updating the
+record are steps on the same runner: if one fails, what ran is undone (vGPUs made again, devices attached
+again, the record put back), so the VM is as it was.
 
 A domain vgpuvirt did not make gets no metadata (metadata is what makes teardown treat a domain as
 vgpuvirt's): its mdevs are still recognised by their name-derived UUIDs.
@@ -21,21 +25,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.device_removal import RemoveDevice
+from vgpuvirt.change.domain import AttachDevice, DetachDevice, SetProvenance
 from vgpuvirt.change.identity import MAX_GPUS_PER_VM, made_for, mdev_uuid_for
 from vgpuvirt.change.mdev import CreateMdev
-from vgpuvirt.change.step import DeviceStep, step_from_meta
-from vgpuvirt.change.vendor_vf import SetVfType
-from vgpuvirt.errors import DeviceNotFound, InvalidSpec, NoCapacity, ProvisioningError, VgpuvirtError
+from vgpuvirt.change.runner import Runner, run_host
+from vgpuvirt.change.step import DeviceStep, Step, step_from_meta
+from vgpuvirt.errors import DeviceNotFound, InvalidSpec, NoCapacity
 from vgpuvirt.host.base import Host
 from vgpuvirt.libvirt_conn import LibvirtConnection
-from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
+from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.provision.by_need import place_one
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.request import VgpuRequest
-from vgpuvirt.services.mutation import apply_items
+from vgpuvirt.services import sysfs
+from vgpuvirt.services.mdev_state import active_from_snapshot
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain
-from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev, PciHostdev
-from vgpuvirt.xml.provenance import NAMESPACE, Provenance
+from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev
+from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs
 
 
@@ -60,10 +68,6 @@ class HotplugResult:
 
 def _label(d: GpuDevice) -> str:
     return d.label()
-
-
-def _write_provenance(conn: LibvirtConnection, vm: str, prov: Provenance, live: bool | None, config: bool) -> None:
-    conn.set_metadata(vm, prov.metadata_xml(), "vgpuvirt", NAMESPACE, live=live, config=config)
 
 
 def _next_index(host: str, vm: str, taken: set[MdevUuid]) -> int:
@@ -94,72 +98,28 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
     inv = inventory(host, domains=pairs)
     a = place_one(inv, req, vm=vm, domains=pairs)
     own = dict(pairs)[vm]
-    step: DeviceStep | None = None
-    devices: list[GpuDevice]
-    if a.kind == "mdev":
+    uuid = None
+    if a.kind is GpuUse.MDEV:
         taken = set(domain_device_refs(own).mdevs) | {m.uuid for m in inv.mdevs}
         uuid = mdev_uuid_for(vm, _next_index(host.name, vm, taken))
-        step = CreateMdev(host.name, vm, uuid, a.slot, MdevTypeId.parse(a.type.id))
-        devices = [MdevHostdev(step.uuid)]
-        meta = step.meta()
-    elif a.kind == "vendor-vf":
-        step = SetVfType(host.name, vm, a.slot, VgpuTypeId.parse(a.type.id))
-        devices = [PciHostdev.vgpu_vf(a.slot)]
-        meta = step.meta()
-    elif a.kind == "vf":
-        devices, meta = [PciHostdev(a.slot)], {"kind": "vf", "address": str(a.slot)}
-    else:
-        funcs = a.functions if req.with_audio and a.functions else (a.slot,)
-        devices, meta = [PciHostdev(f) for f in funcs], {"kind": "whole", "address": str(a.slot)}
-    result = HotplugResult(vm, host.name, "attach", [_label(d) for d in devices], a.type.id, a.type.name)
+    att = a.attachment(uuid, with_audio=req.with_audio)
+    result = HotplugResult(vm, host.name, "attach", [_label(d) for d in att.devices], a.type.id, a.type.name)
+    result.created = [att.step.describe()] if att.step is not None else []
+    # the device, then libvirt's attach of each of its hostdevs, then its record: undone in reverse by the runner
+    steps: list[Step] = [att.step] if att.step is not None else []
+    steps += [AttachDevice(host.name, vm, d, live, config) for d in att.devices]
+    prov = Provenance.read(own)
+    if prov is not None:
+        steps.append(SetProvenance(host.name, vm, Provenance.of(prov.host or host.name, [*prov.gpus, att.entry]),
+                                   prov, live, config))
+    elif att.use is GpuUse.VENDOR_VF:
+        result.notes.append(f"{vm} was not made by vgpuvirt, so the vGPU type on VF {a.slot} is not recorded "
+                            "in it: detach leaves the type set (vgpuvirt gc finds it once no domain uses it)")
     if dry_run:
-        result.created = [step.describe()] if step is not None else []
         result.notes.append("dry run: nothing was made or attached")
         return result
-    made: list[DeviceStep] = []
-    attached: list[GpuDevice] = []
-    try:
-        if step is not None:
-            out = apply_items(host, [step.item(wait_timeout)])[0]
-            if not out.ok:
-                raise out.error or DeviceNotFound(host.name, step.target, "the device was not made")
-            made.append(step)
-            result.created.append(step.describe())
-        for d in devices:
-            conn.attach(vm, d, live=live, config=config)
-            attached.append(d)
-        prov = Provenance.read(own)
-        if prov is not None:
-            _write_provenance(conn, vm, Provenance.of(prov.host or host.name, [*prov.gpus, meta]), live, config)
-        elif isinstance(step, SetVfType):
-            result.notes.append(f"{vm} was not made by vgpuvirt, so the vGPU type on VF {step.vf} is not recorded "
-                                "in it: detach leaves the type set (vgpuvirt gc finds it once no domain uses it)")
-    except BaseException as exc:
-        rollback = _undo_attach(host, conn, vm, made, attached, live, config, wait_timeout)
-        if isinstance(exc, VgpuvirtError):
-            done = result.created + [f"attached {_label(d)} to {vm}" for d in attached]
-            raise ProvisioningError(f"{host.name}: attaching {req.describe()} to {vm}: {exc}", completed=done,
-                                    rollback=rollback, cause=exc) from exc
-        raise
+    run_host(host, steps, conn, what=f"attaching {req.describe()} to {vm}", wait_timeout=wait_timeout)
     return result
-
-
-def _undo_attach(host: Host, conn: LibvirtConnection, vm: str, made: list[DeviceStep], attached: list[GpuDevice],
-                 live: bool | None, config: bool, wait_timeout: float) -> list[str]:
-    out: list[str] = []
-    for d in reversed(attached):
-        try:
-            conn.detach(vm, d, live=live, config=config)
-            out.append(f"detached {_label(d)} from {vm}")
-        except VgpuvirtError as err:
-            out.append(f"FAILED to detach {_label(d)} from {vm}: {err}")
-    for s in reversed(made):
-        try:
-            res = apply_items(host, [s.undo_item(wait_timeout)])[0]
-            out.append(s.undone() if res.ok else f"FAILED to undo {s.describe()}: {res.error}")
-        except VgpuvirtError as err:
-            out.append(f"FAILED to undo {s.describe()}: {err}")
-    return out
 
 
 def _parse_device(spec: str) -> MdevUuid | PciAddress:
@@ -224,15 +184,26 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
     sources = {_source(d) for d in chosen}
     prov = Provenance.read(views_before[0])
     steps: list[DeviceStep] = []
+    guessed: set[str] = set()      # mdevs whose parent and type are unknown: a rollback cannot make them again
     for e in (prov.gpus if prov is not None else ()):
         made = step_from_meta(host.name, vm, e)
         if made is not None and made.target in sources:
             steps.append(made)
-    for d in chosen:
-        if isinstance(d, MdevHostdev) and made_for(d.uuid, vm) and not any(s.target == str(d.uuid) for s in steps):
-            # A domain without metadata (not made by vgpuvirt): the name-derived UUID is the creation record.
-            # Removal needs the UUID only; parent and type are what the VM's XML cannot tell.
-            steps.append(CreateMdev(host.name, vm, d.uuid, PciAddress(0, 0, 0, 0), MdevTypeId.parse("vfio-unknown")))
+    unrecorded = [d.uuid for d in chosen if isinstance(d, MdevHostdev) and made_for(d.uuid, vm)
+                  and not any(s.target == str(d.uuid) for s in steps)]
+    found: dict[MdevUuid, tuple[str, str]] = {}
+    if unrecorded and not dry_run:
+        # A domain without metadata (not made by vgpuvirt): the name-derived UUID is the creation record. The
+        # VM's XML cannot tell parent and type, which a rollback needs to make the vGPU again: the host can.
+        found = active_from_snapshot(host.read([p for u in unrecorded
+                                                 for p in (sysfs.mdev(u), sysfs.mdev(u, "mdev_type"))]))
+    for u in unrecorded:
+        parent, type_id = found.get(u, ("", ""))
+        if parent and type_id:
+            steps.append(CreateMdev(host.name, vm, u, PciAddress.parse(parent), MdevTypeId.parse(type_id)))
+        else:          # gone already, or a dry run: removal needs the UUID only
+            steps.append(CreateMdev(host.name, vm, u, PciAddress(0, 0, 0, 0), MdevTypeId.parse("vfio-unknown")))
+            guessed.add(str(u))
     result = HotplugResult(vm, host.name, "detach", [_label(d) for d in chosen])
     mine = {s.target for s in steps}
     result.left += [f"vGPU {d.uuid}: not made by vgpuvirt for {vm} (no record, UUID not derived from the name): "
@@ -241,50 +212,38 @@ def detach_gpu(host: Host, conn: LibvirtConnection, vm: str, device: str | None 
         result.notes.append("dry run: nothing was detached or removed (vGPUs made for the VM are removed once "
                             "no other domain uses them)")
         return result
-    gone: list[GpuDevice] = []
+    runner = Runner(host, conn, wait_timeout=wait_timeout)
     try:
-        for d in chosen:
-            conn.detach(vm, d, live=live, config=config)
-            gone.append(d)
-    except VgpuvirtError as exc:
-        # A whole GPU leaves with all its functions or not at all: put back what did leave.
-        back = []
-        for d in reversed(gone):
-            try:
-                conn.attach(vm, d, live=live, config=config)
-                back.append(f"attached {_label(d)} to {vm} again")
-            except VgpuvirtError as err:
-                back.append(f"FAILED to attach {_label(d)} to {vm} again: {err}")
-        raise ProvisioningError(f"{host.name}: detaching from {vm}: {exc}",
-                                completed=[f"detached {_label(d)}" for d in gone], rollback=back, cause=exc) from exc
-    views = conn.xml_views()
-    refs = domain_refs(views)
-    still = refs.get(vm)
-    refs[vm] = domain_refs({vm: views_before})[vm]
-    todo: list[DeviceStep] = []
-    due: set[str] = set()          # still this VM's to remove (held elsewhere, or removal failed): keep its record
-    for v in judge(vm, steps, refs):
-        if v.refusal is not None:
-            result.left.append(v.refusal)
-            if v.blocks:
-                due.add(v.step.target)
-        elif still is not None and v.step.used_by(still):
-            result.left.append(f"{v.step.target}: still in {vm}'s other definition (live or persistent; detached "
-                               "from one only): left in place")
-        else:
-            todo.append(v.step)
-    for s, out in zip(todo, apply_items(host, [s.undo_item(wait_timeout) for s in todo], on_error="continue"),
-                      strict=True):
-        if out.ok:
-            result.removed.append(s.undone())
-        else:
-            due.add(s.target)
-            result.left.append(f"{s.target}: removal failed: {out.error}; still recorded in {vm}'s metadata")
-    if prov is not None:
-        in_use = {str(x) for x in (*still.mdevs, *still.pci)} if still is not None else set(sources)
-        # Drop the records of devices the VM no longer has, unless removing them is still due.
-        keep = [e for e in prov.gpus if _entry_target(e) not in sources or _entry_target(e) in in_use
-                or _entry_target(e) in due]
-        if len(keep) != len(prov.gpus):
-            _write_provenance(conn, vm, Provenance.of(prov.host or host.name, keep), live, config)
+        # A whole GPU leaves with all its functions or not at all: a refused function puts the others back.
+        runner.run([DetachDevice(host.name, vm, d, live, config) for d in chosen], "detach")
+        views = conn.xml_views()
+        refs = domain_refs(views)
+        still = refs.get(vm)
+        refs[vm] = domain_refs({vm: views_before})[vm]
+        removals: list[RemoveDevice] = []
+        due: set[str] = set()          # still this VM's to remove (held elsewhere): keep its record
+        for v in judge(vm, steps, refs):
+            if v.refusal is not None:
+                result.left.append(v.refusal)
+                if v.blocks:
+                    due.add(v.step.target)
+            elif still is not None and v.step.used_by(still):
+                result.left.append(f"{v.step.target}: still in {vm}'s other definition (live or persistent; "
+                                   "detached from one only): left in place")
+            else:
+                removals.append(RemoveDevice(host.name, vm, v.step, remake=v.step.target not in guessed))
+        after: list[Step] = list(removals)
+        if prov is not None:
+            in_use = {str(x) for x in (*still.mdevs, *still.pci)} if still is not None else set(sources)
+            # Drop the records of devices the VM no longer has, unless removing them is still due.
+            keep = [e for e in prov.gpus if _entry_target(e) not in sources or _entry_target(e) in in_use
+                    or _entry_target(e) in due]
+            if len(keep) != len(prov.gpus):
+                after.append(SetProvenance(host.name, vm, Provenance.of(prov.host or host.name, keep), prov, live,
+                                           config))
+        # the removals and the record, or (any failing) none of it and the devices attached again
+        runner.run(after, "remove")
+    except Exception as exc:  # every failure, even a bug, must trigger the rollback
+        raise runner.fail(exc, f"detaching from {vm}") from exc
+    result.removed = [r.removed() for r in removals]
     return result

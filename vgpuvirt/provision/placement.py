@@ -1,10 +1,10 @@
 """Where each VM's GPUs go, and why: binpack or spread across GPUs and hosts, NUMA affinity,
 the equal-size rule (or heterogeneous mode), PF/VF exclusivity.
 
-:func:`place` is pure: it takes :class:`~vgpuvirt.provision.state.HostState` objects (mutating
-them to account for what it plans) and returns one :class:`Assignment` per GPU request plus, per
-VM, a :class:`Candidate` line for every GPU it looked at (chosen / skipped and why) - what
-``--explain`` prints.
+:func:`place` is pure: it reads :class:`~vgpuvirt.provision.state.HostState` objects (never changes
+them) and returns a :class:`Placement`: one :class:`Assignment` per GPU request, per VM a
+:class:`Candidate` line for every GPU it looked at (chosen / skipped and why; what ``--explain``
+prints), and new host states that account for what it placed (the caller plans on with those).
 """
 
 from __future__ import annotations
@@ -15,15 +15,18 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
+from vgpuvirt.change.identity import mdev_uuid_for
 from vgpuvirt.errors import InvalidSpec, NoCapacity
-from vgpuvirt.model import PciAddress
+from vgpuvirt.model import MdevUuid, PciAddress
+from vgpuvirt.provision.attachment import Attachment, attachment
 from vgpuvirt.provision.bound import refusal
 from vgpuvirt.provision.options import POLICIES, Candidate, EvalMemo, Explanation, Option, Policy, commit, rank
 from vgpuvirt.provision.request import TypeProfile, VmRequest
 from vgpuvirt.provision.search import DEFAULT_LIMIT, search, worth_searching
 from vgpuvirt.provision.state import HostState
+from vgpuvirt.usage import GpuUse
 
-__all__ = ["POLICIES", "Assignment", "Candidate", "Explanation", "Policy", "place"]
+__all__ = ["POLICIES", "Assignment", "Candidate", "Explanation", "Placement", "Policy", "place"]
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,32 @@ class Assignment:
     host: str
     gpu: PciAddress                 # the physical GPU
     slot: PciAddress                # where the instance is created / what is passed through
-    kind: str                       # mdev | vendor-vf | vf | whole
+    kind: GpuUse                    # MDEV, VENDOR_VF, VF or WHOLE
     type: TypeProfile
     functions: tuple[PciAddress, ...] = ()
     numa_node: int | None = None
 
+    def attachment(self, uuid: MdevUuid | None = None, *, with_audio: bool = False, frl_off: bool = False,
+                   display: bool = False) -> Attachment:
+        """What this placed GPU gives the VM: the step that makes its device, its hostdevs, its provenance
+        entry (:mod:`.attachment`). ``uuid``: an mdev's, by default the one derived from the VM's name and
+        this request's index."""
+        if uuid is None and self.kind is GpuUse.MDEV:
+            uuid = mdev_uuid_for(self.vm, self.index)
+        return attachment(self.host, self.vm, self.kind, self.slot, self.type.id, functions=self.functions,
+                          uuid=uuid, with_audio=with_audio, frl_off=frl_off, display=display)
+
+
+class Placement(NamedTuple):
+    """What :func:`place` decided; ``hosts``: copies of the states it was given, with what it placed taken."""
+
+    assignments: list[Assignment]
+    explain: Explanation
+    hosts: dict[str, HostState]
+
 
 def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
-    bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind in ("mdev", "vendor-vf") else "",
+    bits = [o.reason, f"smallest fitting type {o.type.describe()}" if o.slot.kind.is_vgpu else "",
             f"{policy}: {o.gpu.used - 1} already on this GPU"]
     if vm.numa_node is not None:
         bits.append("same NUMA node" if o.numa_penalty == 0
@@ -49,11 +70,11 @@ def _why_best(o: Option, policy: Policy, vm: VmRequest) -> str:
 
 
 def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: Policy = "binpack",
-          search_limit: int = DEFAULT_LIMIT) -> tuple[list[Assignment], Explanation]:
+          search_limit: int = DEFAULT_LIMIT) -> Placement:
     """Assign every GPU request of every VM: each VM takes its best-ranked option; when that leaves a later
     VM without room, a bounded search (:mod:`.search`) looks for a placement that fits everything. Raises
     NoCapacity (every GPU considered for the VM that did not fit, with its reason) when none is found.
-    ``hosts`` is updated to account for what is placed."""
+    ``hosts`` is left as it was: the states after placement are the result's ``hosts``."""
     if policy not in POLICIES:
         raise InvalidSpec("placement policy", policy, "binpack or spread")
     work = {k: v.clone() for k, v in hosts.items()}
@@ -73,10 +94,7 @@ def place(vms: Sequence[VmRequest], hosts: Mapping[str, HostState], *, policy: P
             raise NoCapacity(exc.host, exc.device, f"{_reason(exc)}; the budgets allow a fit, but a search of "
                                                    f"up to {search_limit} choices found none") from exc
         assignments, explain = _searched(vms, found, policy)
-    for name, h in hosts.items():
-        h.gpus[:] = work[name].gpus
-        h.free_nic_vfs[:] = work[name].free_nic_vfs
-    return assignments, explain
+    return Placement(assignments, explain, work)
 
 
 def _reason(exc: NoCapacity) -> str:

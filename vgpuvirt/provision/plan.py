@@ -28,8 +28,8 @@ from vgpuvirt.change.storage import CreateVolume
 from vgpuvirt.errors import AlreadyExists, InvalidSpec, NoCapacity, PreflightFailed
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
+from vgpuvirt.provision.attachment import Attachment
 from vgpuvirt.provision.cpu_pinning import PinLedger, threads_per_core
-from vgpuvirt.provision.device_steps import device_step
 from vgpuvirt.provision.disks import ClonedDisk, disk_for
 from vgpuvirt.provision.nic_vf import NicChoice, nic_preparation, take_nic_vf
 from vgpuvirt.provision.placement import Assignment, Candidate, Explanation, Policy, place
@@ -37,6 +37,7 @@ from vgpuvirt.provision.preflight import Ledger, one_disk_each, pool_dir, proble
 from vgpuvirt.provision.request import VmRequest
 from vgpuvirt.provision.state import HostState, SriovPrep, allow_mixed_size, host_states, sriov_preparation
 from vgpuvirt.provision.steps_license import add_seed, seed_problems
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.parts import CpuPinning
 from vgpuvirt.xml.provenance import Provenance
@@ -121,7 +122,7 @@ def domain_meta(xml: str) -> dict[str, Any] | None:
 def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf: PciAddress | None = None,
                   pinning: CpuPinning | None = None, pool_dir: str | None = None,
                   siblings: Mapping[int, frozenset[int]] | None = None) -> Domain:
-    from vgpuvirt.xml import DomainOptions, HostdevInterface, MdevHostdev, PciHostdev, build_domain
+    from vgpuvirt.xml import DomainOptions, HostdevInterface, build_domain
 
     given = vm.options.get("domain_options")
     opts = given if isinstance(given, DomainOptions) else DomainOptions.from_mapping(vm.domain_settings())
@@ -129,30 +130,17 @@ def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf:
     headless = vm.template == "compute" or opts.graphics == "none"
     mdevs: list[Any] = []
     pci: list[Any] = []
-    gpus_meta: list[dict[str, str]] = []
+    gpus_meta: list[Mapping[str, str]] = []
     for a in picks:
-        req = vm.gpus[a.index]
-        step = device_step(vm, a)
-        if step is not None:
-            gpus_meta.append(step.meta() or {})
-        if a.kind == "mdev":
-            first_display = req.display and not headless and not mdevs
-            mdevs.append(MdevHostdev(mdev_uuid_for(vm.name, a.index), display=first_display, ramfb=first_display))
-        elif a.kind == "vendor-vf":
-            pci.append(PciHostdev.vgpu_vf(a.slot))
-        elif a.kind == "vf":
-            pci.append(PciHostdev(a.slot))
-            gpus_meta.append({"kind": "vf", "address": str(a.slot)})
-        else:
-            funcs = a.functions if req.with_audio else (a.slot,)
-            pci.extend(PciHostdev(f) for f in funcs)
-            gpus_meta.append({"kind": "whole", "address": str(a.slot)})
+        att = _attachment(vm, a, display=not headless and not mdevs)
+        gpus_meta.append(att.entry)
+        (mdevs if a.kind is GpuUse.MDEV else pci).extend(att.devices)
     nics = []
     if vm.nic is not None and nic_vf is not None:
         from vgpuvirt.model import MacAddress
         nics.append(HostdevInterface(nic_vf, mac=MacAddress.parse(vm.nic.mac) if vm.nic.mac else None,
                                      vlan=vm.nic.vlan))
-        gpus_meta.append({"kind": "nic-vf", "address": str(nic_vf)})
+        gpus_meta.append({"kind": GpuUse.NIC_VF, "address": str(nic_vf)})
     if pinning is not None and given is None and "threads_per_core" not in vm.options:
         # vCPUs on both threads of whole cores: the guest is told so, and schedules like the host does
         t = threads_per_core(pinning, siblings or {})
@@ -165,6 +153,13 @@ def _build_domain(vm: VmRequest, host: str, picks: Sequence[Assignment], nic_vf:
                        options=opts)
     Provenance.of(host, gpus_meta).attach(dom)
     return dom
+
+
+def _attachment(vm: VmRequest, a: Assignment, display: bool = False) -> Attachment:
+    """The attachment of ``a`` as ``vm`` asks for it (audio function, frame rate limiter, display: only its first
+    mdev, and only when the domain has a display)."""
+    req = vm.gpus[a.index]
+    return a.attachment(with_audio=req.with_audio, frl_off=req.frl is False, display=display and req.display)
 
 
 def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRequest], *,
@@ -227,7 +222,11 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     ready = _adopt_lost(todo, hs, kept)
     to_place = [vm for vm in todo if vm.gpus and vm.name not in {a.vm for a in ready}]
     try:
-        placed, explain = place(to_place, hs, policy=policy) if to_place else ([], Explanation())
+        if to_place:
+            placed, explain, after = place(to_place, hs, policy=policy)
+            hs = {**hs, **after}           # place() is pure: the plan goes on from the states it returned
+        else:
+            placed, explain = [], Explanation()
     except NoCapacity as exc:
         prep = sriov_preparation(hs, to_place)
         if not prep:
@@ -253,7 +252,7 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
         host = picks[0].host if picks else _host_without_gpu(vm, hs)
         if vm.name not in adopted_vms:
             for a in picks:
-                made = device_step(vm, a)
+                made = _attachment(vm, a).step
                 if made is not None:
                     steps.append(made)
                     absent[host].add(made.target)
@@ -376,8 +375,9 @@ def _adopt(vm: VmRequest, index: int, h: HostState, parent: str, type_id: str) -
     p = PciAddress.parse(parent)
     for g in h.gpus:
         for s in g.slots:
-            if s.address == p and s.kind == "mdev" and type_id in s.profiles:
-                return Assignment(vm.name, index, h.name, g.address, p, "mdev", s.profiles[type_id], (), g.numa_node)
+            if s.address == p and s.kind == GpuUse.MDEV and type_id in s.profiles:
+                return Assignment(vm.name, index, h.name, g.address, p, GpuUse.MDEV, s.profiles[type_id], (),
+                                  g.numa_node)
     return None
 
 

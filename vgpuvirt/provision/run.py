@@ -25,6 +25,7 @@ from vgpuvirt.provision.apply import apply
 from vgpuvirt.provision.placement import Policy
 from vgpuvirt.provision.plan import Plan, mdev_uuid_for, plan
 from vgpuvirt.provision.request import VmRequest
+from vgpuvirt.usage import GpuUse
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ProvisionResult:
         acted = {(s.host, s.vm) for s in self.plan.steps}
         out = []
         for a in self.plan.assignments:
-            dev = str(mdev_uuid_for(a.vm, a.index)) if a.kind == "mdev" else str(a.slot)
+            dev = str(mdev_uuid_for(a.vm, a.index)) if a.kind == GpuUse.MDEV else str(a.slot)
             out.append({"vm": a.vm, "host": a.host, "gpu": str(a.gpu), "type": a.type.id, "type_name": a.type.name,
                         "device": dev, "numa_node": a.numa_node,
                         "status": "created" if (a.host, a.vm) in acted else "kept"})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.libvirt_storage import LibvirtFacts
@@ -24,9 +23,8 @@ from vgpuvirt.services.host_resources import HostResources
 from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
 from vgpuvirt.services.iommu_inventory import check_from_inventory
 from vgpuvirt.services.parsers import classify_vgpu_name
+from vgpuvirt.usage import Backend, GpuUse
 from vgpuvirt.xml.refs import domain_device_refs
-
-SlotKind = Literal["mdev", "vendor-vf", "vf", "whole"]
 
 
 @dataclass
@@ -34,7 +32,7 @@ class Slot:
     """One place to create something: an mdev parent, a vGPU-17 VF, a plain VF, or the whole GPU."""
 
     address: PciAddress
-    kind: SlotKind
+    kind: GpuUse                    # MDEV, VENDOR_VF, VF or WHOLE
     is_vf: bool = False
     available: dict[str, int] = field(default_factory=dict)     # as the kernel showed it when read
     profiles: dict[str, TypeProfile] = field(default_factory=dict)
@@ -179,7 +177,7 @@ def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
     made: dict[str, TypeProfile] = {}           # a GPU's VFs repeat one type table: one profile per type
     for place in b.places:
         a = PciAddress.parse(place.address)
-        if place.kind == "mdev":
+        if place.kind == GpuUse.MDEV:
             p = parents[place.address]
             profiles = {}
             for t in p.types:
@@ -187,10 +185,10 @@ def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
                 if prof is None:
                     prof = made[t.id] = _profile(t, vendor, b.types.get(t.id))
                 profiles[t.id] = prof
-            slots.append(Slot(a, "mdev", place.is_vf, dict(place.kernel), profiles))
+            slots.append(Slot(a, GpuUse.MDEV, place.is_vf, dict(place.kernel), profiles))
         else:
             profiles = {tid: _vendor_profile(b.types[tid]) for tid in place.kernel}
-            slots.append(Slot(a, "vendor-vf", True, dict(place.kernel), profiles,
+            slots.append(Slot(a, GpuUse.VENDOR_VF, True, dict(place.kernel), profiles,
                               blocked="VF holds a vGPU" if place.occupied else None))
     return slots
 
@@ -232,9 +230,9 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
         gs.slots = _vgpu_slots(inv, budget, vendor)
         gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []
-        if g.backend == "sriov-vf" or (not budget.places and vfs):
+        if g.backend is Backend.SRIOV_VF or (not budget.places and vfs):
             for va in vfs:
-                slot = Slot(va, "vf", is_vf=True, available={"vf": 1},
+                slot = Slot(va, GpuUse.VF, is_vf=True, available={"vf": 1},
                             profiles={"vf": TypeProfile("vf", f"VF of {g.address}", vendor)})
                 if va in used_pci:
                     slot.available["vf"] = 0
@@ -243,7 +241,7 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
                 gs.slots.append(slot)
         gs.whole_blocked, gs.companions = _whole(inv, g, used_pci)
         funcs = tuple(sorted({g.address, *g.functions, *gs.companions}))
-        gs.slots.append(Slot(g.address, "whole", available={"passthrough": 1}, functions=funcs,
+        gs.slots.append(Slot(g.address, GpuUse.WHOLE, available={"passthrough": 1}, functions=funcs,
                              profiles={"passthrough": TypeProfile("passthrough", f"whole GPU {g.address}", vendor)}))
         if holder:
             gs.whole_taken = f"passed through to domain {holder}"

@@ -41,10 +41,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from vgpuvirt.model import PciAddress
+from vgpuvirt.usage import GpuUse
 
-Mode = Literal["free", "whole", "mdev-vgpu", "vf-vgpu", "mig", "mig-vgpu", "gvtg", "vf"]
 Sizing = Literal["equal", "mixed"]
-PlaceKind = Literal["mdev", "vendor-vf"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class Place:
     """Where a vGPU is created: an mdev parent (a PF holds many, a VF one) or a vGPU 17+ VF."""
 
     address: str
-    kind: PlaceKind
+    kind: GpuUse                             # MDEV or VENDOR_VF
     is_vf: bool
     kernel: Mapping[str, int]                # type id -> instances the kernel showed when read
     occupied: bool = False                   # a VF that holds its one vGPU (existing or planned)
@@ -99,7 +98,7 @@ class GpuBudget:
     host: str
     address: PciAddress
     vendor: str                              # nvidia | intel | amd | other
-    mode: Mode
+    mode: GpuUse
     types: Mapping[str, VgpuType] = field(default_factory=dict)
     places: tuple[Place, ...] = ()
     residents: tuple[Resident, ...] = ()
@@ -256,15 +255,14 @@ class GpuBudget:
         t = self.types[type_id]
         r = Resident(type_id, t.framebuffer_mib, place, t.mig_profile, planned=True)
         places = tuple(replace(p, occupied=True) if p.address == place and p.is_vf else p for p in self.places)
-        mode: Mode = self.mode
-        if mode in ("free", "mig"):
-            mode = "mig-vgpu" if t.mig_profile else ("gvtg" if t.gvtg else
-                                                     "vf-vgpu" if places and places[0].kind == "vendor-vf"
-                                                     else "mdev-vgpu")
+        mode = self.mode
+        if mode in (GpuUse.FREE, GpuUse.MIG):
+            mode = (GpuUse.MIG_VGPU if t.mig_profile else GpuUse.GVTG if t.gvtg else
+                    GpuUse.VENDOR_VF if places and places[0].kind is GpuUse.VENDOR_VF else GpuUse.MDEV)
         return replace(self, residents=(*self.residents, r), places=places, mode=mode)
 
     def whole_taken(self, domain: str) -> GpuBudget:
-        return replace(self, whole_holder=domain, mode="whole")
+        return replace(self, whole_holder=domain, mode=GpuUse.WHOLE)
 
     # -- output ----------------------------------------------------------------------------------
 
@@ -274,7 +272,7 @@ class GpuBudget:
     def to_dict(self) -> dict[str, Any]:
         used = sum(r.framebuffer_mib or 0 for r in self.residents if r.mig_profile is None)
         return {
-            "mode": self.mode, "sizing": self.sizing, "mixed_size_supported": self.mixed_size_supported,
+            "mode": self.mode.capacity_word, "sizing": self.sizing, "mixed_size_supported": self.mixed_size_supported,
             "budget": {"framebuffer_mib": self.framebuffer_mib, "vfs_total": self.vfs_total,
                        "vfs_enabled": self.vfs_enabled, "mig_enabled": self.mig_enabled,
                        "gpu_instances": dict(self.gpu_instances) if self.gpu_instances is not None else None,

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from vgpuvirt.services import parsers as P
-from vgpuvirt.services.gpu_capacity import GpuBudget, Mode, Place, Resident, Sizing, VgpuType
+from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, Sizing, VgpuType
 from vgpuvirt.services.inventory_parts import (
     VENDOR_KEYS,
     Gpu,
@@ -33,6 +33,7 @@ from vgpuvirt.services.inventory_parts import (
     VendorVf,
 )
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
+from vgpuvirt.usage import Backend, GpuUse
 
 
 class Inventory(Protocol):
@@ -134,20 +135,20 @@ def _gvtg_pool(parent: MdevParent) -> tuple[int, int, int] | None:
     return low, high, fences
 
 
-def _mode(g: Gpu, residents: list[Resident], mig_enabled: bool | None, holder: str | None) -> Mode:
+def _mode(g: Gpu, residents: list[Resident], mig_enabled: bool | None, holder: str | None) -> GpuUse:
     if holder is not None:
-        return "whole"
-    if g.backend == "gvtg":
-        return "gvtg"
+        return GpuUse.WHOLE
+    if g.backend is Backend.GVTG:
+        return GpuUse.GVTG
     if residents:
         if any(r.mig_profile for r in residents):
-            return "mig-vgpu"
-        return "vf-vgpu" if g.backend == "vendor-vfio" else "mdev-vgpu"
+            return GpuUse.MIG_VGPU
+        return GpuUse.VENDOR_VF if g.backend is Backend.VENDOR_VFIO else GpuUse.MDEV
     if mig_enabled:
-        return "mig"
-    if g.backend == "sriov-vf":
-        return "vf"
-    return "free"
+        return GpuUse.MIG
+    if g.backend is Backend.SRIOV_VF:
+        return GpuUse.VF
+    return GpuUse.FREE
 
 
 def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
@@ -169,10 +170,10 @@ def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
                 if t.id not in types:            # a GPU's VFs repeat the same table: build each type once
                     types[t.id] = _mdev_type(t)
                     mdev_types.append(t)
-            places.append(Place(p.address, "mdev", a != g.address,
+            places.append(Place(p.address, GpuUse.MDEV, a != g.address,
                                 {t.id: int(t.available_instances or 0) for t in p.types},
                                 occupied=sum(t.instances for t in p.types) > 0))
-            if a == g.address and g.backend == "gvtg":
+            if a == g.address and g.backend is Backend.GVTG:
                 pool = _gvtg_pool(p)
         vv = vendor_vfs.get(a)
         if vv is not None:
@@ -185,8 +186,8 @@ def gpu_budget(inv: Inventory, g: Gpu) -> GpuBudget:
                 cur = _vendor_vf_type(vv)
                 types.setdefault(cur.id, cur)
                 residents.append(Resident(cur.id, cur.framebuffer_mib, str(a), cur.mig_profile))
-            places.append(Place(str(a), "vendor-vf", True, offered, occupied=not vv.free))
-    on_places = {p.address for p in places if p.kind == "mdev"}
+            places.append(Place(str(a), GpuUse.VENDOR_VF, True, offered, occupied=not vv.free))
+    on_places = {p.address for p in places if p.kind is GpuUse.MDEV}
     for m in inv.mdevs:
         if m.parent in on_places and m.type is not None:
             held = types.get(m.type) or VgpuType(m.type, None, None, None)

@@ -239,12 +239,12 @@ def _backend(dev: PciDevice, own: MdevParent | None, parent_by_addr: dict[str, M
     vfs = dev.virtfns
     if own is not None and own.types:
         gvt = dev.driver == "i915" or any(t.id.startswith("i915-") for t in own.types)
-        return "gvtg" if gvt else "mdev"
+        return Backend.GVTG if gvt else Backend.MDEV
     if any(str(v) in parent_by_addr for v in vfs):
-        return "mdev-sriov"
+        return Backend.MDEV_SRIOV
     if any(v in vendor_by_addr for v in vfs):
-        return "vendor-vfio"
-    return "sriov-vf" if vfs else "passthrough"
+        return Backend.VENDOR_VFIO
+    return Backend.SRIOV_VF if vfs else Backend.PASSTHROUGH
 
 
 def _gpus(devices: dict[PciAddress, PciDevice], groups: dict[int, list[PciAddress]], parents: list[MdevParent],
@@ -294,11 +294,11 @@ def _gpu_notes(dev: PciDevice, backend: Backend, nvidia: NvidiaGpuFacts | None =
     mode = (nvidia.virtualization_mode or "") if nvidia is not None else ""
     if mode == "Pass-Through":
         notes.append(GUEST_NOTE)
-    elif mode == "None" and backend == "passthrough" and dev.pci_class == "0x030200":
+    elif mode == "None" and backend is Backend.PASSTHROUGH and dev.pci_class == "0x030200":
         # a datacenter board (3D controller) on the plain datacenter driver: the usual reason for "no vGPU
         # types" that a user cannot see in sysfs
         notes.append(NOT_VGPU_HOST_NOTE)
-    if backend == "passthrough" and dev.vendor == "0x10de" and (dev.sriov_totalvfs or 0) > 0 \
+    if backend is Backend.PASSTHROUGH and dev.vendor == "0x10de" and (dev.sriov_totalvfs or 0) > 0 \
             and not dev.sriov_numvfs and dev.driver == "nvidia":
         notes.append(f"SR-IOV capable ({dev.sriov_totalvfs} VFs) but no VF is enabled: vGPU on this board "
                      f"needs VFs (/usr/lib/nvidia/sriov-manage -e {dev.address})")

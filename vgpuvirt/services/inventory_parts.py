@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.services import parsers as P
 from vgpuvirt.services.metrics_model import Health
 from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
-
-Backend = Literal["mdev", "mdev-sriov", "vendor-vfio", "passthrough", "gvtg", "sriov-vf"]
+from vgpuvirt.usage import Backend as Backend  # re-exported: inventory callers import it here
 
 #: The vendors vgpuvirt places GPUs of, by PCI vendor id (requests name them: ``vendor=nvidia``).
 VENDOR_KEYS = {"0x10de": "nvidia", "0x8086": "intel", "0x1002": "amd"}

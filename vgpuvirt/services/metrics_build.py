@@ -29,6 +29,7 @@ from vgpuvirt.services.nvml_metrics import NvmlMetrics
 from vgpuvirt.services.nvsmi_readings import GpuReadings
 from vgpuvirt.services.nvsmi_report import SmiReport, smi_report
 from vgpuvirt.services.vgpu_query import ActiveVgpu, parse_vgpu_query
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.document import parse_xml
 from vgpuvirt.xml.refs import domain_device_refs
 
@@ -67,7 +68,7 @@ def _source(result: OpResult | None) -> str:
     return "ok" if result.ok else f"failed (exit {result.rc})"
 
 
-def _vgpu(vid: str, kind: str, parent: str | None, type_id: str | None, budget: GpuBudget | None,
+def _vgpu(vid: str, kind: GpuUse, parent: str | None, type_id: str | None, budget: GpuBudget | None,
           owner: Owner | None, a: ActiveVgpu | None) -> VgpuMetrics:
     t = budget.types.get(type_id) if budget is not None and type_id else None
     frl_on, frl = a.frame_rate_limit if a is not None else (None, None)
@@ -100,7 +101,7 @@ def _vgpus(inv: Inventory, g: Gpu, budget: GpuBudget | None, active: list[Active
     out: list[VgpuMetrics] = []
     for m in inv.mdevs:
         if m.parent in places:
-            out.append(_vgpu(str(m.uuid), "mdev", m.parent, m.type, budget, owners.by_mdev.get(str(m.uuid)),
+            out.append(_vgpu(str(m.uuid), GpuUse.MDEV, m.parent, m.type, budget, owners.by_mdev.get(str(m.uuid)),
                              by_mdev.get(str(m.uuid))))
     vfs = [v for v in inv.vendor_vgpu if v.address in set(g.vfs) and v.current_type]
     for v in vfs:
@@ -114,7 +115,7 @@ def _vgpus(inv: Inventory, g: Gpu, budget: GpuBudget | None, active: list[Active
             a = same[0] if len(same) == 1 and sum(1 for w in vfs if w.current_type == v.current_type) == 1 else None
         if a is not None:
             rest.remove(a)
-        out.append(_vgpu(str(v.address), "vendor-vf", str(v.address), tid, budget, owner, a))
+        out.append(_vgpu(str(v.address), GpuUse.VENDOR_VF, str(v.address), tid, budget, owner, a))
     return tuple(out)
 
 
@@ -145,7 +146,7 @@ def _gpu(inv: Inventory, g: Gpu, budget: GpuBudget | None, r: GpuReadings | None
     owner = owners.by_pci.get(g.address)          # a domain that holds the PF itself: passthrough
     return GpuMetrics(
         address=str(g.address), name=(r.name if r else None) or g.name, uuid=r.uuid if r else None,
-        mode=budget.mode if budget else None, sizing=budget.sizing if budget else None,
+        mode=budget.mode.capacity_word if budget else None, sizing=budget.sizing if budget else None,
         vm_name=owner[0] if owner else None, vm_uuid=owner[1] if owner else None,
         fb_total_mib=(r.fb_total_mib if r else None) or (budget.framebuffer_mib if budget else None),
         vgpu_fb_used_mib=vgpu_fb, types=_types(budget),

@@ -12,6 +12,7 @@ from vgpuvirt.services.gpu_capacity_build import gpu_budgets
 from vgpuvirt.services.inventory_model import Inventory
 from vgpuvirt.services.inventory_parse import type_sort_key
 from vgpuvirt.services.inventory_parts import MdevParent, MdevType, VendorType, VendorVf
+from vgpuvirt.usage import Backend
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class TypeCapacity:
     """
 
     parent: str
-    backend: str
+    backend: Backend
     id: str
     name: str | None
     available: int
@@ -48,7 +49,7 @@ class TypeCapacity:
                 "reason": self.reason, "device_api": self.device_api, "description": self.description}
 
 
-def _row_of(parent: str, backend: str, t: MdevType) -> TypeCapacity:
+def _row_of(parent: str, backend: Backend, t: MdevType) -> TypeCapacity:
     return TypeCapacity(parent=parent, backend=backend, id=t.id, name=t.name,
                         available=t.available_instances or 0, max_instances=t.max_instances, in_use=t.instances,
                         exact=True, framebuffer_mib=t.framebuffer_mib, series=t.series, mig_backed=t.mig_backed,
@@ -72,7 +73,7 @@ def type_capacity(inv: Inventory, *, parent: str | None = None, available_only: 
             continue
         if want is None or want == p.address:
             gpu = inv.gpu(p.address) if p.pci else None
-            backend = gpu.backend if gpu else ("mdev-sriov" if p.physfn else "mdev")
+            backend = gpu.backend if gpu else (Backend.MDEV_SRIOV if p.physfn else Backend.MDEV)
             rows.extend(_row_of(p.address, backend, t) for t in p.types)
     for pf, vfs in sorted(by_pf.items()):
         if want is not None and want != pf:
@@ -86,7 +87,7 @@ def type_capacity(inv: Inventory, *, parent: str | None = None, available_only: 
             t0 = ts[0]
             free = sum(1 for t in ts if (t.available_instances or 0) > 0)
             avail = free if t0.max_instances is None else min(free, max(0, t0.max_instances - on_gpu))
-            rows.append(TypeCapacity(parent=pf, backend="mdev-sriov", id=tid, name=t0.name, available=avail,
+            rows.append(TypeCapacity(parent=pf, backend=Backend.MDEV_SRIOV, id=tid, name=t0.name, available=avail,
                                      max_instances=t0.max_instances, in_use=sum(t.instances for t in ts),
                                      exact=False, free_vfs=free, framebuffer_mib=t0.framebuffer_mib,
                                      series=t0.series, mig_backed=t0.mig_backed, gi_profile=t0.gi_profile,
@@ -114,7 +115,7 @@ def _counted_by_budget(inv: Inventory, rows: list[TypeCapacity]) -> list[TypeCap
     out = []
     for r in rows:
         b = budgets.get(r.parent)
-        tid = f"nvidia-{r.id}" if r.backend == "vendor-vfio" else r.id
+        tid = f"nvidia-{r.id}" if r.backend is Backend.VENDOR_VFIO else r.id
         if b is None or tid not in b.types:
             out.append(r)
             continue
@@ -128,7 +129,7 @@ def _counted_by_budget(inv: Inventory, rows: list[TypeCapacity]) -> list[TypeCap
 
 def _vendor_row(parent: str, vt: VendorType, **kw: Any) -> TypeCapacity:
     d = vt.to_dict()
-    return TypeCapacity(parent=parent, backend="vendor-vfio", id=str(vt.id), name=vt.name or None,
+    return TypeCapacity(parent=parent, backend=Backend.VENDOR_VFIO, id=str(vt.id), name=vt.name or None,
                         framebuffer_mib=d["framebuffer_mib"], series=d["series"], mig_backed=d["mig_backed"],
                         gi_profile=d["gi_profile"], **kw)
 

@@ -22,6 +22,7 @@ from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_state
 from vgpuvirt.services.inventory import Inventory, inventory
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.element import pci_from_address
 from vgpuvirt.xml.provenance import Provenance
@@ -108,7 +109,7 @@ def read_both(source: Side, dest: Side, *, vms: tuple[str, ...] = ()) -> tuple[H
 class Move:
     """One vGPU of the VM: where it is on the source and where it goes on the destination."""
 
-    kind: str                          # mdev | vendor-vf
+    kind: GpuUse                       # MDEV or VENDOR_VF
     type: str                          # mdev type id (nvidia-231) or vGPU type id (1155)
     source: str                        # mdev UUID or VF address on the source
     source_parent: str | None
@@ -116,7 +117,7 @@ class Move:
     dest_parent: str = ""
 
     def describe(self) -> str:
-        if self.kind == "mdev":
+        if self.kind == GpuUse.MDEV:
             return f"vGPU {self.type} {self.source} on {self.source_parent} -> {self.dest} on {self.dest_parent}"
         return f"vGPU type {self.type} on VF {self.source} -> VF {self.dest}"
 
@@ -218,7 +219,7 @@ def _needs(vm: str, xml: str, src: HostFacts, refusals: list[str]) -> list[Move]
     prov = Provenance.read(xml)
     owned: dict[str, dict[str, str]] = {}
     for g in prov.gpus if prov else ():
-        if g.get("kind") == "mdev" and g.get("uuid"):
+        if g.get("kind") == GpuUse.MDEV and g.get("uuid"):
             owned[g["uuid"]] = dict(g)
     inv = src.inventory
     moves: list[Move] = []
@@ -229,12 +230,12 @@ def _needs(vm: str, xml: str, src: HostFacts, refusals: list[str]) -> list[Move]
         if not parent or not typ:
             refusals.append(f"vGPU {uuid} of {vm} is not on {src.name} (no such mdev, no ownership record)")
             continue
-        moves.append(Move("mdev", typ, uuid, parent))
+        moves.append(Move(GpuUse.MDEV, typ, uuid, parent))
     vfs = {str(v.address): v for v in inv.vendor_vgpu}
     for addr in sorted(str(a) for a in refs.pci):
         vf = vfs.get(addr)
         if vf is not None and vf.current_type != 0:
-            moves.append(Move("vendor-vf", str(vf.current_type), addr, str(vf.physfn) if vf.physfn else None))
+            moves.append(Move(GpuUse.VENDOR_VF, str(vf.current_type), addr, str(vf.physfn) if vf.physfn else None))
         else:
             refusals.append(f"{addr} is plain PCI passthrough: a passed-through device has no migratable state "
                             "(shut the VM down, or move it --offline)")
@@ -262,7 +263,7 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
             g.slots = []
     reqs = tuple(VgpuRequest(type=m.type) for m in moves)
     try:
-        assignments, _ = place([VmRequest(name=vm, gpus=reqs, start=False)], {hs.name: hs})
+        assignments = place([VmRequest(name=vm, gpus=reqs, start=False)], {hs.name: hs}).assignments
     except NoCapacity as exc:
         refusals.append(f"no capacity on {dst.name}: {exc}")
         return moves
@@ -275,7 +276,7 @@ def _place_moves(vm: str, moves: list[Move], src: HostFacts, dst: HostFacts, ref
             refusals.append(f"{m.source}: placed on {_board_text(got)}, not on the source's "
                             f"{_board_text(boards[m.source])}")
             continue
-        if m.kind == "mdev":
+        if m.kind == GpuUse.MDEV:
             uuid = m.source
             i = 0
             while uuid in taken or uuid in used:
@@ -312,8 +313,8 @@ def _gpu_checks(moves: list[Move], src: HostFacts, dst: HostFacts, refusals: lis
 def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
     """The domain XML for the destination: its mdev UUIDs and VF addresses, and the provenance that names them."""
     root = parse_xml(xml)
-    by_uuid = {m.source: m for m in moves if m.kind == "mdev"}
-    by_vf = {m.source: m for m in moves if m.kind == "vendor-vf"}
+    by_uuid = {m.source: m for m in moves if m.kind == GpuUse.MDEV}
+    by_vf = {m.source: m for m in moves if m.kind == GpuUse.VENDOR_VF}
     for addr in root.iterfind("devices/hostdev[@type='mdev']/source/address"):
         m = by_uuid.get(addr.get("uuid", ""))
         if m is not None:
@@ -338,10 +339,10 @@ def _rewrite(xml: str, moves: list[Move], dest: str) -> str:
         gpus: list[dict[str, str]] = []
         for g in prov.gpus:
             e = dict(g)
-            if e.get("kind") == "mdev" and e.get("uuid") in by_uuid:
+            if e.get("kind") == GpuUse.MDEV and e.get("uuid") in by_uuid:
                 m = by_uuid[e["uuid"]]
                 e.update(uuid=m.dest, parent=m.dest_parent)
-            elif e.get("kind") == "vendor-vf" and e.get("vf") in by_vf:
+            elif e.get("kind") == GpuUse.VENDOR_VF and e.get("vf") in by_vf:
                 e.update(vf=by_vf[e["vf"]].dest)
             gpus.append(e)
         Provenance.of(dest, gpus).attach(dom)
@@ -388,7 +389,7 @@ def plan_migration(vm: str, src: HostFacts, dst: HostFacts, *, live: bool | None
     plan.dest_xml = _rewrite(src.migratable.get(vm, xml), moves, dst.name)
     steps: list[Step] = []
     for m in moves:
-        if m.kind == "mdev":
+        if m.kind == GpuUse.MDEV:
             steps.append(CreateMdev(dst.name, vm, MdevUuid.parse(m.dest), PciAddress.parse(m.dest_parent),
                                     MdevTypeId.parse(m.type)))
         else:

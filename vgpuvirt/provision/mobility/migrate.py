@@ -34,6 +34,7 @@ from vgpuvirt.provision.mobility.checks import MigrationPlan, Move, Side, plan_m
 from vgpuvirt.provision.mobility.steps import JobProgress, MigrateDomain
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.services.mutation import apply_items
+from vgpuvirt.usage import GpuUse
 
 # -- run it ---------------------------------------------------------------------------------------
 
@@ -69,10 +70,10 @@ def release_source(side: Side, moves: list[Move], vm: str, *, attempts: int = 5,
     is not always at once: retried ``attempts`` times."""
     todo: list[DeviceStep] = []
     for m in moves:
-        if m.kind == "mdev" and m.source_parent:
+        if m.kind == GpuUse.MDEV and m.source_parent:
             todo.append(CreateMdev(side.name, vm, MdevUuid.parse(m.source), PciAddress.parse(m.source_parent),
                                    MdevTypeId.parse(m.type)))
-        elif m.kind == "vendor-vf":
+        elif m.kind == GpuUse.VENDOR_VF:
             todo.append(SetVfType(side.name, vm, PciAddress.parse(m.source), VgpuTypeId.parse(m.type)))
     out: list[str] = []
     for n in range(attempts):

@@ -15,6 +15,7 @@ from vgpuvirt.errors import VgpuvirtError
 from vgpuvirt.host.base import Op
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.mobility.checks import HostFacts, MigrationPlan, Side
+from vgpuvirt.usage import GpuUse
 
 LIVE, SLEEP, HIBERNATE, COLD = 8, 4, 2, 1
 _VM_NAMES = ((LIVE, "live"), (SLEEP, "sleep"), (HIBERNATE, "hibernate"), (COLD, "cold"))
@@ -28,7 +29,7 @@ def _names(value: int, table: tuple[tuple[int, str], ...]) -> str:
 
 def nvml_verdicts(source: Side, dest: Side, dst: HostFacts, plan: MigrationPlan) -> tuple[list[str], list[str]]:
     """(refusals, notes) from NVML on both hosts for the plan's mdev vGPUs; nothing asked when there are none."""
-    moves = [m for m in plan.moves if m.kind == "mdev" and m.type.startswith("nvidia-")]
+    moves = [m for m in plan.moves if m.kind == GpuUse.MDEV and m.type.startswith("nvidia-")]
     if not moves:
         return [], []
     notes: list[str] = []

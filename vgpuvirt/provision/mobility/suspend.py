@@ -19,6 +19,7 @@ from vgpuvirt.model import DomainName
 from vgpuvirt.provision.mobility.checks import Side
 from vgpuvirt.provision.plan import Plan
 from vgpuvirt.services.inventory import inventory
+from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs
@@ -55,7 +56,7 @@ def _owned_mdevs(xml: str) -> set[str]:
     """The VM's mdev vGPUs: those its domain names, and those its ownership record lists (as migrate counts)."""
     prov = Provenance.of_domain(Domain(parse_xml(xml)))
     return {str(u) for u in domain_device_refs(xml).mdevs} | {
-        g["uuid"] for g in (prov.gpus if prov else ()) if g.get("kind") == "mdev" and g.get("uuid")}
+        g["uuid"] for g in (prov.gpus if prov else ()) if g.get("kind") == GpuUse.MDEV and g.get("uuid")}
 
 
 def resume(side: Side, vm: str) -> SuspendResult:
@@ -74,7 +75,8 @@ def resume(side: Side, vm: str) -> SuspendResult:
     missing = sorted(u for u in owned if u not in present)
     steps: list[Step] = []
     for u in missing:
-        entry = next((g for g in (prov.gpus if prov else ()) if g.get("kind") == "mdev" and g.get("uuid") == u), None)
+        entry = next((g for g in (prov.gpus if prov else ()) if g.get("kind") == GpuUse.MDEV and g.get("uuid") == u),
+                     None)
         made = step_from_meta(side.name, vm, entry) if entry is not None else None
         if made is None:
             raise InvalidSpec("VM", vm, f"its vGPU {u} to exist on {side.name}, or an ownership record to "

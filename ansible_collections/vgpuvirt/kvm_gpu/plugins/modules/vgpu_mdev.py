@@ -230,6 +230,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.provision.request import TypeProfile, VgpuRequest, fit
     from vgpuvirt.services.inventory import VendorType, inventory
     from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+    from vgpuvirt.usage import GpuUse
 
 
 ARGUMENT_SPEC = dict(
@@ -277,7 +278,7 @@ def mdev_present(module, host, inv, u, req):
                           dry_run=module.check_mode), found.parent, found.type
     if req is None:
         raise InvalidSpec("type/need", None, f"a vGPU type or need: mdev {u} does not exist yet")
-    chosen = place_one(inv, req, kind="mdev", vm=str(u), where=parent)
+    chosen = place_one(inv, req, kind=GpuUse.MDEV, vm=str(u), where=parent)
     change = svc.ensure(u, chosen.slot, chosen.type.id, persist=persist, dry_run=module.check_mode)
     return change, None, None
 
@@ -299,7 +300,8 @@ def vf_present(module, host, inv, vf, req):
             return svc.assign(found.current_type, vf=vf, dry_run=module.check_mode), found.current_type
     if req is None:
         raise InvalidSpec("type/need", None, f"a vGPU type or need: VF {vf} has no vGPU type yet")
-    prof = place_one(inv, req, kind="vendor-vf", vm=f"vf-{vf.bus:02x}-{vf.slot:02x}-{vf.function}", where=vf).type \
+    name = f"vf-{vf.bus:02x}-{vf.slot:02x}-{vf.function}"
+    prof = place_one(inv, req, kind=GpuUse.VENDOR_VF, vm=name, where=vf).type \
         if found is not None and found.current_type == 0 else None
     type_id = prof.numeric_id if prof is not None else req.type
     return svc.assign(type_id, vf=vf, dry_run=module.check_mode), (found.current_type if found else None)
