@@ -167,12 +167,14 @@ class Runner:
         if first is not None:
             raise first
 
-    def run_items(self, steps: Sequence[HostStep]) -> list[Outcome]:
-        """Host steps in ONE locked batch that stops at the first failed step; every step that ran (in full or in
-        part) is journaled, and each step's outcome is returned (a ``*_many`` API's per-item answer). Raises only
-        when the batch's answer is lost (then every step is journaled as "maybe done")."""
+    def run_items(self, steps: Sequence[HostStep], *, standalone: bool = False) -> list[Outcome]:
+        """Host steps in ONE locked batch that stops at the first failed step (``standalone``: goes on past it, each
+        step being independent of the others); every step that ran (in full or in part) is journaled, and each
+        step's outcome is returned (a ``*_many`` API's per-item answer). Raises only when the batch's answer is lost
+        (then every step is journaled as "maybe done")."""
         try:
-            outcomes = apply_items(self.host, [s.item(self.wait_timeout) for s in steps], on_error="stop")
+            outcomes = apply_items(self.host, [s.item(self.wait_timeout) for s in steps],
+                                   on_error="continue" if standalone else "stop")
         except VgpuvirtError:
             # The batch may have run in part: every step is "maybe done", its undo the one known beforehand.
             for s in steps:

@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuvirt.change.device_removal import RemoveDevice
 from vgpuvirt.change.mdev import CreateMdev
+from vgpuvirt.change.runner import Runner
 from vgpuvirt.change.step import DeviceStep
 from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec, VgpuvirtError
@@ -33,7 +35,6 @@ from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.mobility.checks import MigrationPlan, Move, Side, plan_migration, read_both
 from vgpuvirt.provision.mobility.steps import JobProgress, MigrateDomain
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.usage import GpuUse
 
 # -- run it ---------------------------------------------------------------------------------------
@@ -76,17 +77,15 @@ def release_source(side: Side, moves: list[Move], vm: str, *, attempts: int = 5,
         elif m.kind == GpuUse.VENDOR_VF:
             todo.append(SetVfType(side.name, vm, PciAddress.parse(m.source), VgpuTypeId.parse(m.type)))
     out: list[str] = []
+    runner = Runner(side.host)
     for n in range(attempts):
         if not todo:
             break
-        outcomes = apply_items(side.host, [s.undo_item(10.0) for s in todo], on_error="continue")
-        left: list[DeviceStep] = []
-        for s, o in zip(todo, outcomes, strict=True):
-            if o.ok:
-                out.append(f"{side.name}: {s.undone()}")
-            else:
-                left.append(s)
-        todo = left
+        # each removal stands alone (nothing is put back: the VM runs on the destination); the ones QEMU still
+        # holds are tried again
+        outcomes = runner.run_items([RemoveDevice(side.name, vm, s) for s in todo], standalone=True)
+        out += [f"{side.name}: {s.undone()}" for s, o in zip(todo, outcomes, strict=True) if o.ok]
+        todo = [s for s, o in zip(todo, outcomes, strict=True) if not o.ok]
         if todo and n + 1 < attempts:
             time.sleep(wait_s)
     out += [f"{side.name}: FAILED to release {s.target} (still held after {attempts} tries)" for s in todo]
