@@ -1,0 +1,171 @@
+"""``python -m tests.mutation``: mutate modules, run the tests that cover each, report what survived.
+
+A report, not a gate: the exit status is 0 whatever survived, 2 when the tool itself cannot run, and 1
+only with ``--fail-under PCT`` and a score below it. See docs/mutation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .mutants import Mutant, mutants_of
+from .run import Baseline, Outcome, Worker, baseline, check_copy, run_all, run_mutant, workers
+from .select import ImportGraph, module_name
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PATHS = ["vgpuvirt/provision", "vgpuvirt/services/gpu_capacity.py", "vgpuvirt/services/gpu_capacity_build.py",
+                 "vgpuvirt/services/type_capacity.py"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
+    p.add_argument("--paths", nargs="+", default=DEFAULT_PATHS, help="modules or folders to mutate (from --root)")
+    p.add_argument("--exclude", nargs="*", default=[], help="modules or folders under --paths to leave alone")
+    p.add_argument("--root", type=Path, default=REPO, help="repository to copy (default: this one)")
+    p.add_argument("--tests", nargs="+", default=["tests/unit", "tests/property"], help="test folders to select from")
+    p.add_argument("--depth", type=int, default=1, help="import hops between a test and the module (default 1)")
+    p.add_argument("--marker", default="not integration and not slow", help="pytest -m expression for the runs")
+    p.add_argument("--max", type=int, default=0, help="sample this many mutants (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
+    p.add_argument("--jobs", type=int, default=1, help="mutants run at once (one repository copy each)")
+    p.add_argument("--timeout-factor", type=float, default=3.0, help="a mutant's run may take this x the baseline")
+    p.add_argument("--min-timeout", type=float, default=60.0, help="seconds, the least a mutant's run may take")
+    p.add_argument("--budget", type=float, default=0.0, help="minutes: start no mutant after this (0: no limit)")
+    p.add_argument("--json", type=Path, help="also write the outcomes here")
+    p.add_argument("--list", action="store_true", help="print the (sampled) mutants and run nothing")
+    p.add_argument("--fail-under", type=float, help="exit 1 when the score (%% detected) is below this")
+    return p
+
+
+def _targets(root: Path, paths: Sequence[str], exclude: Sequence[str]) -> list[Path]:
+    out: list[Path] = []
+    skip = [(root / e).resolve() for e in exclude]
+    for p in paths:
+        full = root / p
+        if not full.exists():
+            raise ValueError(f"no such path under {root}: {p}")
+        files = sorted(full.rglob("*.py")) if full.is_dir() else [full]
+        out += [f for f in files if "__pycache__" not in f.parts
+                and not any(f.resolve().is_relative_to(s) for s in skip)]
+    return out
+
+
+def _report(outcomes: list[Outcome], baselines: dict[str, Baseline], not_run: int) -> tuple[str, float]:
+    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for o in outcomes:
+        per[o.mutant.path][o.status] += 1
+    lines = [f"{'module':<46} {'tried':>5} {'killed':>6} {'surv':>5} {'t/o':>4} {'err':>4} {'score':>6} {'tests':>5}"]
+    total: dict[str, int] = defaultdict(int)
+    for path in sorted(per):
+        c = per[path]
+        tried = sum(c.values())
+        for k, v in c.items():
+            total[k] += v
+        score = 100.0 * (c["killed"] + c["timeout"]) / max(1, tried - c["error"])
+        lines.append(f"{path:<46} {tried:>5} {c['killed']:>6} {c['survived']:>5} {c['timeout']:>4} {c['error']:>4} "
+                     f"{score:>5.0f}% {len(baselines[path].tests):>5}")
+    tried = sum(total.values())
+    score = 100.0 * (total["killed"] + total["timeout"]) / max(1, tried - total["error"])
+    lines.append(f"{'TOTAL':<46} {tried:>5} {total['killed']:>6} {total['survived']:>5} {total['timeout']:>4} "
+                 f"{total['error']:>4} {score:>5.0f}%")
+    if not_run:
+        lines.append(f"not run (budget spent): {not_run}")
+    skipped = [b for b in baselines.values() if not b.ok]
+    for b in skipped:
+        lines.append(f"not mutated: {b.module_path}: {b.detail}")
+    surv = sorted((o for o in outcomes if o.status in ("survived", "timeout", "error")),
+                  key=lambda o: (o.mutant.path, o.mutant.line, o.mutant.start))
+    if surv:
+        lines.append("")
+        lines.append("survivors (score counts a timeout as detected):")
+        for o in surv:
+            tag = "" if o.status == "survived" else f"   [{o.status}{': ' + o.detail[:120] if o.detail else ''}]"
+            lines.append(f"  {o.mutant.describe()}{tag}")
+    return "\n".join(lines), score
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    root = args.root.resolve()
+    t0 = time.monotonic()
+    files = _targets(root, args.paths, args.exclude)
+    graph = ImportGraph(root, [root / t for t in args.tests])
+    sources = {f.relative_to(root).as_posix(): f.read_text(encoding="utf-8") for f in files}
+    every: list[Mutant] = []
+    for rel, src in sources.items():
+        every += mutants_of(src, rel)
+    rng = random.Random(args.seed)
+    chosen = rng.sample(every, args.max) if args.max and args.max < len(every) else list(every)
+    # a splice that does not give the intended tree is dropped, never run (see Mutant.check)
+    valid = [m for m in chosen if m.check(sources[m.path])]
+    print(f"mutants: {len(every)} in {len(files)} modules; sampled {len(chosen)} (seed {args.seed}); "
+          f"{len(chosen) - len(valid)} dropped as invalid", flush=True)
+    if args.list:
+        for m in sorted(valid, key=lambda m: (m.path, m.start)):
+            print(f"  {m.describe()}")
+        return 0
+    wanted = sorted({m.path for m in valid})
+    selections = {p: graph.select(module_name(root, root / p), args.depth).tests for p in wanted}
+    package = module_name(root, root / wanted[0]).split(".")[0] if wanted else ""
+    with workers(root, max(1, args.jobs)) as pool:
+        check_copy(pool[0], package)
+        base_tasks: list[Callable[[Worker], object]] = [
+            (lambda w, p=p: baseline(w, p, selections[p], args.marker)) for p in wanted]
+        baselines: dict[str, Baseline] = {b.module_path: b for b in run_all(pool, base_tasks)}  # type: ignore[union-attr]
+        for b in baselines.values():
+            print(f"baseline {b.module_path}: {len(b.tests)} test files, {b.seconds:.0f} s"
+                  f"{'' if b.ok else ' -- NOT MUTATED: ' + b.detail}"
+                  f"{f', {len(b.deselect)} failing tests deselected' if b.deselect else ''}", flush=True)
+        runnable = [m for m in valid if baselines[m.path].ok]
+        deadline = t0 + args.budget * 60 if args.budget else None
+        done: list[Outcome] = []
+
+        def task(m: Mutant) -> Callable[[Worker], object]:
+            def go(w: Worker) -> object:
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+                b = baselines[m.path]
+                o = run_mutant(w, m, b, args.marker, max(args.min_timeout, args.timeout_factor * b.seconds))
+                done.append(o)
+                print(f"[{len(done)}/{len(runnable)}] {o.status:<8} {o.seconds:5.1f}s {m.describe()}", flush=True)
+                return o
+            return go
+
+        results = run_all(pool, [task(m) for m in runnable])
+    outcomes = [o for o in results if isinstance(o, Outcome)]
+    text, score = _report(outcomes, baselines, len(results) - len(outcomes))
+    print()
+    print(text)
+    print(f"\nwall time: {(time.monotonic() - t0) / 60:.1f} min, jobs {args.jobs}, depth {args.depth}, "
+          f"marker {args.marker!r}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "score": score,
+            "outcomes": [{"id": o.mutant.ident, "path": o.mutant.path, "line": o.mutant.line, "kind": o.mutant.kind,
+                          "status": o.status, "seconds": round(o.seconds, 1), "detail": o.detail,
+                          "describe": o.mutant.describe()} for o in outcomes],
+            "baselines": {p: {"tests": list(b.tests), "seconds": round(b.seconds, 1), "ok": b.ok,
+                              "deselected": list(b.deselect), "detail": b.detail} for p, b in baselines.items()},
+        }, indent=1) + "\n")
+    if args.fail_under is not None and score < args.fail_under:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # the tool itself broke: say so in one line, exit 2
+        print(f"mutation: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)
