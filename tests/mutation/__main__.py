@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .mutants import Mutant, mutants_of
-from .run import Baseline, Outcome, Worker, baseline, check_copy, run_all, run_mutant, workers
+from .run import Outcome, Worker, baseline, check_copy, merge, run_all, run_mutant, workers
 from .select import ImportGraph, module_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,8 @@ def _targets(root: Path, paths: Sequence[str], exclude: Sequence[str]) -> list[P
     return out
 
 
-def _report(outcomes: list[Outcome], baselines: dict[str, Baseline], not_run: int) -> tuple[str, float]:
+def _report(outcomes: list[Outcome], order: dict[str, tuple[str, ...]], empty: list[str],
+            not_run: int) -> tuple[str, float]:
     per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for o in outcomes:
         per[o.mutant.path][o.status] += 1
@@ -70,16 +71,15 @@ def _report(outcomes: list[Outcome], baselines: dict[str, Baseline], not_run: in
             total[k] += v
         score = 100.0 * (c["killed"] + c["timeout"]) / max(1, tried - c["error"])
         lines.append(f"{path:<46} {tried:>5} {c['killed']:>6} {c['survived']:>5} {c['timeout']:>4} {c['error']:>4} "
-                     f"{score:>5.0f}% {len(baselines[path].tests):>5}")
+                     f"{score:>5.0f}% {len(order[path]):>5}")
     tried = sum(total.values())
     score = 100.0 * (total["killed"] + total["timeout"]) / max(1, tried - total["error"])
     lines.append(f"{'TOTAL':<46} {tried:>5} {total['killed']:>6} {total['survived']:>5} {total['timeout']:>4} "
                  f"{total['error']:>4} {score:>5.0f}%")
     if not_run:
         lines.append(f"not run (budget spent): {not_run}")
-    skipped = [b for b in baselines.values() if not b.ok]
-    for b in skipped:
-        lines.append(f"not mutated: {b.module_path}: {b.detail}")
+    for path in empty:
+        lines.append(f"not mutated: {path}: no test file within --depth imports it")
     surv = sorted((o for o in outcomes if o.status in ("survived", "timeout", "error")),
                   key=lambda o: (o.mutant.path, o.mutant.line, o.mutant.start))
     if surv:
@@ -112,18 +112,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {m.describe()}")
         return 0
     wanted = sorted({m.path for m in valid})
-    selections = {p: graph.select(module_name(root, root / p), args.depth).tests for p in wanted}
+    selections = {p: graph.select(module_name(root, root / p), args.depth) for p in wanted}
+    union = sorted({t for sel in selections.values() for t in sel.tests})
     package = module_name(root, root / wanted[0]).split(".")[0] if wanted else ""
-    with workers(root, max(1, args.jobs)) as pool:
+    jobs = max(1, args.jobs)
+    with workers(root, jobs) as pool:
         check_copy(pool[0], package)
-        base_tasks: list[Callable[[Worker], object]] = [
-            (lambda w, p=p: baseline(w, p, selections[p], args.marker)) for p in wanted]
-        baselines: dict[str, Baseline] = {b.module_path: b for b in run_all(pool, base_tasks)}  # type: ignore[union-attr]
-        for b in baselines.values():
-            print(f"baseline {b.module_path}: {len(b.tests)} test files, {b.seconds:.0f} s"
-                  f"{'' if b.ok else ' -- NOT MUTATED: ' + b.detail}"
-                  f"{f', {len(b.deselect)} failing tests deselected' if b.deselect else ''}", flush=True)
-        runnable = [m for m in valid if baselines[m.path].ok]
+        # one baseline for every selected file, cut in one chunk per worker
+        chunks = [tuple(union[i::jobs]) for i in range(jobs)]
+        base = merge(run_all(pool, [(lambda w, c=c: baseline(w, c, args.marker)) for c in chunks]))  # type: ignore[misc]
+        print(f"baseline: {len(union)} test files, {sum(base.file_seconds.values()):.0f} s of test time"
+              f"{f', {len(base.deselect)} tests failing unmutated (deselected)' if base.deselect else ''}", flush=True)
+        if not base.ok:
+            raise RuntimeError(base.detail)
+        order: dict[str, tuple[str, ...]] = {}
+        for p, sel in selections.items():
+            # closest first, then fastest first: with -x a killed mutant usually costs one quick file
+            order[p] = tuple(sorted(sel.tests, key=lambda t: (sel.distance[t], base.file_seconds.get(t, 0.0), t)))
+        empty = [p for p in wanted if not order[p]]
+        runnable = [m for m in valid if order[m.path]]
         deadline = t0 + args.budget * 60 if args.budget else None
         done: list[Outcome] = []
 
@@ -131,8 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             def go(w: Worker) -> object:
                 if deadline is not None and time.monotonic() > deadline:
                     return None
-                b = baselines[m.path]
-                o = run_mutant(w, m, b, args.marker, max(args.min_timeout, args.timeout_factor * b.seconds))
+                tests = order[m.path]
+                secs = sum(base.file_seconds.get(t, 0.0) for t in tests)
+                o = run_mutant(w, m, tests, base, args.marker, max(args.min_timeout, args.timeout_factor * secs))
                 done.append(o)
                 print(f"[{len(done)}/{len(runnable)}] {o.status:<8} {o.seconds:5.1f}s {m.describe()}", flush=True)
                 return o
@@ -140,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         results = run_all(pool, [task(m) for m in runnable])
     outcomes = [o for o in results if isinstance(o, Outcome)]
-    text, score = _report(outcomes, baselines, len(results) - len(outcomes))
+    text, score = _report(outcomes, order, empty, len(results) - len(outcomes))
     print()
     print(text)
     print(f"\nwall time: {(time.monotonic() - t0) / 60:.1f} min, jobs {args.jobs}, depth {args.depth}, "
@@ -151,8 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "outcomes": [{"id": o.mutant.ident, "path": o.mutant.path, "line": o.mutant.line, "kind": o.mutant.kind,
                           "status": o.status, "seconds": round(o.seconds, 1), "detail": o.detail,
                           "describe": o.mutant.describe()} for o in outcomes],
-            "baselines": {p: {"tests": list(b.tests), "seconds": round(b.seconds, 1), "ok": b.ok,
-                              "deselected": list(b.deselect), "detail": b.detail} for p, b in baselines.items()},
+            "tests": {p: list(t) for p, t in order.items()},
+            "deselected": list(base.deselect),
         }, indent=1) + "\n")
     if args.fail_under is not None and score < args.fail_under:
         return 1

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from .mutants import Mutant
 
@@ -44,10 +45,10 @@ class Outcome:
 
 @dataclass
 class Baseline:
-    module_path: str
-    tests: tuple[str, ...]
+    """The selected tests run once, unmutated: what fails already, and how long each file takes."""
+
     deselect: tuple[str, ...] = ()
-    seconds: float = 0.0
+    file_seconds: dict[str, float] = field(default_factory=dict)
     ok: bool = True
     detail: str = ""
 
@@ -122,29 +123,51 @@ def check_copy(w: Worker, package: str) -> None:
         raise RuntimeError(f"the copy's {package} is not the one imported: {out.strip()[-300:]}")
 
 
-def baseline(w: Worker, module_path: str, tests: tuple[str, ...], marker: str) -> Baseline:
-    """Run the selection on the unmutated copy; tests failing there are left out of the mutants' runs."""
-    b = Baseline(module_path, tests)
+def _file_seconds(junit: Path, files: tuple[str, ...]) -> dict[str, float]:
+    """Seconds per test file from pytest's JUnit XML (a test's classname is its file's dotted path)."""
+    by_dotted = {f.removesuffix(".py").replace("/", "."): f for f in files}
+    out = dict.fromkeys(files, 0.0)
+    if not junit.is_file():
+        return out
+    for case in ElementTree.parse(junit).iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        for i in range(len(parts), 0, -1):
+            f = by_dotted.get(".".join(parts[:i]))
+            if f is not None:
+                out[f] += float(case.get("time", "0") or 0)
+                break
+    return out
+
+
+def baseline(w: Worker, tests: tuple[str, ...], marker: str) -> Baseline:
+    """Run ``tests`` on the unmutated copy; tests failing there are left out of the mutants' runs."""
+    b = Baseline()
     if not tests:
-        b.ok, b.detail = False, "no test file imports it"
         return b
-    env = dict(w.env)
-    rc, out, secs = _run(_pytest_argv(tests, (), marker, False), w.root, env, None)
-    b.seconds = secs
-    if rc == 5:
-        b.ok, b.detail = False, "no test selected"
-    elif rc == 1:
+    junit = w.root.parent / f"baseline-{os.getpid()}-{id(tests)}.xml"
+    argv = [*_pytest_argv(tests, (), marker, False), f"--junitxml={junit}"]
+    rc, out, _ = _run(argv, w.root, w.env, None)
+    if rc == 1:
         b.deselect = tuple(_failures(out))
-        rc, out, secs = _run(_pytest_argv(tests, b.deselect, marker, False), w.root, env, None)
-        b.seconds = secs
-        if rc != 0:
-            b.ok, b.detail = False, f"baseline fails even without {len(b.deselect)} failing tests: {out[-300:]}"
-    elif rc != 0:
-        b.ok, b.detail = False, f"baseline exit {rc}: {out.strip()[-300:]}"
+        rc, out, _ = _run([*_pytest_argv(tests, b.deselect, marker, False), f"--junitxml={junit}"], w.root, w.env,
+                          None)
+    if rc not in (0, 5):
+        b.ok, b.detail = False, f"baseline exit {rc} (after deselecting {len(b.deselect)}): {out.strip()[-300:]}"
+    b.file_seconds = _file_seconds(junit, tests)
     return b
 
 
-def run_mutant(w: Worker, m: Mutant, b: Baseline, marker: str, timeout: float) -> Outcome:
+def merge(parts: list[Baseline]) -> Baseline:
+    b = Baseline()
+    for p in parts:
+        b.deselect += p.deselect
+        b.file_seconds.update(p.file_seconds)
+        if not p.ok:
+            b.ok, b.detail = False, p.detail
+    return b
+
+
+def run_mutant(w: Worker, m: Mutant, tests: tuple[str, ...], b: Baseline, marker: str, timeout: float) -> Outcome:
     target = w.root / m.path
     original = target.read_text(encoding="utf-8")
     cached = target.parent / "__pycache__"
@@ -158,7 +181,7 @@ def run_mutant(w: Worker, m: Mutant, b: Baseline, marker: str, timeout: float) -
     try:
         drop_pyc()
         target.write_text(m.apply(original), encoding="utf-8")
-        rc, out, secs = _run(_pytest_argv(b.tests, b.deselect, marker, True), w.root, env, timeout)
+        rc, out, secs = _run(_pytest_argv(tests, b.deselect, marker, True), w.root, env, timeout)
     finally:
         target.write_text(original, encoding="utf-8")
         drop_pyc()

@@ -152,10 +152,11 @@ def test_killable_mutant_is_killed_equivalent_survives_tree_untouched(tmp_path: 
     assert tests == ("tests/test_tiny.py",)
     with workers(root, 1) as (w,):
         assert w.root != root
-        b = baseline(w, "pkg/tiny.py", tests, "")
+        b = baseline(w, tests, "")
         assert b.ok and b.deselect == ()
-        killed = run_mutant(w, killable, b, "", 60)
-        survived = run_mutant(w, equivalent, b, "", 60)
+        assert set(b.file_seconds) == {"tests/test_tiny.py"}
+        killed = run_mutant(w, killable, tests, b, "", 60)
+        survived = run_mutant(w, equivalent, tests, b, "", 60)
         # the copy is put back after each mutant
         assert (w.root / "pkg" / "tiny.py").read_text() == TINY
     assert (killed.status, survived.status) == ("killed", "survived")
@@ -169,9 +170,9 @@ def test_a_test_failing_before_any_mutation_is_deselected_not_a_kill(tmp_path: P
     (root / "tests" / "test_tiny.py").write_text(TINY_TEST + broken)
     m = _one(mutants_of(TINY, "pkg/tiny.py"), "pkg/tiny.py:5: x < 0 -> (x <= 0)")
     with workers(root, 1) as (w,):
-        b = baseline(w, "pkg/tiny.py", ("tests/test_tiny.py",), "")
+        b = baseline(w, ("tests/test_tiny.py",), "")
         assert b.ok and b.deselect == ("tests/test_tiny.py::test_broken",)
-        assert run_mutant(w, m, b, "", 60).status == "survived"
+        assert run_mutant(w, m, ("tests/test_tiny.py",), b, "", 60).status == "survived"
 
 
 @pytest.mark.slow
@@ -188,7 +189,7 @@ def test_the_command_reports_and_exits_zero_unless_fail_under(tmp_path: Path) ->
     status = {o["describe"]: o["status"] for o in data["outcomes"]}
     assert status["pkg/tiny.py:6: 0 -> (1)"] == "killed"
     assert status["pkg/tiny.py:12: x < 0 -> (not x < 0)"] == "killed"
-    assert data["baselines"]["pkg/tiny.py"]["tests"] == ["tests/test_tiny.py"]
+    assert data["tests"]["pkg/tiny.py"] == ["tests/test_tiny.py"]
     assert _digest(root) == before
     failing = subprocess.run([*argv, "--fail-under", "100"], cwd=REPO, capture_output=True, text=True,
                              env={"PYTHONPATH": str(REPO)}, timeout=300)
