@@ -155,6 +155,42 @@ def test_a_failed_attach_removes_the_vgpu_it_made(conn, monkeypatch):
         teardown(h, conn, ["w16vm-hp-fail"])
 
 
+def test_a_failure_after_the_attach_detaches_the_device_again(conn, monkeypatch):
+    # the device is on the domain when the provenance write fails: rollback must take it off again,
+    # not only remove the vGPU behind it (a domain left pointing at a removed mdev will not start)
+    from vgpuvirt.errors import LibvirtError, ProvisioningError
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import attach_gpu
+    h = SimHost.from_profile("t4x2")
+    vm = "w16vm-hp-meta"
+    provision(h, conn, [VmRequest(vm, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    on_domain: list[str] = []
+
+    def attach(name: str, device: Any, **kw: Any) -> None:
+        on_domain.append(repr(device))
+
+    def detach(name: str, device: Any, **kw: Any) -> None:
+        on_domain.remove(repr(device))
+
+    def metadata_refused(*a: Any, **kw: Any) -> None:
+        raise LibvirtError("set metadata failed: injected", domain=vm, code=1, uri=conn.uri)
+
+    try:
+        before = {m.uuid for m in inventory(h).mdevs}
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", attach)
+        monkeypatch.setattr(conn, "detach", detach)
+        monkeypatch.setattr(conn, "set_metadata", metadata_refused)
+        with pytest.raises(ProvisioningError, match="injected") as ei:
+            attach_gpu(h, conn, vm, VgpuRequest.parse("nvidia-231"))
+        assert on_domain == []
+        assert any(r.startswith("detached ") for r in ei.value.rollback)
+        assert {m.uuid for m in inventory(h).mdevs} == before
+    finally:
+        monkeypatch.undo()
+        teardown(h, conn, [vm])
+
+
 def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
     from vgpuvirt.provision import NicRequest
     from vgpuvirt.provision.vms import vm_infos
