@@ -57,6 +57,14 @@ def test_a_vf_is_needed_per_vgpu_on_sriov_boards() -> None:
     assert f.fits_now == 16 and "16 free VF(s) offer it" in f.reason
 
 
+def test_no_free_vf_left_means_none_fit_though_the_framebuffer_has_room() -> None:
+    b = _budget("l40s-vgpu17", "0000:3d:00.0")                # 16 VFs enabled, 48 GiB
+    for _ in range(16):
+        b = b.with_vgpu("nvidia-1147", b.free_place("nvidia-1147").address)   # type: ignore[union-attr]
+    f = b.fit("nvidia-1147")                                   # 16 GiB of 1Q used, 32 GiB left, no VF
+    assert f.fits_now == 0 and "0 free VF(s) offer it" in f.reason
+
+
 def test_mixed_size_mode_counts_the_framebuffer_left() -> None:
     t8 = VgpuType("t8", "X-8Q", 8192, 6)
     t16 = VgpuType("t16", "X-16Q", 16384, 3)
