@@ -191,6 +191,18 @@ def test_a_failure_after_the_attach_detaches_the_device_again(conn, monkeypatch)
         teardown(h, conn, [vm])
 
 
+def test_detach_without_a_device_takes_the_vms_one_gpu_not_its_nic_vf():
+    from vgpuvirt.provision.hotplug import select_devices
+    from vgpuvirt.xml import Domain, HostdevInterface
+    u = MdevUuid.parse("0f2c4c1a-3f7b-4e0e-9a55-2bd1b1c0e002")
+    dom = Domain.from_xml("<domain type='kvm'><name>g</name><devices/></domain>")
+    dom.add_device(MdevHostdev(u))
+    dom.add_device(HostdevInterface(PciAddress.parse("0000:5e:02.1")))   # a NIC VF is not a GPU to detach
+    assert select_devices(dom, None) == [MdevHostdev(u)]
+    # named, the NIC VF can be detached too
+    assert select_devices(dom, "0000:5e:02.1") == [HostdevInterface(PciAddress.parse("0000:5e:02.1"))]
+
+
 def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
     from vgpuvirt.provision import NicRequest
     from vgpuvirt.provision.vms import vm_infos
