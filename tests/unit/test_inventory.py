@@ -147,6 +147,9 @@ def test_l40s_vendor_specific_vfs(tmp_path: Path) -> None:
     assert inv.device("3d:00.4").domain == "render1"  # type: ignore[union-attr]
     rows = {r.id: r for r in type_capacity(inv)}
     assert rows["1155"].in_use == 1 and rows["1155"].free_vfs == 1 and rows["1165"].in_use == 0
+    # what `vgpuvirt types --json` prints for it: the vGPU in use is counted there too
+    row = rows["1155"].to_dict()
+    assert (row["in_use"], row["free_vfs"], row["parent"]) == (1, 1, "0000:3d:00.0")
 
 
 def test_gvtg_transcript(tmp_path: Path) -> None:
