@@ -203,6 +203,49 @@ def test_detach_without_a_device_takes_the_vms_one_gpu_not_its_nic_vf():
     assert select_devices(dom, "0000:5e:02.1") == [HostdevInterface(PciAddress.parse("0000:5e:02.1"))]
 
 
+def test_an_attached_vgpu_is_recorded_in_the_vms_provenance(conn, monkeypatch):
+    # the record is what teardown and detach later remove by: a vGPU attached but not recorded would be left
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import attach_gpu
+    from vgpuvirt.xml.provenance import Provenance
+    h = SimHost.from_profile("t4x2")
+    vm = "w16vm-hp-rec"
+    provision(h, conn, [VmRequest(vm, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", lambda *a, **kw: None)    # the test driver cannot hot-plug
+        res = attach_gpu(h, conn, vm, VgpuRequest.parse("nvidia-231"))
+        prov = Provenance.read(conn.xml(vm, inactive=True))
+        assert prov is not None and len(prov.gpus) == 2
+        assert res.devices == [f"mdev {prov.gpus[1]['uuid']}"]
+    finally:
+        monkeypatch.undo()
+        teardown(h, conn, [vm])
+
+
+def test_detach_says_which_vgpu_it_leaves_because_vgpuvirt_did_not_make_it(conn, monkeypatch):
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import detach_gpu
+    from vgpuvirt.xml import Domain
+    h = SimHost.from_profile("t4x2")
+    ours, theirs = "w16vm-hp-ours", "w16vm-hp-theirs"
+    provision(h, conn, [VmRequest(ours, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    foreign = MdevUuid.parse("0f2c4c1a-3f7b-4e0e-9a55-2bd1b1c0e003")
+    dom = Domain.from_xml(f"<domain type='test'><name>{theirs}</name><memory>65536</memory><vcpu>1</vcpu>"
+                          "<os><type>hvm</type></os><devices/></domain>")
+    dom.add_device(MdevHostdev(foreign))
+    conn.define(dom.to_xml())
+    try:
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        assert detach_gpu(h, conn, ours, dry_run=True).left == []
+        left = detach_gpu(h, conn, theirs, dry_run=True).left
+        assert len(left) == 1 and left[0].startswith(f"vGPU {foreign}: not made by vgpuvirt for {theirs}")
+    finally:
+        monkeypatch.undo()
+        conn.undefine(theirs)
+        teardown(h, conn, [ours])
+
+
 def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
     from vgpuvirt.provision import NicRequest
     from vgpuvirt.provision.vms import vm_infos
