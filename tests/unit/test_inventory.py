@@ -150,6 +150,9 @@ def test_l40s_vendor_specific_vfs(tmp_path: Path) -> None:
     # what `vgpuvirt types --json` prints for it: the vGPU in use is counted there too
     row = rows["1155"].to_dict()
     assert (row["in_use"], row["free_vfs"], row["parent"]) == (1, 1, "0000:3d:00.0")
+    # asked about the free VF alone: its own sysfs says one of either type can be made on it
+    per_vf = {r.id: (r.available, r.in_use) for r in type_capacity(inv, parent="3d:00.5")}
+    assert per_vf == {"1155": (1, 0), "1165": (1, 0)}
 
 
 def test_gvtg_transcript(tmp_path: Path) -> None:
