@@ -337,3 +337,13 @@ def test_the_read_samples_type_names_once_per_pf_not_on_every_vf() -> None:
     inv = build_inventory(snap)
     vf_types = [t for p in inv.mdev_parents if p.physfn is not None for t in p.types]
     assert vf_types and all(t.name and t.description and t.framebuffer_mib for t in vf_types)
+
+
+def test_a_gpu_passed_through_whole_has_no_room_for_vgpus(t4: LocalHost) -> None:
+    # the second T4 (no vGPU on it) is a domain's whole GPU: its budget names the domain and offers nothing
+    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+    inv = inventory(t4, domains=[pci_domain("gamer", "d8:00.0")])
+    b = next(x for x in gpu_budgets(inv) if str(x.address) == "0000:d8:00.0")
+    assert b.whole_holder == "gamer"
+    assert all(f.fits_now == 0 for f in b.fits())
+    assert "passed through to domain gamer" in b.fit("nvidia-231").reason
