@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-timeout", type=float, default=60.0, help="seconds, the least a mutant's run may take")
     p.add_argument("--budget", type=float, default=0.0, help="minutes: start no mutant after this (0: no limit)")
     p.add_argument("--json", type=Path, help="also write the outcomes here")
+    p.add_argument("--survivors-of", type=Path, metavar="JSON",
+                   help="run only the mutants that survived (or timed out) in this earlier --json report")
     p.add_argument("--list", action="store_true", help="print the (sampled) mutants and run nothing")
     p.add_argument("--fail-under", type=float, help="exit 1 when the score (%% detected) is below this")
     return p
@@ -101,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     every: list[Mutant] = []
     for rel, src in sources.items():
         every += mutants_of(src, rel)
+    if args.survivors_of:
+        # the same code gives the same mutant ids: a rerun shows which survivors new tests now kill
+        before = json.loads(args.survivors_of.read_text())["outcomes"]
+        again = {o["id"] for o in before if o["status"] in ("survived", "timeout")}
+        every = [m for m in every if m.ident in again]
+        if len(every) != len(again):
+            print(f"{len(again) - len(every)} earlier survivors are not mutants of this code (it changed)")
     rng = random.Random(args.seed)
     chosen = rng.sample(every, args.max) if args.max and args.max < len(every) else list(every)
     # a splice that does not give the intended tree is dropped, never run (see Mutant.check)
