@@ -194,3 +194,10 @@ def test_the_command_reports_and_exits_zero_unless_fail_under(tmp_path: Path) ->
     failing = subprocess.run([*argv, "--fail-under", "100"], cwd=REPO, capture_output=True, text=True,
                              env={"PYTHONPATH": str(REPO)}, timeout=300)
     assert failing.returncode == 1
+    # a rerun of the survivors alone runs exactly those
+    again = tmp_path / "again.json"
+    rerun = subprocess.run([*argv[:-4], "--survivors-of", str(out), "--json", str(again), "--marker", ""],
+                           cwd=REPO, capture_output=True, text=True, env={"PYTHONPATH": str(REPO)}, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    survivors = {o["id"] for o in data["outcomes"] if o["status"] == "survived"}
+    assert survivors and {o["id"] for o in json.loads(again.read_text())["outcomes"]} == survivors
