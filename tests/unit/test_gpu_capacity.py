@@ -58,6 +58,14 @@ def test_a_vf_is_needed_per_vgpu_on_sriov_boards() -> None:
     assert f.fits_now == 16 and "16 free VF(s) offer it" in f.reason
 
 
+def test_no_free_vf_left_means_none_fit_though_the_framebuffer_has_room() -> None:
+    b = _budget("l40s-vgpu17", "0000:3d:00.0")                # 16 VFs enabled, 48 GiB
+    for _ in range(16):
+        b = b.with_vgpu("nvidia-1147", b.free_place("nvidia-1147").address)   # type: ignore[union-attr]
+    f = b.fit("nvidia-1147")                                   # 16 GiB of 1Q used, 32 GiB left, no VF
+    assert f.fits_now == 0 and "0 free VF(s) offer it" in f.reason
+
+
 def test_mixed_size_mode_counts_the_framebuffer_left() -> None:
     t8 = VgpuType("t8", "X-8Q", 8192, 6)
     t16 = VgpuType("t16", "X-16Q", 16384, 3)
@@ -105,6 +113,15 @@ def test_capacity_section_in_the_inventory_json() -> None:
     assert cap["mode"] == "free" and cap["sizing"] == "equal" and cap["budget"]["framebuffer_mib"] == 49152
     row = next(t for t in cap["types"] if t["id"] == "nvidia-1152")
     assert row["fits_now"] == 6 and row["exact"] is True
+    assert cap["used"]["vgpus"] == 0
+
+
+def test_the_capacity_json_counts_the_vgpus_on_the_gpu() -> None:
+    host = SimHost.from_profile("t4x2")
+    assert host.apply([Op.write("/sys/class/mdev_bus/0000:3b:00.0/mdev_supported_types/nvidia-232/create",
+                                str(uuid.uuid4()))]).ok
+    caps = {g["address"]: g["capacity"] for g in inventory(host).to_dict()["gpus"]}
+    assert (caps["0000:3b:00.0"]["used"]["vgpus"], caps["0000:d8:00.0"]["used"]["vgpus"]) == (1, 0)
 
 
 def test_existing_vgpus_are_residents() -> None:
@@ -157,6 +174,17 @@ def test_boot_vga_is_taken_only_when_asked() -> None:
            VmRequest("b", gpus=(VgpuRequest.parse("mode=passthrough,boot_vga=yes"),), template="gaming", start=False)]
     p = plan([inv], vms)
     assert {a.vm: str(a.gpu) for a in p.assignments} == {"a": "0000:01:00.0", "b": "0000:00:02.0"}
+
+
+def test_the_mixed_size_switch_counts_as_done_only_on_a_gpu_in_mixed_size_mode() -> None:
+    # what a rerun after a cut batch asks: is the switch already made? Not while the GPU is equal-size.
+    from vgpuvirt.provision.state import host_state
+    from vgpuvirt.services.mutation import apply_items
+    host = SimHost.from_profile("l40s-vgpu17")
+    step = SetMixedSize(host.name, "vm", PciAddress.parse("0000:3d:00.0"))
+    assert not step.done_in(host_state(inventory(host)))
+    assert apply_items(host, [step.item(5.0)])[0].ok
+    assert step.done_in(host_state(inventory(host)))
 
 
 def test_heterogeneous_switches_an_idle_gpu_and_the_host_accepts(conn) -> None:

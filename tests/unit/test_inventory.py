@@ -147,6 +147,12 @@ def test_l40s_vendor_specific_vfs(tmp_path: Path) -> None:
     assert inv.device("3d:00.4").domain == "render1"  # type: ignore[union-attr]
     rows = {r.id: r for r in type_capacity(inv)}
     assert rows["1155"].in_use == 1 and rows["1155"].free_vfs == 1 and rows["1165"].in_use == 0
+    # what `vgpuvirt types --json` prints for it: the vGPU in use is counted there too
+    row = rows["1155"].to_dict()
+    assert (row["in_use"], row["free_vfs"], row["parent"]) == (1, 1, "0000:3d:00.0")
+    # asked about the free VF alone: its own sysfs says one of either type can be made on it
+    per_vf = {r.id: (r.available, r.in_use) for r in type_capacity(inv, parent="3d:00.5")}
+    assert per_vf == {"1155": (1, 0), "1165": (1, 0)}
 
 
 def test_gvtg_transcript(tmp_path: Path) -> None:
@@ -331,3 +337,13 @@ def test_the_read_samples_type_names_once_per_pf_not_on_every_vf() -> None:
     inv = build_inventory(snap)
     vf_types = [t for p in inv.mdev_parents if p.physfn is not None for t in p.types]
     assert vf_types and all(t.name and t.description and t.framebuffer_mib for t in vf_types)
+
+
+def test_a_gpu_passed_through_whole_has_no_room_for_vgpus(t4: LocalHost) -> None:
+    # the second T4 (no vGPU on it) is a domain's whole GPU: its budget names the domain and offers nothing
+    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+    inv = inventory(t4, domains=[pci_domain("gamer", "d8:00.0")])
+    b = next(x for x in gpu_budgets(inv) if str(x.address) == "0000:d8:00.0")
+    assert b.whole_holder == "gamer"
+    assert all(f.fits_now == 0 for f in b.fits())
+    assert "passed through to domain gamer" in b.fit("nvidia-231").reason

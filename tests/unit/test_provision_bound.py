@@ -92,3 +92,13 @@ def test_the_bound_allows_what_fits_exactly(large: object) -> None:
     assert refusal(vms, {hs.name: hs}) is None
     got, _, _ = place(vms, {hs.name: hs})
     assert len(got) == 24
+
+
+def test_a_gpu_with_room_for_exactly_one_more_vgpu_gives_its_framebuffer() -> None:
+    # each T4 holds one 8Q (equal-size: only one more 8Q fits on each): two 8Q VMs fit, the bound must agree
+    inv = t4_host(mdevs=(("4b0e2a3c-1d5f-4e6a-8b7c-9d0e1f2a3b01", "0000:3b:00.0", "nvidia-233"),
+                         ("4b0e2a3c-1d5f-4e6a-8b7c-9d0e1f2a3b02", "0000:d8:00.0", "nvidia-233")))
+    vms = pool("last", 2, "nvidia-233")
+    assert refusal(vms, host_states([inv])) is None
+    got, _ = place(vms, host_states([inv]))
+    assert sorted(str(a.gpu) for a in got) == ["0000:3b:00.0", "0000:d8:00.0"]

@@ -170,3 +170,11 @@ def test_the_cli_names_its_own_flag_for_the_clone_reserve(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert rc != 0 and "rsv-002: storage pool 'default-pool' has" in err and "(--clone-reserve GIB)" in err
     assert "rsv-001: storage pool" not in err and "reserve_gib" not in err
+
+
+def test_prepared_domain_options_are_taken_anything_else_in_their_place_is_refused() -> None:
+    from vgpuvirt.xml import DomainOptions
+    ok = VmRequest("w-dopts", options={"domain_options": DomainOptions(graphics="vnc")})
+    assert ok.options["domain_options"].graphics == "vnc"
+    with pytest.raises(InvalidSpec, match="a DomainOptions"):
+        VmRequest("w-dopts", options={"domain_options": {"graphics": "vnc"}})

@@ -156,6 +156,15 @@ def test_vm_with_several_gpus_stays_on_one_host():
     assert {a.host for a in got} == {"b"} and len(got) == 3
 
 
+def test_a_vm_with_several_gpus_places_each_by_the_policy():
+    # the VM's second GPU is ranked like the first: binpack keeps it on the GPU already used, spread moves on
+    vm = VmRequest("pair", gpus=(Q2, Q2))
+    got, _ = place([vm], _states(t4_host()))
+    assert [str(a.gpu) for a in got] == ["0000:3b:00.0", "0000:3b:00.0"]
+    got, _ = place([vm], _states(t4_host()), policy="spread")
+    assert sorted(str(a.gpu) for a in got) == ["0000:3b:00.0", "0000:d8:00.0"]
+
+
 def test_pinned_host_and_bad_policy():
     hs = _states(t4_host("a"), t4_host("b"))
     got, _, _ = place([VmRequest("p", gpus=(Q2,), host="b")], hs)

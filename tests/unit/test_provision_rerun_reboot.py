@@ -80,3 +80,15 @@ def test_the_rerun_summary_shows_kept_vms_gpus_and_never_says_started_for_no_sta
     again = provision(host, conn, reqs)                  # --no-start VMs (start=False): made again, not started
     assert {r["status"] for r in again.rows()} == {"re-created"}
     assert {r["vm"] for r in again.to_dict()["vms"]} == {vm.name for vm in reqs}
+
+
+def test_a_vm_without_gpus_has_a_created_row_in_the_summary() -> None:
+    host, conn = SimHost.from_profile("t4x2"), LibvirtConnection("test:///default")
+    try:
+        vm = VmRequest("w28n" + uuid.uuid4().hex[:6], gpus=(), start=False, memory_mib=256, vcpus=1,
+                       options={"virtio_nics": []})
+        rows = provision(host, conn, [vm], dry_run=True).rows()
+        assert rows == [{"vm": vm.name, "host": host.name, "gpu": None, "type": None, "type_name": None,
+                         "device": None, "numa_node": None, "status": "created"}]
+    finally:
+        conn.close()

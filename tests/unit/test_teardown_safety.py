@@ -194,3 +194,21 @@ def test_a_vgpu_in_another_running_domains_persistent_xml_only_is_left(conn):
     td = teardown(host, conn, [b])
     assert any(c in f and str(mine) in f for f in td.failed), td.failed
     assert str(mine) in _vgpus(host)[0] and conn.exists(b)
+
+
+def test_volumes_that_cannot_be_listed_are_named_in_what_was_skipped(conn, monkeypatch):
+    # teardown still removes the VM and its vGPU, and says it could not tell which disks it kept
+    from vgpuvirt.errors import LibvirtError
+    host, name = SimHost.from_profile("t4x2"), _name()
+    provision(host, conn, [VmRequest(name, gpus=(Q2,), start=False)])
+
+    def unreadable(vm: str) -> list[str]:
+        raise LibvirtError("storage pool refresh failed: injected", domain=vm, code=1, uri=conn.uri)
+
+    monkeypatch.setattr(conn, "storage_volumes", unreadable)
+    res = teardown(host, conn, [name])
+    assert any(f"undefined {name}" in r for r in res.removed)
+    noted = [s for s in res.skipped if "could not list the volumes" in s]
+    assert len(noted) == 1 and noted[0].startswith(f"{host.name}: could not list the volumes of {name}: ")
+    assert noted[0].endswith("storage pool refresh failed: injected")
+    assert _vgpus(host) == (set(), set())

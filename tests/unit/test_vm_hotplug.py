@@ -155,6 +155,97 @@ def test_a_failed_attach_removes_the_vgpu_it_made(conn, monkeypatch):
         teardown(h, conn, ["w16vm-hp-fail"])
 
 
+def test_a_failure_after_the_attach_detaches_the_device_again(conn, monkeypatch):
+    # the device is on the domain when the provenance write fails: rollback must take it off again,
+    # not only remove the vGPU behind it (a domain left pointing at a removed mdev will not start)
+    from vgpuvirt.errors import LibvirtError, ProvisioningError
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import attach_gpu
+    h = SimHost.from_profile("t4x2")
+    vm = "w16vm-hp-meta"
+    provision(h, conn, [VmRequest(vm, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    on_domain: list[str] = []
+
+    def attach(name: str, device: Any, **kw: Any) -> None:
+        on_domain.append(repr(device))
+
+    def detach(name: str, device: Any, **kw: Any) -> None:
+        on_domain.remove(repr(device))
+
+    def metadata_refused(*a: Any, **kw: Any) -> None:
+        raise LibvirtError("set metadata failed: injected", domain=vm, code=1, uri=conn.uri)
+
+    try:
+        before = {m.uuid for m in inventory(h).mdevs}
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", attach)
+        monkeypatch.setattr(conn, "detach", detach)
+        monkeypatch.setattr(conn, "set_metadata", metadata_refused)
+        with pytest.raises(ProvisioningError, match="injected") as ei:
+            attach_gpu(h, conn, vm, VgpuRequest.parse("nvidia-231"))
+        assert on_domain == []
+        assert any(r.startswith("detached ") for r in ei.value.rollback)
+        assert {m.uuid for m in inventory(h).mdevs} == before
+    finally:
+        monkeypatch.undo()
+        teardown(h, conn, [vm])
+
+
+def test_detach_without_a_device_takes_the_vms_one_gpu_not_its_nic_vf():
+    from vgpuvirt.provision.hotplug import select_devices
+    from vgpuvirt.xml import Domain, HostdevInterface
+    u = MdevUuid.parse("0f2c4c1a-3f7b-4e0e-9a55-2bd1b1c0e002")
+    dom = Domain.from_xml("<domain type='kvm'><name>g</name><devices/></domain>")
+    dom.add_device(MdevHostdev(u))
+    dom.add_device(HostdevInterface(PciAddress.parse("0000:5e:02.1")))   # a NIC VF is not a GPU to detach
+    assert select_devices(dom, None) == [MdevHostdev(u)]
+    # named, the NIC VF can be detached too
+    assert select_devices(dom, "0000:5e:02.1") == [HostdevInterface(PciAddress.parse("0000:5e:02.1"))]
+
+
+def test_an_attached_vgpu_is_recorded_in_the_vms_provenance(conn, monkeypatch):
+    # the record is what teardown and detach later remove by: a vGPU attached but not recorded would be left
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import attach_gpu
+    from vgpuvirt.xml.provenance import Provenance
+    h = SimHost.from_profile("t4x2")
+    vm = "w16vm-hp-rec"
+    provision(h, conn, [VmRequest(vm, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    try:
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        monkeypatch.setattr(conn, "attach", lambda *a, **kw: None)    # the test driver cannot hot-plug
+        res = attach_gpu(h, conn, vm, VgpuRequest.parse("nvidia-231"))
+        prov = Provenance.read(conn.xml(vm, inactive=True))
+        assert prov is not None and len(prov.gpus) == 2
+        assert res.devices == [f"mdev {prov.gpus[1]['uuid']}"]
+    finally:
+        monkeypatch.undo()
+        teardown(h, conn, [vm])
+
+
+def test_detach_says_which_vgpu_it_leaves_because_vgpuvirt_did_not_make_it(conn, monkeypatch):
+    from vgpuvirt.libvirt_conn import LibvirtConnection
+    from vgpuvirt.provision.hotplug import detach_gpu
+    from vgpuvirt.xml import Domain
+    h = SimHost.from_profile("t4x2")
+    ours, theirs = "w16vm-hp-ours", "w16vm-hp-theirs"
+    provision(h, conn, [VmRequest(ours, gpus=(VgpuRequest.parse("nvidia-231"),), start=False)])
+    foreign = MdevUuid.parse("0f2c4c1a-3f7b-4e0e-9a55-2bd1b1c0e003")
+    dom = Domain.from_xml(f"<domain type='test'><name>{theirs}</name><memory>65536</memory><vcpu>1</vcpu>"
+                          "<os><type>hvm</type></os><devices/></domain>")
+    dom.add_device(MdevHostdev(foreign))
+    conn.define(dom.to_xml())
+    try:
+        monkeypatch.setattr(LibvirtConnection, "supports_hotplug", property(lambda self: True))
+        assert detach_gpu(h, conn, ours, dry_run=True).left == []
+        left = detach_gpu(h, conn, theirs, dry_run=True).left
+        assert len(left) == 1 and left[0].startswith(f"vGPU {foreign}: not made by vgpuvirt for {theirs}")
+    finally:
+        monkeypatch.undo()
+        conn.undefine(theirs)
+        teardown(h, conn, [ours])
+
+
 def test_list_shows_a_gaming_vms_whole_gpu_and_nic_vf(conn):
     from vgpuvirt.provision import NicRequest
     from vgpuvirt.provision.vms import vm_infos
