@@ -100,5 +100,5 @@ def test_a_gpu_with_room_for_exactly_one_more_vgpu_gives_its_framebuffer() -> No
                          ("4b0e2a3c-1d5f-4e6a-8b7c-9d0e1f2a3b02", "0000:d8:00.0", "nvidia-233")))
     vms = pool("last", 2, "nvidia-233")
     assert refusal(vms, host_states([inv])) is None
-    got, _ = place(vms, host_states([inv]))
+    got, _, _ = place(vms, host_states([inv]))
     assert sorted(str(a.gpu) for a in got) == ["0000:3b:00.0", "0000:d8:00.0"]

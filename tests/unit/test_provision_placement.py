@@ -159,9 +159,9 @@ def test_vm_with_several_gpus_stays_on_one_host():
 def test_a_vm_with_several_gpus_places_each_by_the_policy():
     # the VM's second GPU is ranked like the first: binpack keeps it on the GPU already used, spread moves on
     vm = VmRequest("pair", gpus=(Q2, Q2))
-    got, _ = place([vm], _states(t4_host()))
+    got, _, _ = place([vm], _states(t4_host()))
     assert [str(a.gpu) for a in got] == ["0000:3b:00.0", "0000:3b:00.0"]
-    got, _ = place([vm], _states(t4_host()), policy="spread")
+    got, _, _ = place([vm], _states(t4_host()), policy="spread")
     assert sorted(str(a.gpu) for a in got) == ["0000:3b:00.0", "0000:d8:00.0"]
 
 
