@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vgpuvirt.host.ssh import SSHHost, no_retry  # noqa: E402
+from vgpuvirt.observe.collect import Collector  # noqa: E402
 from vgpuvirt.observe.exporter import ParallelScraper  # noqa: E402
 from vgpuvirt.observe.prometheus import families  # noqa: E402
-from vgpuvirt.services.metrics import Collector  # noqa: E402
 from vgpuvirt.sim import materialize  # noqa: E402
 from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 

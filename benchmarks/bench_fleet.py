@@ -40,11 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
+from vgpuvirt.observe.collect import collect_many  # noqa: E402
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown  # noqa: E402
 from vgpuvirt.provision.plan import plan  # noqa: E402
 from vgpuvirt.provision.run import gather  # noqa: E402
 from vgpuvirt.provision.state import host_states  # noqa: E402
-from vgpuvirt.services.metrics import collect_many  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 
 # The test driver's host: enough CPUs and memory for the VMs, and the `default` network the pre-flight checks.

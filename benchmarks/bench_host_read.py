@@ -7,7 +7,7 @@ and on the simulator's for ``--profile`` (``large``: 8 GPUs), best of ``--repeat
 * before: what one read parsed: the inventory's facts (``parse_nvidia_smi_xml``) and the readings
   (``parse_readings``) each parsed the document (a metrics scrape's first read: the facts and the kept
   fingerprint; a layout read: those and the MIG state, 3);
-* after: one :class:`~vgpuvirt.services.nvsmi_report.SmiReport` parse, shared by all of them;
+* after: one :class:`~vgpuvirt.services.nvidia.report.SmiReport` parse, shared by all of them;
 * the ratio; and, for scale, a whole metrics collection (first and steady) and an inventory of the real H100
   capture (a replay: no link, no program time), with how many times the document was parsed in each.
 """
@@ -28,11 +28,11 @@ from lxml import etree  # noqa: E402
 
 from vgpuvirt.host.base import Op, OpResult  # noqa: E402
 from vgpuvirt.hosts import open_host  # noqa: E402
-from vgpuvirt.services.inventory import inventory  # noqa: E402
-from vgpuvirt.services.metrics import Collector  # noqa: E402
-from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV, parse_nvidia_smi_xml  # noqa: E402
-from vgpuvirt.services.nvsmi_readings import parse_readings  # noqa: E402
-from vgpuvirt.services.nvsmi_report import SmiReport  # noqa: E402
+from vgpuvirt.observe.collect import Collector  # noqa: E402
+from vgpuvirt.services.inventory.read import inventory  # noqa: E402
+from vgpuvirt.services.nvidia.readings import parse_readings  # noqa: E402
+from vgpuvirt.services.nvidia.report import SmiReport  # noqa: E402
+from vgpuvirt.services.nvidia.smi import NVIDIA_SMI_ARGV, parse_nvidia_smi_xml  # noqa: E402
 
 H100_XML = REPO / "tests/fixtures/real/h100-580/raw/nvidia-smi-q.xml"
 H100_CAPTURE = REPO / "tests/fixtures/real/h100-580/capture/capture.json"

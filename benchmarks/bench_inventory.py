@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from vgpuvirt.host.local import LocalHost  # noqa: E402
 from vgpuvirt.host.ssh import SSHHost, no_retry  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory, inventory  # noqa: E402
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, build_inventory, inventory  # noqa: E402
 from vgpuvirt.sim import materialize  # noqa: E402
 from vgpuvirt.testing.delayproxy import DelayProxy  # noqa: E402
 

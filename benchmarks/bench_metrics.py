@@ -7,7 +7,7 @@ each) gets ``--vgpus-per-gpu`` vGPUs per GPU in the simulator, then is materiali
 simulator's nvidia-smi and dmesg answer for it (``nvidia-smi -q -x``, ``vgpu -q``, ``mig -lgi``, the kernel
 log); two small shell stubs on the host print those answers, standing in for the driver's tools (the testbed
 has no GPU). Prints:
-* the batched collection (:class:`vgpuvirt.services.metrics.Collector`, ONE exec): first, best and median of
+* the batched collection (:class:`vgpuvirt.observe.collect.Collector`, ONE exec): first, best and median of
   --repeat runs with one Collector (as the exporter scrapes: from the second collection on, the inventory's
   sysfs part is reused while the files read the same), round trips, and where the time goes: the agent's own
   time on the host (``agent_s``), ssh + RTT + transfer, parsing and building here;
@@ -42,8 +42,8 @@ from bench_exporter import print_scrape, scrape_figures  # noqa: E402
 from bench_inventory import ssh_host, start_proxy, testbed_env  # noqa: E402
 
 from vgpuvirt.host.base import Op  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, inventory  # noqa: E402
-from vgpuvirt.services.metrics import Collector  # noqa: E402
+from vgpuvirt.observe.collect import Collector  # noqa: E402
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, inventory  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 from vgpuvirt.sim.materialize import materialize_fs  # noqa: E402
 from vgpuvirt.sim.tools import nvidia_gpus  # noqa: E402

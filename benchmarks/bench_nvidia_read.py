@@ -30,11 +30,11 @@ sys.path.insert(0, str(REPO))
 
 from vgpuvirt.host.base import Op  # noqa: E402
 from vgpuvirt.host.local import LocalHost  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_ARGVS, inventory  # noqa: E402
-from vgpuvirt.services.metrics import Collector  # noqa: E402
-from vgpuvirt.services.nvidia_smi import NVIDIA_SMI_ARGV  # noqa: E402
-from vgpuvirt.services.nvidia_static import StaticFacts  # noqa: E402
-from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV  # noqa: E402
+from vgpuvirt.observe.collect import Collector  # noqa: E402
+from vgpuvirt.services.inventory.read import INVENTORY_ARGVS, inventory  # noqa: E402
+from vgpuvirt.services.nvidia.query_gpu import QUERY_GPU_ARGV  # noqa: E402
+from vgpuvirt.services.nvidia.smi import NVIDIA_SMI_ARGV  # noqa: E402
+from vgpuvirt.services.nvidia.static import StaticFacts  # noqa: E402
 from vgpuvirt.sim import SimHost  # noqa: E402
 from vgpuvirt.sim.materialize import materialize_fs  # noqa: E402
 from vgpuvirt.testing.tool_stubs import write_tool_stubs  # noqa: E402

@@ -18,7 +18,7 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.provision import VgpuRequest, VmRequest, plan
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.state import host_state
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 

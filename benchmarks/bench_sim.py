@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from vgpuvirt.host.base import Snapshot  # noqa: E402
 from vgpuvirt.host.local import LocalHost  # noqa: E402
-from vgpuvirt.services.inventory import INVENTORY_GLOBS  # noqa: E402
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS  # noqa: E402
 from vgpuvirt.sim import SimHost, materialize  # noqa: E402
 
 GLOBS = list(INVENTORY_GLOBS)

@@ -203,7 +203,7 @@ file_content = st.one_of(
          .encode("utf-8", "surrogateescape")),
 )
 def _capture_text() -> str:
-    from vgpuvirt.services.capture import capture
+    from vgpuvirt.capture.record import capture
     from vgpuvirt.sim import SimHost
     return json.dumps(capture(SimHost.from_profile("t4x2")))
 

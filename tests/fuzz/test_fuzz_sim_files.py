@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 PROFILES = ["t4x2", "a10-sriov", "a100-sriov", "desktop", "gvtg", "l40s-vgpu17", "mxgpu", "mixed"]

@@ -270,7 +270,7 @@ def host_snapshot(h: FleetHost) -> dict[str, Any]:
 def vgpus_on(h: FleetHost) -> list[str]:
     """mdev UUIDs and VFs with a vGPU type on one host."""
     from vgpuvirt.host.local import LocalHost
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     inv = inventory(LocalHost(h.sysfs_root, name=h.name), use_nvml=False)
     return sorted([str(m.uuid) for m in inv.mdevs] + [str(v.address) for v in inv.vendor_vgpu if v.current_type])

@@ -38,7 +38,7 @@ from vgpuvirt.host.local import LocalHost
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevTypeId, PciAddress
 from vgpuvirt.services.cordon import read_cordon
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.xml.provenance import Provenance
 

@@ -11,15 +11,15 @@ import pytest
 from _sim_mount import sim_mount  # type: ignore[import-not-found]
 
 from vgpuvirt import sim
+from vgpuvirt.capture.record import CAPTURE_ARGVS, capture
 from vgpuvirt.cli import main as cli_main
 from vgpuvirt.host.base import Host
 from vgpuvirt.host.replay import ReplayHost, save_capture
 from vgpuvirt.layout import verbs as layout_verbs
-from vgpuvirt.services.capture import CAPTURE_ARGVS, capture
-from vgpuvirt.services.inventory import inventory, type_capacity
-from vgpuvirt.services.metrics import Collector
-from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.vgpu_scheduler import nvidia_gpus, read_schedulers
+from vgpuvirt.observe.collect import Collector
+from vgpuvirt.services.inventory.read import inventory, type_capacity
+from vgpuvirt.services.mig.state import read_mig_state
+from vgpuvirt.services.scheduler.service import nvidia_gpus, read_schedulers
 from vgpuvirt.testing.tool_stubs import write_program_stubs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,7 +14,7 @@ from _sim_mount import sim_mount  # type: ignore[import-not-found]
 from vgpuvirt.provision.plan import plan
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.services.cordon import CORDON_FILE, read_cordon, set_cordon
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import pytest
 
 from vgpuvirt import sim
 from vgpuvirt.cli import main as cli_main
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,9 @@ from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.host.ssh import SSHHost
-from vgpuvirt.services import gc, iommu
-from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.services.iommu import api as iommu
+from vgpuvirt.services.vgpu import gc
+from vgpuvirt.services.vgpu.vendor import VendorVgpuService
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from vgpuvirt import sim
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.metrics import Collector
+from vgpuvirt.observe.collect import Collector
 from vgpuvirt.sim.materialize import materialize_fs
 from vgpuvirt.testing.tool_stubs import write_tool_stubs
 

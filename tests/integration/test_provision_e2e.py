@@ -32,7 +32,7 @@ from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.plan import mdev_uuid_for
 from vgpuvirt.provision.run import gather
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 
 pytestmark = pytest.mark.integration
 

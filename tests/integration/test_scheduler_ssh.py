@@ -17,8 +17,8 @@ import pytest
 from vgpuvirt import sim
 from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.errors import ProvisioningError
-from vgpuvirt.services.scheduler_model import SchedulerSetting as S
-from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
+from vgpuvirt.services.scheduler.model import SchedulerSetting as S
+from vgpuvirt.services.scheduler.service import plan_schedulers, read_schedulers
 
 pytestmark = pytest.mark.integration
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"

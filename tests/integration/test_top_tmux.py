@@ -25,7 +25,7 @@ DRIVER = """
 import sys
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.observe.exporter import ParallelScraper
-from vgpuvirt.observe.top_live import view
+from vgpuvirt.cli.top_live import view
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision
 from vgpuvirt.sim import SimHost
 conn = LibvirtConnection("test:///default")

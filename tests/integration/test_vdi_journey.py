@@ -29,7 +29,7 @@ from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.libvirt_uri import default_uri
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
 from vgpuvirt.provision.disks import ClonedDisk
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import fuse
 from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.storage import StoragePool

@@ -20,7 +20,7 @@ from conftest import require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.cli import main
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 pytestmark = pytest.mark.integration
@@ -316,8 +316,7 @@ def test_a_cut_after_removing_an_unrecorded_vgpu_makes_it_again(conn, monkeypatc
     """A VM vgpuvirt did not make holds a vGPU with a UUID derived from its name (no metadata): detach reads
     its parent and type from the host, so when the link drops after the removal ran, the rollback makes the
     same vGPU again and attaches it again."""
-    from vgpuvirt.services.mdev import MdevService
-
+    from vgpuvirt.change.mdev_service import MdevService
     from vgpuvirt.errors import ProvisioningError, TransportError
     from vgpuvirt.provision.hotplug import detach_gpu
     from vgpuvirt.provision.plan import mdev_uuid_for

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from vgpuvirt import __version__, sim
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

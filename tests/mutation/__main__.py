@@ -20,8 +20,8 @@ from .run import Outcome, Worker, baseline, check_copy, merge, run_all, run_muta
 from .select import ImportGraph, module_name
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PATHS = ["vgpuvirt/provision", "vgpuvirt/services/gpu_capacity.py", "vgpuvirt/services/gpu_capacity_build.py",
-                 "vgpuvirt/services/type_capacity.py"]
+DEFAULT_PATHS = ["vgpuvirt/provision", "vgpuvirt/services/capacity/budget.py", "vgpuvirt/services/capacity/build.py",
+                 "vgpuvirt/services/capacity/per_type.py"]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-from vgpuvirt.services.inventory import inventory
-from vgpuvirt.services.mig_parse import parse_lgi, parse_lgip, parse_lgipp
+from vgpuvirt.services.capacity.build import gpu_budgets
+from vgpuvirt.services.inventory.read import inventory
+from vgpuvirt.services.mig.parse import parse_lgi, parse_lgip, parse_lgipp
 from vgpuvirt.sim import SimHost, load_profile
 from vgpuvirt.sim.profiles import builtin_type_tables
 

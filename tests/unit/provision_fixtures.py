@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.services.inventory import Gpu, Inventory, Mdev, MdevParent, MdevType, PciDevice, VendorType, VendorVf
-from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
+from vgpuvirt.services.inventory.read import Gpu, Inventory, Mdev, MdevParent, MdevType, PciDevice, VendorType, VendorVf
+from vgpuvirt.services.nvidia.smi import NvidiaGpuFacts
 
 # (id, name, heads, fb MiB, max_res, max_instances)
 T4_TYPES = [

@@ -31,7 +31,7 @@ from ansible.module_utils.testing import patch_module_args
 
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision.plan import mdev_uuid_for
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 REPO = Path(__file__).resolve().parents[2]

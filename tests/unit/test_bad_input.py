@@ -18,10 +18,11 @@ from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VfCount, VgpuTypeId
-from vgpuvirt.services import gc, iommu
-from vgpuvirt.services.iommu import BindingRecord
-from vgpuvirt.services.sriov import SriovService
-from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.services.iommu import api as iommu
+from vgpuvirt.services.iommu.api import BindingRecord
+from vgpuvirt.services.pci.sriov import SriovService
+from vgpuvirt.services.vgpu import gc
+from vgpuvirt.services.vgpu.vendor import VendorVgpuService
 
 GOOD_PCI = "0000:3b:00.0"
 GOOD_UUID = "a1b2c3d4-0000-4000-8000-000000000001"
@@ -261,7 +262,7 @@ def test_mdevctl_json_from_the_host_nested_or_broken(answer: str) -> None:
 
 
 def test_mdevctl_json_of_the_real_depth_still_parses() -> None:
-    from vgpuvirt.services.mdev_state import parse_mdevctl_defined
+    from vgpuvirt.services.vgpu.mdev_state import parse_mdevctl_defined
     text = ('[{"0000:3b:00.0": [{"a1b2c3d4-0000-4000-8000-000000000001": {"mdev_type": "nvidia-231", '
             '"start": "auto", "attrs": [{"x": "[{\\"]"}]}}]}]')
     assert [d.type for d in parse_mdevctl_defined(text)[MdevUuid.parse(GOOD_UUID)]] == ["nvidia-231"]

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vgpuvirt.capture.redact import redact
 from vgpuvirt.cli import main as cli_main
 from vgpuvirt.host.replay import ReplayHost, save_capture
-from vgpuvirt.services.capture_redact import redact
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h100-580" / "capture"
 CAPTURE = HERE / "capture.json"
@@ -128,7 +128,7 @@ def test_the_redacted_h100_capture_hides_serial_and_uuid_and_still_replays(tmp_p
     save_capture(out.capture, str(path))
     inv = _cli_json("inventory")
     replay = ReplayHost(str(path))
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     redacted_inv = inventory(replay).to_dict()
     assert redacted_inv["gpus"][0]["nvidia"]["uuid"] == out.replaced[UUID[4:]].join(("GPU-", ""))

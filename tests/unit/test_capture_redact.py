@@ -11,10 +11,10 @@ from typing import Any
 
 from test_capture_replay import _frozen, answers  # type: ignore[import-not-found]
 
+from vgpuvirt.capture.record import capture
+from vgpuvirt.capture.redact import redact
 from vgpuvirt.host.base import Op
 from vgpuvirt.host.replay import ReplayHost, save_capture
-from vgpuvirt.services.capture import capture
-from vgpuvirt.services.capture_redact import redact
 
 CMDLINE = ("BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=UUID=6f1c0b0e-2d53-4c1b-9d1c-2a8d3f6c9e11 ro quiet "
            "intel_iommu=on iommu=pt default_hugepagesz=1G hugepagesz=1G hugepages=64 "

@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 
 from vgpuvirt import sim
+from vgpuvirt.capture.record import CAPTURE_GLOBS, capture
 from vgpuvirt.cli import main as cli_main
 from vgpuvirt.errors import InvalidSpec, ReadOnlyHost
 from vgpuvirt.host.base import Host, Op
 from vgpuvirt.host.replay import ReplayHost, load_capture, save_capture
 from vgpuvirt.layout import verbs as layout_verbs
-from vgpuvirt.services.capture import CAPTURE_GLOBS, capture
-from vgpuvirt.services.inventory import inventory, type_capacity
-from vgpuvirt.services.metrics import Collector
-from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
-from vgpuvirt.services.vgpu_scheduler import nvidia_gpus, read_schedulers
+from vgpuvirt.observe.collect import Collector
+from vgpuvirt.services.inventory.read import inventory, type_capacity
+from vgpuvirt.services.mig.state import read_mig_state
+from vgpuvirt.services.nvidia.query_gpu import QUERY_GPU_ARGV
+from vgpuvirt.services.scheduler.service import nvidia_gpus, read_schedulers
 
 
 def _frozen(profile: str) -> sim.SimHost:
@@ -73,8 +73,8 @@ def test_capture_records_versions_programs_and_every_reader_glob(tmp_path: Path)
     assert {("nvidia-smi", "-q", "-x"), ("nvidia-smi", "vgpu", "-q"), ("nvidia-smi", "mig", "-lgip"),
             ("nvidia-smi", "mig", "-lgipp"), ("nvidia-smi", "mig", "-lci"), ("dmesg",), QUERY_GPU_ARGV} <= argvs
     # the readers' own lists, not a copy: a reader's new glob is captured without touching capture.py
-    from vgpuvirt.services import vgpu_scheduler
-    from vgpuvirt.services.inventory import INVENTORY_GLOBS
+    from vgpuvirt.services.inventory.read import INVENTORY_GLOBS
+    from vgpuvirt.services.scheduler import service as vgpu_scheduler
     assert set(INVENTORY_GLOBS) | set(vgpu_scheduler.READ_GLOBS) <= set(CAPTURE_GLOBS)
 
 
@@ -155,7 +155,7 @@ def test_a_file_that_is_not_a_capture_is_refused(tmp_path: Path) -> None:
 def test_cli_capture_of_a_tree_with_the_tools_at_another_path(tmp_path: Path) -> None:
     """``--sysfs-root`` and ``--program NAME=PATH``: the tree's files and the stand-in tools' answers, recorded
     under the names vgpuvirt runs; a replay keeps the tree's sysfs root (no nvidia-smi for the inventory)."""
-    from vgpuvirt.services.capture import CAPTURE_ARGVS
+    from vgpuvirt.capture.record import CAPTURE_ARGVS
     from vgpuvirt.sim.materialize import materialize_fs
     from vgpuvirt.testing.tool_stubs import write_program_stubs
 

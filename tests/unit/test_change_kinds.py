@@ -32,11 +32,12 @@ from vgpuvirt.errors import DeviceError, ProvisioningError
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
-from vgpuvirt.services import host_files, sysfs
-from vgpuvirt.services.mig import read_mig_state
+from vgpuvirt.services import host_files
+from vgpuvirt.services.mig.state import read_mig_state
 from vgpuvirt.services.mutation import Planned
-from vgpuvirt.services.scheduler_model import MODPROBE_FILE, SchedulerSetting
-from vgpuvirt.services.vgpu_scheduler import read_schedulers
+from vgpuvirt.services.pci import sysfs
+from vgpuvirt.services.scheduler.model import MODPROBE_FILE, SchedulerSetting
+from vgpuvirt.services.scheduler.service import read_schedulers
 from vgpuvirt.sim import SimHost
 
 T4 = PciAddress.parse("0000:3b:00.0")           # t4x2's first T4

@@ -16,8 +16,8 @@ from vgpuvirt.change.step import STEP_KINDS, HostFacts, HostStep, Phase
 from vgpuvirt.errors import DeviceError, ProvisioningError, TransportError
 from vgpuvirt.host.base import Op, OpResult
 from vgpuvirt.model import MdevTypeId, PciAddress
-from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.pci import sysfs
 from vgpuvirt.sim import SimHost
 
 PARENT = PciAddress.parse("0000:3b:00.0")          # t4x2's first T4

@@ -10,7 +10,7 @@ import pytest
 from vgpuvirt.cli import main
 from vgpuvirt.errors import NoCapacity
 from vgpuvirt.provision import VgpuRequest, VmRequest, plan
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 pytest.importorskip("libvirt")

@@ -50,7 +50,10 @@ def under(modules: set[str], *prefixes: str) -> list[str]:
 
 # What no read-only one-host verb needs: provisioning, layouts, the exporter, libvirt and the XML builders
 # (domain XML is only read, through vgpuvirt.xml.refs), SSH, Prometheus.
-HEAVY = ("vgpuvirt.provision", "vgpuvirt.layout", "vgpuvirt.observe", "vgpuvirt.libvirt_conn", "libvirt",
+HEAVY = ("vgpuvirt.provision", "vgpuvirt.layout", "vgpuvirt.libvirt_conn", "libvirt",
+         # what observe/ held before metrics collection joined it: the exporter and top's rendering
+         "vgpuvirt.observe.exporter", "vgpuvirt.observe.prometheus", "vgpuvirt.cli.top_live",
+         "vgpuvirt.cli.top_view",
          "vgpuvirt.xml.domain", "vgpuvirt.xml.templates", "vgpuvirt.xml.schema", "vgpuvirt.xml.lint",
          "paramiko", "prometheus_client")
 
@@ -79,7 +82,7 @@ def test_inventory_of_a_local_tree_loads_no_simulator_and_nothing_heavy(tmp_path
     root = tmp_path / "root"
     root.mkdir()
     _rc, mods = loaded(tmp_path, "--json", "--sysfs-root", str(root), "inventory")
-    assert "vgpuvirt.services.inventory" in mods
+    assert "vgpuvirt.services.inventory.read" in mods
     assert not under(mods, "vgpuvirt.sim", "yaml", "rich", *HEAVY)
 
 
@@ -93,7 +96,7 @@ def test_a_table_loads_rich_and_json_metrics_no_exporter(tmp_path: Path) -> None
     rc, mods = loaded(tmp_path, "--host", "sim:t4x2", "inventory")
     assert rc == 0 and "rich.table" in mods         # the table is really printed: the probe is not blind
     rc, mods = loaded(tmp_path, "--json", "--host", "sim:t4x2", "metrics")
-    assert rc == 0 and "vgpuvirt.services.metrics" in mods
+    assert rc == 0 and "vgpuvirt.observe.collect" in mods
     assert not under(mods, "rich", *HEAVY)
 
 

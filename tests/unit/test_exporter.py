@@ -255,8 +255,8 @@ def test_an_injected_xid_reaches_the_exporter_once():
 
 def test_scheduler_set_through_the_registry_shows_in_the_exporter_after_a_driver_reload():
     from vgpuvirt.change.scheduler import apply_schedulers
-    from vgpuvirt.services.scheduler_model import SchedulerSetting
-    from vgpuvirt.services.vgpu_scheduler import plan_schedulers
+    from vgpuvirt.services.scheduler.model import SchedulerSetting
+    from vgpuvirt.services.scheduler.service import plan_schedulers
     host = SimHost.from_profile("t4x2", name="s")
     host.model.sched.nvml_supported = False
     scraper = ParallelScraper([host], timeout=10)
@@ -278,7 +278,7 @@ class GatedCollector:
     """A Collector whose collections wait for ``gate`` (a host that answers slowly) and are counted."""
 
     def __init__(self) -> None:
-        from vgpuvirt.services.metrics import Collector
+        from vgpuvirt.observe.collect import Collector
         self.real = Collector()
         self.gate = threading.Event()
         self.calls = 0

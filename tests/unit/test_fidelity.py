@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from vgpuvirt.services.nvidia_smi import parse_nvidia_smi_xml
-from vgpuvirt.services.nvsmi_readings import parse_readings
+from vgpuvirt.services.nvidia.readings import parse_readings
+from vgpuvirt.services.nvidia.smi import parse_nvidia_smi_xml
 from vgpuvirt.sim import SimHost
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
@@ -103,7 +103,7 @@ def shape(text: str | None) -> str:
 
 #: leaves whose value is an identity or a moment, not a spelling
 _IDENTITY = {"/timestamp", "/gpu/uuid"}
-#: elements vgpuvirt's parsers read (services/nvidia_smi.py, services/nvsmi_readings.py)
+#: elements vgpuvirt's parsers read (services/nvidia/smi.py, services/nvidia/readings.py)
 PARSED = ["product_name", "product_brand", "product_architecture", "uuid", "fb_memory_usage/total",
           "fb_memory_usage/reserved", "fb_memory_usage/used", "gpu_virtualization_mode/virtualization_mode",
           "gpu_virtualization_mode/host_vgpu_mode", "gpu_virtualization_mode/vgpu_heterogeneous_mode",
@@ -277,7 +277,7 @@ def test_inventory_of_the_profile_is_the_inventory_of_the_real_host(board: str) 
     import json
 
     from vgpuvirt.host.base import Entry, OpResult, Snapshot
-    from vgpuvirt.services.inventory import build_inventory, inventory
+    from vgpuvirt.services.inventory.read import build_inventory, inventory
 
     data = json.loads((REAL / board / "vgpuvirt" / "snapshot.json").read_text())
     entries = {p: Entry(k, t, tg, e) for p, (k, t, tg, e) in data["entries"].items()}

@@ -15,8 +15,8 @@ from vgpuvirt.provision import NicRequest, VgpuRequest, VmRequest
 from vgpuvirt.provision.nic_vf import take_nic_vf
 from vgpuvirt.provision.plan import plan
 from vgpuvirt.provision.state import host_state
-from vgpuvirt.services.inventory import inventory
-from vgpuvirt.services.iommu import check_assignable
+from vgpuvirt.services.inventory.read import inventory
+from vgpuvirt.services.iommu.api import check_assignable
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain
 

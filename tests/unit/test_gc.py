@@ -6,8 +6,8 @@ import pytest
 from lifecycle_doubles import Wrapped, domain_xml
 
 from vgpuvirt.change.mdev_service import MdevService
-from vgpuvirt.services import gc
-from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.services.vgpu import gc
+from vgpuvirt.services.vgpu.vendor import VendorVgpuService
 from vgpuvirt.sim import SimHost, list_profiles
 
 U1 = "11111111-2222-4333-8444-555555555551"

@@ -1,4 +1,4 @@
-"""The capacity model (services/gpu_capacity): each GPU as one budget, counted by the documented rules,
+"""The capacity model (services/capacity/budget): each GPU as one budget, counted by the documented rules,
 and placement built on it. The simulated hosts are the referee: what a plan proposes, the simulated
 kernel accepts (tests/property runs the same question over random requests)."""
 
@@ -16,9 +16,9 @@ from vgpuvirt.host.base import Op
 from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.model import PciAddress
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision
-from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
-from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.capacity.budget import GpuBudget, Place, Resident, VgpuType
+from vgpuvirt.services.capacity.build import gpu_budgets
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.usage import GpuUse
 

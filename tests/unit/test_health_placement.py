@@ -14,7 +14,7 @@ from vgpuvirt.provision.by_need import place_one
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_states
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 T4A, T4B = "0000:3b:00.0", "0000:d8:00.0"

@@ -17,7 +17,7 @@ from vgpuvirt.provision.mobility.drain import plan_drain
 from vgpuvirt.provision.plan import plan
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.services.cordon import CORDON_FILE, parse_cordon, read_cordon, set_cordon
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost, materialize
 
 REPO = Path(__file__).resolve().parents[2]

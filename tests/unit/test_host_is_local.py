@@ -14,7 +14,7 @@ from vgpuvirt.host import LocalHost
 from vgpuvirt.host.replay import ReplayHost
 from vgpuvirt.host.ssh import SSHHost
 from vgpuvirt.libvirt_uri import default_uri
-from vgpuvirt.services.metrics import Collector
+from vgpuvirt.observe.collect import Collector
 from vgpuvirt.sim import SimHost
 
 ROOT = Path(__file__).resolve().parents[2]

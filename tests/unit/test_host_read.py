@@ -22,13 +22,13 @@ from test_metrics_nvml import fake_pynvml  # type: ignore[import-not-found]
 
 from vgpuvirt.hosts import open_host
 from vgpuvirt.layout.verbs import read_gpus
+from vgpuvirt.observe.collect import Collector
 from vgpuvirt.provision.pool import take_survey
-from vgpuvirt.services import mig
-from vgpuvirt.services.host_read import INVENTORY_GLOBS, MIG_TABLES, Want, read_host
-from vgpuvirt.services.inventory import inventory
-from vgpuvirt.services.metrics import Collector
+from vgpuvirt.services.inventory.host_read import INVENTORY_GLOBS, MIG_TABLES, Want, read_host
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.services.metrics_model import MetricsSnapshot
-from vgpuvirt.services.nvidia_static import StaticFacts
+from vgpuvirt.services.mig import state as mig
+from vgpuvirt.services.nvidia.static import StaticFacts
 from vgpuvirt.sim import SimHost, list_profiles
 
 ROOT = Path(__file__).resolve().parents[2]

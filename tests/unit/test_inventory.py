@@ -14,7 +14,7 @@ from vgpuvirt.host import agent
 from vgpuvirt.host.base import Op, OpResult, Snapshot
 from vgpuvirt.host.local import LocalHost
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory, inventory, type_capacity
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, build_inventory, inventory, type_capacity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import trees
@@ -341,7 +341,7 @@ def test_the_read_samples_type_names_once_per_pf_not_on_every_vf() -> None:
 
 def test_a_gpu_passed_through_whole_has_no_room_for_vgpus(t4: LocalHost) -> None:
     # the second T4 (no vGPU on it) is a domain's whole GPU: its budget names the domain and offers nothing
-    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
+    from vgpuvirt.services.capacity.build import gpu_budgets
     inv = inventory(t4, domains=[pci_domain("gamer", "d8:00.0")])
     b = next(x for x in gpu_budgets(inv) if str(x.address) == "0000:d8:00.0")
     assert b.whole_holder == "gamer"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vgpuvirt import sim
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "inventory"
 REGEN = os.environ.get("VGPUVIRT_REGEN_GOLDEN") == "1"

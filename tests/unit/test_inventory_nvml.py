@@ -15,8 +15,8 @@ import pytest
 
 from vgpuvirt.errors import MissingDependency
 from vgpuvirt.host.base import Entry, Snapshot
-from vgpuvirt.services import nvml as nvml_mod
-from vgpuvirt.services.inventory import build_inventory
+from vgpuvirt.services.inventory.read import build_inventory
+from vgpuvirt.services.nvidia import nvml as nvml_mod
 
 NOT_SUPPORTED, NOT_FOUND, LIBRARY_NOT_FOUND, INVALID_ARGUMENT = 3, 6, 12, 2
 

@@ -7,10 +7,10 @@ import uuid
 
 from vgpuvirt.host.base import Op
 from vgpuvirt.host.snapshot import Entry, Snapshot
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
-from vgpuvirt.services.inventory_build import SysfsCache
-from vgpuvirt.services.metrics import Collector
-from vgpuvirt.services.sysfs import NVIDIA_VERSION
+from vgpuvirt.observe.collect import Collector
+from vgpuvirt.services.inventory.build import SysfsCache
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, build_inventory
+from vgpuvirt.services.pci.sysfs import NVIDIA_VERSION
 from vgpuvirt.sim import SimHost
 
 T4A = "0000:3b:00.0"

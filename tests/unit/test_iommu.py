@@ -8,8 +8,8 @@ from lifecycle_doubles import PciTree, domain_xml
 from vgpuvirt.change.driver import prepare_vfio
 from vgpuvirt.errors import NotAssignable
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services import iommu
-from vgpuvirt.services.iommu import Binding, BindingRecord
+from vgpuvirt.services.iommu import api as iommu
+from vgpuvirt.services.iommu.api import Binding, BindingRecord
 
 BRIDGE, VGA, D3, AUDIO, USB, UCSI, HOSTB = 0x060400, 0x030000, 0x030200, 0x040300, 0x0C0330, 0x0C8000, 0x060000
 

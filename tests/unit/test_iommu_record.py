@@ -16,7 +16,8 @@ from vgpuvirt.change.driver import prepare_vfio
 from vgpuvirt.cli import main
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import RecordError
-from vgpuvirt.services import iommu, sysfs
+from vgpuvirt.services.iommu import api as iommu
+from vgpuvirt.services.pci import sysfs
 from vgpuvirt.sim import SimHost
 
 GPU, AUDIO = "0000:01:00.0", "0000:01:00.1"

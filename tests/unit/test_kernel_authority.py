@@ -19,8 +19,8 @@ from conftest import require_part  # type: ignore[import-not-found]
 
 from vgpuvirt.cli import main
 from vgpuvirt.host.local import LocalHost
-from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-from vgpuvirt.services.inventory import inventory, type_capacity
+from vgpuvirt.services.capacity.build import gpu_budgets
+from vgpuvirt.services.inventory.read import inventory, type_capacity
 from vgpuvirt.sim import SimHost
 from vgpuvirt.sim.profiles import list_profiles
 

@@ -12,7 +12,7 @@ import pytest
 from vgpuvirt.layout import verbs
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml.provenance import Provenance
 

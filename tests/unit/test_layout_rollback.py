@@ -14,8 +14,8 @@ import pytest
 
 from vgpuvirt.errors import ProvisioningError, TransportError
 from vgpuvirt.layout import parse_layout, verbs
-from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.vgpu_scheduler import read_schedulers
+from vgpuvirt.services.mig.state import read_mig_state
+from vgpuvirt.services.scheduler.service import read_schedulers
 from vgpuvirt.sim import SimHost
 
 CFG = parse_layout("""\

@@ -10,8 +10,8 @@ from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.layout import dump_layout, parse_layout, verbs
 from vgpuvirt.layout.planner import LayoutStep, plan_host
-from vgpuvirt.services.scheduler_model import SchedulerSetting as S
-from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
+from vgpuvirt.services.scheduler.model import SchedulerSetting as S
+from vgpuvirt.services.scheduler.service import plan_schedulers, read_schedulers
 from vgpuvirt.sim.host import SimHost
 
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"

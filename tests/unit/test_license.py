@@ -29,7 +29,7 @@ from vgpuvirt.provision import VmRequest, plan
 from vgpuvirt.provision.disks import ClonedDisk
 from vgpuvirt.provision.license import License, seed_iso
 from vgpuvirt.provision.steps_license import CreateLicenseSeed
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import CdRom, Domain
 from vgpuvirt.xml.provenance import Provenance

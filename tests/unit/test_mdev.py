@@ -21,7 +21,7 @@ from vgpuvirt.errors import (
     WriteFailed,
 )
 from vgpuvirt.model import MdevUuid
-from vgpuvirt.services.sriov import SriovService
+from vgpuvirt.services.pci.sriov import SriovService
 from vgpuvirt.sim import Profile, SimHost, list_profiles, load_profile
 
 U1 = "11111111-2222-4333-8444-555555555555"

@@ -19,7 +19,7 @@ from vgpuvirt.errors import (
     WriteFailed,
 )
 from vgpuvirt.model import MdevUuid
-from vgpuvirt.services.vendor_vgpu import AssignSpec, VendorVgpuService
+from vgpuvirt.services.vgpu.vendor import AssignSpec, VendorVgpuService
 from vgpuvirt.sim import SimHost
 
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"
@@ -195,7 +195,7 @@ def test_provision_maps_a_vf_write_error_like_the_service_does() -> None:
     pytest.importorskip("libvirt")
     from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
     from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     host = sim("l40s-vgpu17")
     vms = VmRequest.pool("b" + MdevUuid.generate().value[:6], 2, gpu=VgpuRequest())

@@ -15,7 +15,7 @@ from vgpuvirt.change.mdev_service import MdevService
 from vgpuvirt.cli import main
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import TransportError
-from vgpuvirt.services.mdev_state import active_from_snapshot
+from vgpuvirt.services.vgpu.mdev_state import active_from_snapshot
 from vgpuvirt.sim import SimHost
 
 PARENT, TYPE = "0000:3b:00.0", "nvidia-231"

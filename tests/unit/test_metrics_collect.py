@@ -10,7 +10,7 @@ import pytest
 
 from vgpuvirt.errors import HostError
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.metrics import Collector, collect
+from vgpuvirt.observe.collect import Collector, collect
 from vgpuvirt.services.metrics_model import MetricsSnapshot
 from vgpuvirt.sim import SimHost
 
@@ -213,8 +213,8 @@ def test_a_host_that_does_not_answer_in_time_is_down_and_does_not_hold_up_the_ot
 def test_readings_survive_a_non_zero_nvidia_smi_exit():
     from dataclasses import replace
 
-    from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
-    from vgpuvirt.services.metrics_build import build_host_metrics
+    from vgpuvirt.observe.build import build_host_metrics
+    from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, build_inventory
 
     h = _sim()
     batch = h.apply([Op.exec(("nvidia-smi", "-q", "-x"), read_only=True)], lock=False, reads_after=INVENTORY_GLOBS)

@@ -11,10 +11,10 @@ import pytest
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.inventory import INVENTORY_GLOBS, build_inventory
-from vgpuvirt.services.metrics import Collector
-from vgpuvirt.services.metrics_build import build_host_metrics
-from vgpuvirt.services.nvml_metrics import collect_nvml
+from vgpuvirt.observe.build import build_host_metrics
+from vgpuvirt.observe.collect import Collector
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS, build_inventory
+from vgpuvirt.services.nvidia.nvml_readings import collect_nvml
 from vgpuvirt.sim import SimHost
 
 NOT_SUPPORTED = 3

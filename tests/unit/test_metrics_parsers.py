@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.gpu_health import assess
-from vgpuvirt.services.kernel_log import parse_kernel_log, since
 from vgpuvirt.services.metrics_model import Ecc, MemoryRepair, PcieLink
-from vgpuvirt.services.nvsmi_readings import GpuReadings, parse_readings
-from vgpuvirt.services.vgpu_query import parse_vgpu_query
+from vgpuvirt.services.nvidia.health import assess
+from vgpuvirt.services.nvidia.kernel_log import parse_kernel_log, since
+from vgpuvirt.services.nvidia.readings import GpuReadings, parse_readings
+from vgpuvirt.services.nvidia.vgpu_query import parse_vgpu_query
 from vgpuvirt.sim import SimHost
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

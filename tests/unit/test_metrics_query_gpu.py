@@ -13,7 +13,7 @@ import pytest
 
 from vgpuvirt import sim
 from vgpuvirt.host.base import BatchResult, Op
-from vgpuvirt.services.metrics import Collector
+from vgpuvirt.observe.collect import Collector
 from vgpuvirt.sim import SimHost
 
 QX = ("nvidia-smi", "-q", "-x")
@@ -105,8 +105,8 @@ def test_without_query_gpu_the_collection_reads_q_x_as_before() -> None:
 
 @pytest.mark.parametrize("profile", sim.list_profiles())
 def test_an_inventory_with_kept_facts_reads_query_gpu_and_answers_alike(profile: str) -> None:
-    from vgpuvirt.services.inventory import inventory
-    from vgpuvirt.services.nvidia_static import StaticFacts
+    from vgpuvirt.services.inventory.read import inventory
+    from vgpuvirt.services.nvidia.static import StaticFacts
 
     h = _host(profile)
     static = StaticFacts()
@@ -137,8 +137,8 @@ def test_mig_switched_on_between_two_reads_reads_the_listings_again() -> None:
     h = _host("a30-mig")
     for argv in (["nvidia-smi", "mig", "-dgi"], ["nvidia-smi", "-i", "0", "-mig", "0"]):
         assert h.run(argv).ok
-    from vgpuvirt.services.inventory import inventory
-    from vgpuvirt.services.nvidia_static import StaticFacts
+    from vgpuvirt.services.inventory.read import inventory
+    from vgpuvirt.services.nvidia.static import StaticFacts
 
     c, static = Collector(clock=lambda: 1000.0), StaticFacts()
     c.collect(h)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from vgpuvirt.host.base import Op
-from vgpuvirt.services import metrics
-from vgpuvirt.services.inventory import INVENTORY_GLOBS
-from vgpuvirt.services.metrics import METRICS_GLOBS, Collector
+from vgpuvirt.observe import collect as metrics
+from vgpuvirt.observe.collect import METRICS_GLOBS, Collector
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS
 from vgpuvirt.services.metrics_model import MetricsSnapshot
 from vgpuvirt.sim import SimHost
 

@@ -1,4 +1,4 @@
-"""services.mig_geometry: from a wanted geometry to actions, applied on simulated hosts; a rerun is empty."""
+"""services.mig.geometry: from a wanted geometry to actions, applied on simulated hosts; a rerun is empty."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from vgpuvirt.change.mig import mig_steps
 from vgpuvirt.change.runner import run_host
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
-from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.mig_geometry import geometry_actions
+from vgpuvirt.services.mig.geometry import geometry_actions
+from vgpuvirt.services.mig.state import read_mig_state
 from vgpuvirt.sim import SimHost
 
 

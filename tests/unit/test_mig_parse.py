@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vgpuvirt.services import mig_parse as P
+from vgpuvirt.services.mig import parse as P
 from vgpuvirt.sim import SimHost
 
 HOSTDATA = Path(__file__).resolve().parents[1] / "fixtures" / "hostdata" / "mig_backed_vgpu.txt"

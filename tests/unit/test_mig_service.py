@@ -1,4 +1,4 @@
-"""services.mig / mig_ops and the MIG change kinds on simulated hosts: one round trip to read every GPU's MIG
+"""services.mig.state / mig_ops and the MIG change kinds on simulated hosts: one round trip to read every GPU's MIG
 state, validated argv, one batch to change through the runner, and a rollback that leaves the host as it was."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from vgpuvirt.change.mig import MigStep, SetMigMode, mig_steps
 from vgpuvirt.change.runner import run_host
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.mig import read_mig_state
-from vgpuvirt.services.mig_ops import MigAction, check_against
+from vgpuvirt.services.mig.ops import MigAction, check_against
+from vgpuvirt.services.mig.state import read_mig_state
 from vgpuvirt.sim import SimHost
 
 
@@ -124,8 +124,8 @@ def test_exec_ops_are_argv_never_a_shell() -> None:
 
 
 def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip() -> None:
-    from vgpuvirt.services.gpu_capacity_build import gpu_budgets
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.capacity.build import gpu_budgets
+    from vgpuvirt.services.inventory.read import inventory
     host = SimHost.from_profile("a30-mig")
     b = gpu_budgets(inventory(host))[0]
     assert host.round_trips == 1
@@ -138,7 +138,7 @@ def test_the_capacity_model_reads_the_free_slices_in_the_inventorys_round_trip()
 
 def test_listing_failures_without_any_gpu_in_mig_mode_are_not_errors() -> None:
     from vgpuvirt.host.base import OpResult
-    from vgpuvirt.services.mig import READ_ARGVS, build_mig_state
+    from vgpuvirt.services.mig.state import READ_ARGVS, build_mig_state
     host = SimHost.from_profile("t4x2")
     xml = host.run(["nvidia-smi", "-q", "-x"]).stdout
     ok = OpResult(Op.exec(READ_ARGVS[0]), ok=True, rc=0, stdout=xml)

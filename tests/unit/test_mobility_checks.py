@@ -16,7 +16,7 @@ from vgpuvirt.change.vendor_vf import SetVfType
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
 from vgpuvirt.provision.mobility import HostFacts, MigrateDomain, plan_migration
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.services.mutation import apply_items
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml.provenance import Provenance
@@ -231,7 +231,7 @@ def test_an_unknown_vm_is_bad_input(pair: tuple[SimHost, SimHost]) -> None:
 
 def test_sim_renders_ecc_and_driver_version_as_nvidia_smi_does() -> None:
     # a real nvidia-smi -q -x (L4, R555) has <ecc_mode><current_ecc>; the parser reads it from there
-    from vgpuvirt.services.nvidia_smi import parse_nvidia_smi_xml
+    from vgpuvirt.services.nvidia.smi import parse_nvidia_smi_xml
     real = Path(__file__).resolve().parents[1] / "fixtures/nvidia-smi/readings_l4_555.xml"
     assert parse_nvidia_smi_xml(real.read_bytes()).gpus[0].ecc_mode_current == "Enabled"
     h = SimHost.from_profile("t4x2")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vgpuvirt.model import MdevUuid, PciAddress
-from vgpuvirt.services import parsers as P
+from vgpuvirt.services.pci import parsers as P
 
 HOSTDATA = Path(__file__).resolve().parents[1] / "fixtures" / "hostdata"
 

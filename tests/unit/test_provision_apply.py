@@ -18,7 +18,7 @@ from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.plan import mdev_uuid_for
 from vgpuvirt.provision.run import gather
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain
 from vgpuvirt.xml.provenance import Provenance

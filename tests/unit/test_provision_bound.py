@@ -13,7 +13,7 @@ from vgpuvirt.provision.bound import refusal
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_state, host_states
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 

@@ -17,7 +17,7 @@ from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.libvirt_storage import LibvirtFacts, PoolFacts
 from vgpuvirt.provision import VgpuRequest, VmRequest, plan, provision, provisioning_options
 from vgpuvirt.provision.disks import ClonedDisk
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import Domain
 from vgpuvirt.xml.storage import FirmwareCaps

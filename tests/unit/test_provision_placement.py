@@ -73,7 +73,7 @@ def test_heterogeneous_is_refused_on_a_gpu_without_mixed_size_mode():
     # A T4 (vGPU <= 16, no SR-IOV) runs equal-size mode only: --heterogeneous cannot mix sizes on it, and
     # the refusal says so instead of planning what the driver refuses.
     from vgpuvirt.provision.plan import plan
-    from vgpuvirt.services.nvidia_smi import NvidiaGpuFacts
+    from vgpuvirt.services.nvidia.smi import NvidiaGpuFacts
 
     inv = t4_host(gpus=(("0000:3b:00.0", 0),))
     facts = NvidiaGpuFacts("nvidia-smi", inv.gpus[0].address, memory_total_mib=16384, host_vgpu_mode="Non SR-IOV",

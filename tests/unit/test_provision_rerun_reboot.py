@@ -13,7 +13,7 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.layout import parse_layout, verbs
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 
 pytest.importorskip("libvirt")

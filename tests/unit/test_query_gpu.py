@@ -10,8 +10,8 @@ import pytest
 
 from vgpuvirt import sim
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.nvsmi_readings import parse_readings
-from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV, QUERY_GPU_FIELDS, parse_query_gpu
+from vgpuvirt.services.nvidia.query_gpu import QUERY_GPU_ARGV, QUERY_GPU_FIELDS, parse_query_gpu
+from vgpuvirt.services.nvidia.readings import parse_readings
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h100-580" / "query-gpu"
 H100 = PciAddress.parse("0000:00:06.0")

@@ -18,12 +18,12 @@ import pytest
 
 from vgpuvirt.host.base import OpResult, Snapshot
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.inventory import build_inventory
-from vgpuvirt.services.metrics_build import build_host_metrics
-from vgpuvirt.services.nvidia_smi import parse_nvidia_smi_xml
-from vgpuvirt.services.nvml import collect as collect_nvml_facts
-from vgpuvirt.services.nvml_metrics import collect_nvml
-from vgpuvirt.services.nvsmi_readings import parse_readings
+from vgpuvirt.observe.build import build_host_metrics
+from vgpuvirt.services.inventory.read import build_inventory
+from vgpuvirt.services.nvidia.nvml import collect as collect_nvml_facts
+from vgpuvirt.services.nvidia.nvml_readings import collect_nvml
+from vgpuvirt.services.nvidia.readings import parse_readings
+from vgpuvirt.services.nvidia.smi import parse_nvidia_smi_xml
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 H100 = REAL / "h100-580"
@@ -157,7 +157,7 @@ def test_nvml_facts_carry_brand_and_architecture_like_nvidia_smi():
 def real_mig_results(board: Path) -> list[OpResult]:
     """The five reads of ``read_mig_state`` as the real board answered them (all exit 0 there)."""
     from vgpuvirt.host.base import Op
-    from vgpuvirt.services.mig import READ_ARGVS
+    from vgpuvirt.services.mig.state import READ_ARGVS
 
     texts = [raw(board, n) for n in ("nvidia-smi-q.xml", "mig-lgi.txt", "mig-lci.txt", "mig-lgip.txt",
                                      "mig-lgipp.txt")]
@@ -168,7 +168,7 @@ def real_mig_results(board: Path) -> list[OpResult]:
     (H100, ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
     (H200, ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"])])
 def test_mig_off_keeps_the_boards_own_profiles(board: Path, names: list[str]):
-    from vgpuvirt.services.mig import build_mig_state
+    from vgpuvirt.services.mig.state import build_mig_state
 
     state = build_mig_state("real", real_mig_results(board))
     (g,) = state.gpus
@@ -183,8 +183,8 @@ def test_mig_off_keeps_the_boards_own_profiles(board: Path, names: list[str]):
 def test_a_profile_the_board_does_not_have_is_refused_before_mig_is_enabled():
     """An A100 profile on the H100 used to be planned (enable MIG, then create 1g.5gb)."""
     from vgpuvirt.errors import InvalidSpec
-    from vgpuvirt.services.mig import build_mig_state
-    from vgpuvirt.services.mig_geometry import geometry_actions
+    from vgpuvirt.services.mig.geometry import geometry_actions
+    from vgpuvirt.services.mig.state import build_mig_state
 
     (g,) = build_mig_state("real", real_mig_results(H100)).gpus
     with pytest.raises(InvalidSpec, match=r"1g\.5gb.*1g\.10gb \(19\)"):
@@ -202,8 +202,8 @@ def real_proc_params(board: Path) -> str:
 
 def test_scheduler_reads_the_loaded_registry_keys_from_proc_driver_nvidia_params():
     from vgpuvirt.host.base import Entry
-    from vgpuvirt.services.scheduler_model import SchedulerSetting
-    from vgpuvirt.services.vgpu_scheduler import parse_read, read_ops
+    from vgpuvirt.services.scheduler.model import SchedulerSetting
+    from vgpuvirt.services.scheduler.service import parse_read, read_ops
 
     params = real_proc_params(H100)
     assert 'RegistryDwords: ""' in params and "RegistryDwordsPerDevice" in params
@@ -224,7 +224,7 @@ def test_scheduler_reads_the_loaded_registry_keys_from_proc_driver_nvidia_params
 
 
 def test_simulated_driver_shows_its_parameters_where_the_real_one_does():
-    from vgpuvirt.services.scheduler_model import loaded_params
+    from vgpuvirt.services.scheduler.model import loaded_params
     from vgpuvirt.sim import SimHost
 
     host = SimHost.from_profile("t4x2")
@@ -282,7 +282,7 @@ def test_inventory_says_vm_guest_not_a_vgpu_host_driver_and_iommu_empty():
 
 def test_iommu_check_on_the_real_guest_says_empty_and_guest(tmp_path):
     from vgpuvirt.host.local import LocalHost
-    from vgpuvirt.services import iommu
+    from vgpuvirt.services.iommu import api as iommu
 
     rep = iommu.check_assignable(LocalHost(str(real_tree(tmp_path, H100))), ["0000:00:06.0"])
     assert not rep.assignable and rep.vm_guest

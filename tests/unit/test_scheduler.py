@@ -11,14 +11,14 @@ import pytest
 from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.cli import main
 from vgpuvirt.errors import DeviceNotFound, InvalidSpec, ProvisioningError
-from vgpuvirt.services.scheduler_model import (
+from vgpuvirt.services.scheduler.model import (
     MODPROBE_FILE,
     SchedulerSetting,
     modprobe_options,
     parse_setting,
     registry_values,
 )
-from vgpuvirt.services.vgpu_scheduler import SchedulerError, plan_schedulers, read_schedulers
+from vgpuvirt.services.scheduler.service import SchedulerError, plan_schedulers, read_schedulers
 from vgpuvirt.sim import SimHost
 
 GPU0, GPU1 = "0000:3b:00.0", "0000:d8:00.0"
@@ -299,7 +299,7 @@ def test_the_all_gpus_read_answers_each_gpu_as_its_own_call_does(profile: str) -
 
     from vgpuvirt.host.base import Op
     from vgpuvirt.model import PciAddress
-    from vgpuvirt.services.vgpu_scheduler import nvidia_gpus
+    from vgpuvirt.services.scheduler.service import nvidia_gpus
 
     h = SimHost.from_profile(profile)
     gpus = nvidia_gpus(h)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.sim.fs_etc import DRIVER_FILE, check_driver_version
 

@@ -10,7 +10,7 @@ import yaml
 from lxml import etree
 
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.mig_parse import parse_lci, parse_lgi, parse_lgip
+from vgpuvirt.services.mig.parse import parse_lci, parse_lgi, parse_lgip
 from vgpuvirt.sim import SimHost
 
 D = "/sys/bus/pci/devices"

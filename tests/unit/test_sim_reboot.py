@@ -4,7 +4,7 @@ stays (MIG mode; a pending mode becomes current), seen through sysfs and nvidia-
 from __future__ import annotations
 
 from vgpuvirt.host.base import Op
-from vgpuvirt.services.mig import read_mig_state
+from vgpuvirt.services.mig.state import read_mig_state
 from vgpuvirt.sim import SimHost
 
 D = "/sys/bus/pci/devices"

@@ -7,7 +7,7 @@ import fnmatch
 
 import pytest
 
-from vgpuvirt.services.inventory import INVENTORY_GLOBS
+from vgpuvirt.services.inventory.read import INVENTORY_GLOBS
 from vgpuvirt.sim import SimHost
 
 

@@ -14,8 +14,8 @@ from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.errors import DeviceBusy, InvalidSpec, ProvisioningError
 from vgpuvirt.host.base import BatchResult, Op, OpResult
 from vgpuvirt.services.mutation import Change
-from vgpuvirt.services.sriov import SRIOV_MANAGE, SriovService
-from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.services.pci.sriov import SRIOV_MANAGE, SriovService
+from vgpuvirt.services.vgpu.vendor import VendorVgpuService
 from vgpuvirt.sim import SimHost, list_profiles
 
 

@@ -19,8 +19,8 @@ from vgpuvirt.libvirt_conn import LibvirtConnection, no_retry
 from vgpuvirt.model import MdevUuid
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
 from vgpuvirt.provision.plan import mdev_uuid_for
-from vgpuvirt.services.gc import find_orphans
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
+from vgpuvirt.services.vgpu.gc import find_orphans
 from vgpuvirt.sim import SimHost
 from vgpuvirt.sim.host import SimFsWithTools
 from vgpuvirt.xml.refs import domain_device_refs

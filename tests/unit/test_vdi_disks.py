@@ -87,7 +87,7 @@ def test_vdi_template_gives_each_desktop_its_own_disk() -> None:
 
 def test_disk_path_is_templated_per_vm() -> None:
     host = SimHost.from_profile("t4x2")
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
     vms = VmRequest.pool("tpl", 3, gpu=Q2, disk="/srv/vdi/{name}.qcow2")
     p = plan([inventory(host)], vms)
     paths = [backing_chains(s.xml)["vda"][0] for s in p.steps if isinstance(s, DefineDomain)]
@@ -95,7 +95,7 @@ def test_disk_path_is_templated_per_vm() -> None:
 
 
 def test_one_disk_path_for_several_vms_is_refused() -> None:
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
     inv = inventory(SimHost.from_profile("t4x2"))
     with pytest.raises(InvalidSpec, match=r"one disk per VM .*tpl-001 and tpl-002 would share /srv/same\.qcow2"):
         plan([inv], VmRequest.pool("tpl", 2, gpu=Q2, disk="/srv/same.qcow2"))

@@ -9,7 +9,7 @@ from lifecycle_doubles import Wrapped
 
 from vgpuvirt.errors import AlreadyExists, DeviceNotFound, NoCapacity
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+from vgpuvirt.services.vgpu.vendor import VendorVgpuService
 from vgpuvirt.sim import SimHost, list_profiles
 
 L40S_PF = "0000:3d:00.0"

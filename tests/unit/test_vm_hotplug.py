@@ -13,7 +13,7 @@ from conftest import require_part
 from vgpuvirt.cli import main
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.sim import SimHost
 from vgpuvirt.xml import MdevHostdev, PciHostdev
 

@@ -13,10 +13,11 @@ from vgpuvirt.change.step import HostFacts, HostStep, Phase
 from vgpuvirt.errors import RecordError
 from vgpuvirt.host.base import Host, OpResult, Snapshot
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services import sysfs, vfio_binding
-from vgpuvirt.services.iommu_check import VFIO
+from vgpuvirt.services.iommu import vfio_binding
+from vgpuvirt.services.iommu.check import VFIO
+from vgpuvirt.services.iommu.vfio_binding import BindingRecord
 from vgpuvirt.services.mutation import Change, Planned
-from vgpuvirt.services.vfio_binding import BindingRecord
+from vgpuvirt.services.pci import sysfs
 
 
 @dataclass(frozen=True)

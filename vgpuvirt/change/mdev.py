@@ -10,9 +10,9 @@ from vgpuvirt.change.identity import made_for
 from vgpuvirt.change.step import DeviceStep, HostFacts, HostStep, Phase
 from vgpuvirt.host.base import Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.services import mdev_ops as mdev_svc
-from vgpuvirt.services import sysfs
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.pci import sysfs
+from vgpuvirt.services.vgpu import mdev_ops as mdev_svc
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import DomainRefs
 

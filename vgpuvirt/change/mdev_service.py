@@ -16,8 +16,8 @@ mdevctl=["unshare", "-m", ..., "mdevctl"])`` runs it through a prefix (tests use
 namespace that binds a simulated sysfs over /sys).
 
 The service decides here; what exists (active and defined mdevs) is read in
-:mod:`vgpuvirt.services.mdev_state`, the locked ops of one create or remove are built in
-:mod:`vgpuvirt.services.mdev_ops` (their names are re-exported here). It sits on the change engine: a batch of
+:mod:`vgpuvirt.services.vgpu.mdev_state`, the locked ops of one create or remove are built in
+:mod:`vgpuvirt.services.vgpu.mdev_ops` (their names are re-exported here). It sits on the change engine: a batch of
 creates runs through :class:`~vgpuvirt.change.runner.Runner`, which undoes an item that ran in part.
 """
 
@@ -44,16 +44,7 @@ from vgpuvirt.errors import (
 )
 from vgpuvirt.host.base import Host, Op, Snapshot
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
-from vgpuvirt.services import sysfs
-from vgpuvirt.services.gpu_capacity import GpuBudget, Place, Resident, VgpuType
-from vgpuvirt.services.mdev_ops import MdevSpec, create_item, create_patterns, remove_item, type_dir
-from vgpuvirt.services.mdev_state import (
-    Definition,
-    MdevRecord,
-    active_from_snapshot,
-    device_path,
-    parse_mdevctl_defined,
-)
+from vgpuvirt.services.capacity.budget import GpuBudget, Place, Resident, VgpuType
 from vgpuvirt.services.mutation import (
     Change,
     ItemResult,
@@ -66,7 +57,16 @@ from vgpuvirt.services.mutation import (
     require_unique,
     result_of,
 )
-from vgpuvirt.services.parsers import parse_nvidia_description
+from vgpuvirt.services.pci import sysfs
+from vgpuvirt.services.pci.parsers import parse_nvidia_description
+from vgpuvirt.services.vgpu.mdev_ops import MdevSpec, create_item, create_patterns, remove_item, type_dir
+from vgpuvirt.services.vgpu.mdev_state import (
+    Definition,
+    MdevRecord,
+    active_from_snapshot,
+    device_path,
+    parse_mdevctl_defined,
+)
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import domain_device_refs
 

@@ -1,6 +1,6 @@
 """MIG (A100/A30/H100/H200): the MIG mode of a GPU, its GPU instances and their compute instances.
 
-Every kind runs nvidia-smi argv built by :mod:`vgpuvirt.services.mig_ops` (validated values, ``-i BUS-ID``,
+Every kind runs nvidia-smi argv built by :mod:`vgpuvirt.services.mig.ops` (validated values, ``-i BUS-ID``,
 never a shell string). nvidia-smi chooses the ids of what it creates, so a create's undo is learned from its
 answer (``undo_learned``: even a create that failed part-way names what it made); a destroy's undo creates the
 instance again at its placement (the driver gives it the same id there). A mode change that nvidia-smi accepts
@@ -20,8 +20,7 @@ from vgpuvirt.change.step import HostFacts, HostStep, Phase
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.host.base import OpResult
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.mig import MigGpu
-from vgpuvirt.services.mig_ops import (
+from vgpuvirt.services.mig.ops import (
     CreateCi,
     CreateGi,
     DestroyCi,
@@ -31,8 +30,9 @@ from vgpuvirt.services.mig_ops import (
     created_undo_item,
     mig_item,
 )
-from vgpuvirt.services.mig_ops import ResetGpu as ResetGpuAction
-from vgpuvirt.services.mig_parse import mode_change_pending
+from vgpuvirt.services.mig.ops import ResetGpu as ResetGpuAction
+from vgpuvirt.services.mig.parse import mode_change_pending
+from vgpuvirt.services.mig.state import MigGpu
 from vgpuvirt.services.mutation import Planned
 
 #: Why a mode change that nvidia-smi accepted did not take effect.
@@ -54,7 +54,7 @@ class MigStep(HostStep):
     gpu: PciAddress
     index: int
 
-    #: the :class:`~vgpuvirt.services.mig_ops.MigAction` class whose actions this kind runs (``of``)
+    #: the :class:`~vgpuvirt.services.mig.ops.MigAction` class whose actions this kind runs (``of``)
     action: ClassVar[type[MigAction] | None] = None
 
     def __init_subclass__(cls, **kw: Any) -> None:

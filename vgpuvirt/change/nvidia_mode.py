@@ -8,8 +8,9 @@ from typing import ClassVar
 from vgpuvirt.change.step import HostFacts, HostStep, Phase
 from vgpuvirt.host.base import Snapshot
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services import nvidia_modes, sysfs
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.nvidia import modes as nvidia_modes
+from vgpuvirt.services.pci import sysfs
 
 
 @dataclass(frozen=True)

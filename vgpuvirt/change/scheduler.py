@@ -8,7 +8,7 @@ the next driver load (the ``RmPVMRL`` registry key).
 
 Both run in the DEVICES phase, after the vGPUs are made (the file first: the NVML call is the one that can fail on a
 busy GPU, and the file's undo is the cheaper one). :func:`apply_schedulers` is ``vgpuvirt scheduler set``: a
-:class:`~vgpuvirt.services.vgpu_scheduler.SchedulerPlan` as these steps, through the runner.
+:class:`~vgpuvirt.services.scheduler.service.SchedulerPlan` as these steps, through the runner.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from vgpuvirt.change.runner import Report, run_host
 from vgpuvirt.change.step import HostFacts, HostStep
 from vgpuvirt.host.base import Host, Snapshot
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services import vgpu_scheduler
 from vgpuvirt.services.mutation import Planned
-from vgpuvirt.services.scheduler_model import MODPROBE_FILE, SchedulerSetting
-from vgpuvirt.services.vgpu_scheduler import SchedulerPlan
+from vgpuvirt.services.scheduler import service as vgpu_scheduler
+from vgpuvirt.services.scheduler.model import MODPROBE_FILE, SchedulerSetting
+from vgpuvirt.services.scheduler.service import SchedulerPlan
 
 PENDING = "pending until the driver reloads"
 

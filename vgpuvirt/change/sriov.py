@@ -18,9 +18,9 @@ from vgpuvirt.change.step import HostFacts, HostStep, Phase
 from vgpuvirt.errors import ProvisioningError
 from vgpuvirt.host.base import Host, Snapshot
 from vgpuvirt.model import PciAddress, VfCount
-from vgpuvirt.services import sriov, sysfs
 from vgpuvirt.services.mutation import Change, Planned, note
-from vgpuvirt.services.sriov import SriovService, VendorToolMissing
+from vgpuvirt.services.pci import sriov, sysfs
+from vgpuvirt.services.pci.sriov import SriovService, VendorToolMissing
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from typing import ClassVar
 from vgpuvirt.change.step import DeviceStep, HostFacts, HostStep, Phase
 from vgpuvirt.host.base import Snapshot
 from vgpuvirt.model import PciAddress, VgpuTypeId
-from vgpuvirt.services import sysfs, vendor_vgpu
 from vgpuvirt.services.mutation import Planned
+from vgpuvirt.services.pci import sysfs
+from vgpuvirt.services.vgpu import vendor as vendor_vgpu
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.refs import DomainRefs
 

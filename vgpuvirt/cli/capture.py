@@ -33,9 +33,9 @@ def _programs(items: list[str]) -> dict[str, str]:
 
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
+    from vgpuvirt.capture.record import capture
+    from vgpuvirt.capture.redact import redact
     from vgpuvirt.host.replay import save_capture
-    from vgpuvirt.services.capture import capture
-    from vgpuvirt.services.capture_redact import redact
 
     programs = _programs(args.program)
     host = ctx.host()

@@ -7,7 +7,7 @@ import argparse
 from vgpuvirt.cli.changes import add_common, domains, emit
 from vgpuvirt.cli.context import Context
 from vgpuvirt.errors import InvalidSpec
-from vgpuvirt.services import gc
+from vgpuvirt.services.vgpu import gc
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

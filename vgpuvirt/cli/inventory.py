@@ -7,7 +7,7 @@ from typing import Any
 
 from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.cli.targets import add_connect, connect_uris
-from vgpuvirt.services.inventory import Inventory, class_name, inventory, type_capacity
+from vgpuvirt.services.inventory.read import Inventory, class_name, inventory, type_capacity
 from vgpuvirt.usage import Backend
 
 

@@ -11,8 +11,8 @@ from vgpuvirt.cli.changes import add_common, domains, emit, emit_failure, emit_r
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.durable import write_new_file
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
-from vgpuvirt.services import iommu
-from vgpuvirt.services.iommu import AssignabilityReport, BindingRecord
+from vgpuvirt.services.iommu import api as iommu
+from vgpuvirt.services.iommu.api import AssignabilityReport, BindingRecord
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
 
 
 def snapshot(ctx: Context, args: argparse.Namespace) -> MetricsSnapshot:
-    from vgpuvirt.services.metrics import Collector
+    from vgpuvirt.observe.collect import Collector
 
     if args.connect and len(args.hosts) > 1:
         raise InvalidSpec("--connect", args.connect, "one host only (each host has its own libvirt)")

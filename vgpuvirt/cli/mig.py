@@ -1,5 +1,5 @@
 """``vgpuvirt mig show|enable|disable|create|destroy``: MIG mode and GPU/compute instances (thin: the state is
-read by :mod:`vgpuvirt.services.mig`, the changes are the change engine's MIG kinds, :mod:`vgpuvirt.change.mig`).
+read by :mod:`vgpuvirt.services.mig.state`, the changes are the change engine's MIG kinds, :mod:`vgpuvirt.change.mig`).
 A change reads the state (one round trip), validates, then the runner does every step in one locked batch and,
 when one fails, undoes exactly what ran (a second round trip); it reports in the runner's one format."""
 
@@ -12,8 +12,8 @@ from vgpuvirt.change.runner import run_host
 from vgpuvirt.cli.changes import add_common, dry_run_steps, emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import InvalidSpec, ProvisioningError
-from vgpuvirt.services.mig import MigGpu, MigState, read_mig_state
-from vgpuvirt.services.mig_ops import MigAction, check_against
+from vgpuvirt.services.mig.ops import MigAction, check_against
+from vgpuvirt.services.mig.state import MigGpu, MigState, read_mig_state
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

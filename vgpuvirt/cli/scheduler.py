@@ -8,8 +8,8 @@ from vgpuvirt.change.scheduler import apply_schedulers
 from vgpuvirt.cli.changes import emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import ProvisioningError
-from vgpuvirt.services.scheduler_model import POLICIES, SchedulerSetting
-from vgpuvirt.services.vgpu_scheduler import plan_schedulers, read_schedulers
+from vgpuvirt.services.scheduler.model import POLICIES, SchedulerSetting
+from vgpuvirt.services.scheduler.service import plan_schedulers, read_schedulers
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -8,7 +8,7 @@ from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.cli.changes import add_common, domains, emit, emit_failure, emit_report
 from vgpuvirt.cli.context import Context, printable
 from vgpuvirt.errors import ProvisioningError
-from vgpuvirt.services.sriov import SriovService
+from vgpuvirt.services.pci.sriov import SriovService
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

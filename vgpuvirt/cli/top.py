@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.cli.exporter import watched_hosts
-    from vgpuvirt.observe.top_live import view
+    from vgpuvirt.cli.top_live import view
 
     if not 0.1 <= args.interval <= 3600:
         raise InvalidSpec("--interval", args.interval, "seconds between 0.1 and 3600")

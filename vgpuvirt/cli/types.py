@@ -8,7 +8,7 @@ from typing import Any
 from vgpuvirt.cli.context import Context, plain
 from vgpuvirt.cli.inventory import add_common_options, collect
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.inventory import type_capacity
+from vgpuvirt.services.inventory.read import type_capacity
 
 
 def register(sub: Any) -> None:

@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
 
 def _list(ctx: Context, args: argparse.Namespace) -> int:
     from vgpuvirt.provision.vms import vm_infos
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     with connection(ctx, args) as conn:
         doms = [d for d in conn.domains() if args.pattern is None or fnmatch.fnmatchcase(d.name, args.pattern)]

@@ -25,7 +25,8 @@ from vgpuvirt.host.base import Host
 from vgpuvirt.layout import verbs
 from vgpuvirt.layout.model import VFIO, Layout, LayoutConfig
 from vgpuvirt.layout.schema import dump_layout
-from vgpuvirt.services import host_files, nvidia_modes
+from vgpuvirt.services import host_files
+from vgpuvirt.services.nvidia import modes as nvidia_modes
 
 UNIT_NAME = "vgpuvirt-layout.service"
 LIB_DIR = "/usr/lib/vgpuvirt"

@@ -14,7 +14,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.layout.model import GpuLayout
 from vgpuvirt.layout.observe import GpuNow
 from vgpuvirt.layout.steps import LayoutStep
-from vgpuvirt.services.mig import MigGpu
+from vgpuvirt.services.mig.state import MigGpu
 
 
 def place(m: MigGpu, profiles: list[str]) -> list[int | None] | None:

@@ -1,7 +1,7 @@
 """A host's GPUs as the layout sees them, from one inventory: :class:`GpuNow` per physical GPU, and
 :func:`export_layout` (the host as it is, as a layout that applies back to the same state).
 
-Pure over an :class:`~vgpuvirt.services.inventory_model.Inventory` (which is one round trip to read).
+Pure over an :class:`~vgpuvirt.services.inventory.model.Inventory` (which is one round trip to read).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from vgpuvirt.errors import InvalidSpec, XmlError
 from vgpuvirt.layout.model import VFIO, GpuEntry, GpuLayout, Layout, Mode, Scheduler, Selector, VgpuCount
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.gpu_capacity import GpuBudget
-from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
-from vgpuvirt.services.inventory_model import Inventory
-from vgpuvirt.services.inventory_parts import Gpu
-from vgpuvirt.services.mig import MigGpu, MigState
-from vgpuvirt.services.vgpu_scheduler import GpuScheduler, SchedulerRead
+from vgpuvirt.services.capacity.budget import GpuBudget
+from vgpuvirt.services.capacity.build import gpu_budget, physical_gpus
+from vgpuvirt.services.inventory.model import Inventory
+from vgpuvirt.services.inventory.parts import Gpu
+from vgpuvirt.services.mig.state import MigGpu, MigState
+from vgpuvirt.services.scheduler.service import GpuScheduler, SchedulerRead
 from vgpuvirt.usage import Backend
 from vgpuvirt.xml.provenance import Provenance
 from vgpuvirt.xml.refs import domain_device_refs

@@ -1,7 +1,7 @@
 """A layout's vGPU scheduler policies as steps (pure): the scheduler service's plan, on the layout's own read.
 
 The layout's read already carries every GPU's scheduler (:func:`vgpuvirt.layout.verbs.read_gpus`); here
-:func:`~vgpuvirt.services.vgpu_scheduler.plan_from_read` decides, per GPU whose entry names a policy, how
+:func:`~vgpuvirt.services.scheduler.service.plan_from_read` decides, per GPU whose entry names a policy, how
 it is set, with ``persist`` on: a layout is the state the host keeps, across driver loads too. So:
 
 * NVML has the scheduler calls: set now (one NVML call per GPU) AND the registry key written, so that the
@@ -23,8 +23,8 @@ from vgpuvirt.layout.model import GpuLayout, Scheduler
 from vgpuvirt.layout.observe import GpuNow
 from vgpuvirt.layout.steps import LayoutStep
 from vgpuvirt.model import PciAddress
-from vgpuvirt.services.scheduler_model import SchedulerSetting, parse_setting
-from vgpuvirt.services.vgpu_scheduler import SchedulerRead, plan_from_read
+from vgpuvirt.services.scheduler.model import SchedulerSetting, parse_setting
+from vgpuvirt.services.scheduler.service import SchedulerRead, plan_from_read
 
 
 def setting(gpu: PciAddress, want: Scheduler) -> SchedulerSetting:

@@ -22,10 +22,10 @@ from vgpuvirt.layout.model import Layout, LayoutConfig
 from vgpuvirt.layout.observe import GpuNow, export_layout, gpus_now, missing_claims, with_claims
 from vgpuvirt.layout.planner import HostPlan, LayoutStep, plan_host
 from vgpuvirt.layout.steps import WAIT
-from vgpuvirt.services import vgpu_scheduler
-from vgpuvirt.services.gpu_capacity_build import physical_gpus
-from vgpuvirt.services.host_read import MIG_TABLES, Want, read_host
-from vgpuvirt.services.inventory_model import Inventory
+from vgpuvirt.services.capacity.build import physical_gpus
+from vgpuvirt.services.inventory.host_read import MIG_TABLES, Want, read_host
+from vgpuvirt.services.inventory.model import Inventory
+from vgpuvirt.services.scheduler import service as vgpu_scheduler
 
 Domains = Iterable[tuple[str, str]] | None
 #: Rounds of preparation at most: SR-IOV/driver/MIG mode, then GPU instances on a GPU whose MIG mode it turned on.
@@ -58,8 +58,8 @@ class HostApply:
 
 
 def read_gpus(host: Host, domains: Domains = None) -> tuple[Inventory, list[GpuNow]]:
-    """One round trip (:func:`~vgpuvirt.services.host_read.read_host`): the inventory and, where the host reads
-    its real / (nvidia-smi describes that tree), nvidia-smi's report and MIG tables (``-q -x``,
+    """One round trip (:func:`~vgpuvirt.services.inventory.host_read.read_host`): the inventory and, where the host
+    reads its real / (nvidia-smi describes that tree), nvidia-smi's report and MIG tables (``-q -x``,
     ``mig -lgi/-lci/-lgip/-lgipp``) in the same request; and every GPU's vGPU scheduler (NVML, modprobe.d, the
     module's registry parameters)."""
     domains = list(domains) if domains is not None else None      # read twice: the inventory, the claims

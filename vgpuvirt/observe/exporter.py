@@ -1,6 +1,6 @@
 """The Prometheus exporter: scrapes share collections, each host within its own budget.
 
-A scrape asks every host for one collection (one round trip each, :class:`~vgpuvirt.services.metrics.Collector`),
+A scrape asks every host for one collection (one round trip each, :class:`~vgpuvirt.observe.collect.Collector`),
 run in a thread pool, and waits for them until the scrape's **budget**: ``--timeout``, or less when Prometheus
 says how long it will wait (its ``X-Prometheus-Scrape-Timeout-Seconds`` header; the budget is then
 :data:`BUDGET_FRACTION` of it, so that rendering and sending fit too and a stuck host never costs the scrape).
@@ -32,8 +32,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector as PromCollector
 
 from vgpuvirt.host.base import Host
+from vgpuvirt.observe.collect import Collector
 from vgpuvirt.observe.prometheus import families
-from vgpuvirt.services.metrics import Collector
 from vgpuvirt.services.metrics_model import HostMetrics, MetricsSnapshot
 
 #: (domain name, domain XML) pairs of a host's libvirt, asked at each scrape (VMs come and go)

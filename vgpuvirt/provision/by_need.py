@@ -13,7 +13,7 @@ from vgpuvirt.model import PciAddress
 from vgpuvirt.provision.placement import Assignment, place
 from vgpuvirt.provision.request import TypeProfile, VgpuRequest, VmRequest, fit, smallest_key
 from vgpuvirt.provision.state import host_state
-from vgpuvirt.services.inventory import Inventory
+from vgpuvirt.services.inventory.read import Inventory
 from vgpuvirt.usage import GpuUse
 
 

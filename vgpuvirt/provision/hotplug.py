@@ -38,8 +38,8 @@ from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress
 from vgpuvirt.provision.by_need import place_one
 from vgpuvirt.provision.ownership import domain_refs, judge
 from vgpuvirt.provision.request import VgpuRequest
-from vgpuvirt.services import sysfs
-from vgpuvirt.services.mdev_state import active_from_snapshot
+from vgpuvirt.services.pci import sysfs
+from vgpuvirt.services.vgpu.mdev_state import active_from_snapshot
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.hostdev import GpuDevice, HostdevInterface, MdevHostdev
@@ -89,7 +89,7 @@ def attach_gpu(host: Host, conn: LibvirtConnection, vm: str, req: VgpuRequest, *
                config: bool = True, wait_timeout: float = 10.0, dry_run: bool = False) -> HotplugResult:
     """Place, make and attach one GPU for ``req`` to the existing domain ``vm``; undo it all on failure.
     ``dry_run``: place it and say what would be made and attached; change nothing."""
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     if not conn.exists(vm):
         raise DeviceNotFound(host.name, vm, f"no domain {vm} on {conn.uri}")

@@ -4,7 +4,7 @@ whichever hosts have room, with the library's own placement over every host at o
 This is what the Ansible ``vgpu_pool`` action plugin runs on the controller. Ansible gives it each host's
 *survey* (what the ``vgpu_info`` module returns with ``survey: true``: the host's raw sysfs reads and the
 libvirt domains recorded for it); :func:`place_pool` rebuilds every host's inventory from those reads (the
-same pure :func:`~vgpuvirt.services.inventory_build.build_inventory` the host itself uses), plans the whole
+same pure :func:`~vgpuvirt.services.inventory.build.build_inventory` the host itself uses), plans the whole
 pool in one go, and says which members each host must hold. Each host then plans and applies its share in
 ONE module run (one SSH session per host, however many VMs), re-reading its state first, so a plan made from
 a survey is never applied blindly.
@@ -102,7 +102,7 @@ class Survey:
 def take_survey(host: Host, domain_pairs: Iterable[tuple[str, str]], *, name: str | None = None) -> Survey:
     """Read what placement needs from ``host`` in ONE round trip (the inventory's sysfs reads, kept raw: the
     controller builds the inventory). ``name``: the host's name in the domains' metadata (default ``host.name``)."""
-    from vgpuvirt.services.host_read import Want, read_host
+    from vgpuvirt.services.inventory.host_read import Want, read_host
 
     name = name or host.name
     return Survey(name, read_host(host, {Want.SYSFS}).snapshot, tuple(own_domains(domain_pairs, name)))
@@ -143,7 +143,7 @@ def place_pool(surveys: Sequence[Survey], prefix: str, count: int, template: VmR
     Placing them elsewhere would leave two desktops of one name when the host comes back."""
     from dataclasses import replace
 
-    from vgpuvirt.services.inventory_build import build_inventory
+    from vgpuvirt.services.inventory.build import build_inventory
 
     names = members(prefix, count)
     if not surveys:

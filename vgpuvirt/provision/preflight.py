@@ -1,7 +1,7 @@
 """Pre-flight: what a VM's domain needs from its host, checked when the plan is made, never at start.
 
 For each domain the plan would define, against what the plan's one read of the host found (the host's
-snapshot: :class:`~vgpuvirt.services.host_resources.HostResources`; its libvirt:
+snapshot: :class:`~vgpuvirt.services.inventory.host_resources.HostResources`; its libvirt:
 :class:`~vgpuvirt.libvirt_storage.LibvirtFacts`):
 
 * every ``<interface type='network'>`` names a libvirt network that exists and is active, every

@@ -18,7 +18,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName, PciAddress, parse_cpulist
 from vgpuvirt.provision.disks import ClonedDisk, check_disk
 from vgpuvirt.provision.license import License
-from vgpuvirt.services.inventory_parts import VENDOR_KEYS
+from vgpuvirt.services.inventory.parts import VENDOR_KEYS
 
 Mode = Literal["vgpu", "passthrough", "vf"]
 SERIES = ("Q", "B", "A", "C")

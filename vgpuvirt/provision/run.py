@@ -89,7 +89,7 @@ def gather(hosts: Mapping[str, Host], conn: LibvirtConnection | Mapping[str, Lib
            facts: dict[str, LibvirtFacts] | None = None) -> tuple[dict[str, Any], dict[str, list[tuple[str, str]]]]:
     """Inventories and libvirt domains of every host, hosts in parallel; with ``facts`` (a dict to fill),
     also each libvirt's networks, pools and firmware, for the plan's pre-flight."""
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
     def one(name: str) -> tuple[str, Any, list[tuple[str, str]], LibvirtFacts | None]:
         c = conn_for(conn, name)

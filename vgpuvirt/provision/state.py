@@ -1,11 +1,11 @@
 """What placement works on: each physical GPU of each host as its capacity budget
-(:class:`~vgpuvirt.services.gpu_capacity.GpuBudget`) plus the places a request can take (vGPU
-parents and VFs, plain VFs, the whole GPU), built from an :class:`~vgpuvirt.services.inventory.Inventory`.
+(:class:`~vgpuvirt.services.capacity.budget.GpuBudget`) plus the places a request can take (vGPU
+parents and VFs, plain VFs, the whole GPU), built from an :class:`~vgpuvirt.services.inventory.read.Inventory`.
 
 The budget answers "how many more of this type fit"; placement asks it, and on each choice replaces
 it with ``budget.with_vgpu(...)``, so a plan of 64 VMs never counts one free instance twice and never
 proposes what the driver refuses. Whole-GPU candidates carry the verdict of the IOMMU pre-flight
-(:mod:`vgpuvirt.services.iommu_inventory`, the rules of ``vgpuvirt iommu check``).
+(:mod:`vgpuvirt.services.iommu.from_inventory`, the rules of ``vgpuvirt iommu check``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from vgpuvirt.errors import NoCapacity
 from vgpuvirt.libvirt_storage import LibvirtFacts
 from vgpuvirt.model import MdevUuid, PciAddress
 from vgpuvirt.provision.request import TypeProfile, VmRequest, parse_resolution
-from vgpuvirt.services.gpu_capacity import GpuBudget, VgpuType
-from vgpuvirt.services.gpu_capacity_build import gpu_budget, physical_gpus
-from vgpuvirt.services.host_resources import HostResources
-from vgpuvirt.services.inventory import Gpu, Inventory, MdevType
-from vgpuvirt.services.iommu_inventory import check_from_inventory
-from vgpuvirt.services.parsers import classify_vgpu_name
+from vgpuvirt.services.capacity.budget import GpuBudget, VgpuType
+from vgpuvirt.services.capacity.build import gpu_budget, physical_gpus
+from vgpuvirt.services.inventory.host_resources import HostResources
+from vgpuvirt.services.inventory.read import Gpu, Inventory, MdevType
+from vgpuvirt.services.iommu.from_inventory import check_from_inventory
+from vgpuvirt.services.pci.parsers import classify_vgpu_name
 from vgpuvirt.usage import Backend, GpuUse
 from vgpuvirt.xml.refs import domain_device_refs
 

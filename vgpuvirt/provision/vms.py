@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpuvirt.libvirt_conn import DomainInfo
-from vgpuvirt.services.inventory import Inventory
+from vgpuvirt.services.inventory.read import Inventory
 from vgpuvirt.xml.domain import Domain
 from vgpuvirt.xml.hostdev import HostdevInterface, MdevHostdev
 from vgpuvirt.xml.provenance import Provenance

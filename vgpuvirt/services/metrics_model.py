@@ -1,6 +1,6 @@
 """The metrics snapshot: hosts -> GPUs -> vGPUs, frozen and typed, JSON-able both ways.
 
-This is the contract between collection (:mod:`vgpuvirt.services.metrics`) and what shows it (``vgpuvirt
+This is the contract between collection (:mod:`vgpuvirt.observe.collect`) and what shows it (``vgpuvirt
 metrics``, the Prometheus exporter, ``vgpuvirt top``). Every reading is optional: ``None`` means the host could
 not give it (no driver, a field the GPU does not support, an ``N/A``), never zero. Units are in the field
 names: ``_mib`` (MiB), ``_pct`` (percent, 0-100), ``_c`` (degrees Celsius), ``_w`` (watts), ``_mhz``,

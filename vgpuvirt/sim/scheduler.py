@@ -1,6 +1,6 @@
 """The simulated driver's vGPU scheduler: NVML's scheduler calls, the RmPVMRL registry key, a driver reload.
 
-Written from the driver's side, independently of the client's encoder (``services/scheduler_model``), so
+Written from the driver's side, independently of the client's encoder (``services/scheduler/model``), so
 that a test of the client meets a referee and not its own reflection:
 
 * ``nvml_supported`` False plays a driver without the NVML scheduler calls (FUNCTION_NOT_FOUND);

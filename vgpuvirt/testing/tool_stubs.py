@@ -20,7 +20,7 @@ def write_tool_stubs(sim: Any, dest: str, *, costs: dict[str, float] | None = No
     """Save ``sim``'s tool answers under ``dest`` and write ``stub-nvidia-smi`` / ``stub-dmesg`` there;
     returns {program: stub path} for ``Collector(programs=...)``. ``costs``: seconds a stub sleeps before
     answering ``-q -x`` / ``--query-gpu`` (a real H100 on driver 580 takes 0.108 / 0.025)."""
-    from vgpuvirt.services.query_gpu import QUERY_GPU_ARGV
+    from vgpuvirt.services.nvidia.query_gpu import QUERY_GPU_ARGV
 
     data = os.path.join(dest, "tool-answers")
     os.makedirs(data, exist_ok=True)

@@ -21,7 +21,7 @@ from vgpuvirt.provision.mobility.steps import MigrateDomain
 from vgpuvirt.provision.placement import place
 from vgpuvirt.provision.request import VgpuRequest, VmRequest
 from vgpuvirt.provision.state import host_state
-from vgpuvirt.services.inventory import Inventory, inventory
+from vgpuvirt.services.inventory.read import Inventory, inventory
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.element import pci_from_address

@@ -18,7 +18,7 @@ from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import DomainName
 from vgpuvirt.provision.mobility.checks import Side
 from vgpuvirt.provision.plan import Plan
-from vgpuvirt.services.inventory import inventory
+from vgpuvirt.services.inventory.read import inventory
 from vgpuvirt.usage import GpuUse
 from vgpuvirt.xml.domain import Domain, parse_xml
 from vgpuvirt.xml.provenance import Provenance

@@ -258,7 +258,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.errors import InvalidSpec, ProvisioningError
     from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, teardown
     from vgpuvirt.provision.plan import domain_meta, mdev_uuid_for
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
 
 ARGUMENT_SPEC = dict(

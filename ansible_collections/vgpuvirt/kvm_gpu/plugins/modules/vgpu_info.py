@@ -175,7 +175,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.ansible_support import domain_pairs
     from vgpuvirt.host.local import LocalHost
     from vgpuvirt.provision.pool import take_survey
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
 ARGUMENT_SPEC = dict(
     sysfs_root=dict(type="path", default="/"),

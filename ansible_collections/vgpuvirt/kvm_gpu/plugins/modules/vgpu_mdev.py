@@ -228,8 +228,8 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.provision.by_need import place_one, profile_at, smallest_fitting_type
     from vgpuvirt.provision.plan import mdev_uuid_for
     from vgpuvirt.provision.request import TypeProfile, VgpuRequest, fit
-    from vgpuvirt.services.inventory import VendorType, inventory
-    from vgpuvirt.services.vendor_vgpu import VendorVgpuService
+    from vgpuvirt.services.inventory.read import VendorType, inventory
+    from vgpuvirt.services.vgpu.vendor import VendorVgpuService
     from vgpuvirt.usage import GpuUse
 
 

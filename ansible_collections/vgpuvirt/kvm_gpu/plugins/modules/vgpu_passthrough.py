@@ -164,7 +164,8 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.change.driver import prepare_vfio
     from vgpuvirt.errors import NotAssignable
     from vgpuvirt.model import PciAddress
-    from vgpuvirt.services import iommu, sysfs
+    from vgpuvirt.services.iommu import api as iommu
+    from vgpuvirt.services.pci import sysfs
 
 ARGUMENT_SPEC = dict(
     addresses=dict(type="list", elements="str", required=True),

@@ -254,7 +254,7 @@ if HAS_VGPUVIRT:  # else new_module() fails the task in Ansible's words
     from vgpuvirt.provision import apply, plan, teardown
     from vgpuvirt.provision.plan import domain_meta
     from vgpuvirt.provision.pool import check_prefix, member_index, own_domains
-    from vgpuvirt.services.inventory import inventory
+    from vgpuvirt.services.inventory.read import inventory
 
 
 def recorded_host(prefix, doms):
