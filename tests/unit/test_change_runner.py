@@ -223,3 +223,19 @@ def test_items_that_stand_alone_keep_the_completed_ones_and_undo_only_the_half_d
     assert [ln.split(": ", 1)[1] for ln in lines] == [f"wrote '' back to {half}"]
     assert host.read([half]).text(half) == "" and host.read([done]).text(done) == "kept"
     assert [e.step.target for e in r.journal.entries] == [done]       # the completed item stays journaled
+
+
+def test_the_report_and_a_step_say_the_same_in_json_for_every_verb(host: SimHost) -> None:
+    """The one report format: its JSON keys and rounding, and a step's JSON (its VM named when it has one)."""
+    step = _create(host, "vm-json")
+    report = run_host(host, [step], what="test")
+    d = report.to_dict()
+    assert set(d) == {"done", "kept", "seconds", "host_seconds", "round_trips"}
+    assert d["host_seconds"].keys() == {host.name} and d["round_trips"] == {host.name: 1}
+    assert d["seconds"] == round(report.seconds, 3) and d["host_seconds"][host.name] == round(report.seconds, 3)
+    assert step.to_dict() == {"action": "create-mdev", "host": host.name, "vm": "vm-json", "target": str(step.uuid),
+                              "parent": str(PARENT), "type": str(T4_2Q)}
+    assert "vm" not in WriteMarker(host.name, "", "/etc/modprobe.d/x.conf", "a", "").to_dict()
+    with pytest.raises(ProvisioningError) as err:
+        run_host(host, [_create(host, "vm-json2", i) for i in range(9)], what="test")   # one more than fits
+    assert err.value.rollback and all(r.startswith(f"{host.name}: removed vGPU ") for r in err.value.rollback)

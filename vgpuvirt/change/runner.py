@@ -295,8 +295,7 @@ class Runner:
             if o.ok:
                 out.append(f"{name}: {s.undone()}")
             else:
-                bad = next(r for r in o.results if not r.ok)
-                out.append(f"{name}: FAILED to undo '{s.describe()}': {o.error or bad.error or bad.errno}")
+                out.append(f"{name}: FAILED to undo '{s.describe()}': {o.error}")
         return out
 
     def _undo_outcome_lost(self, todo: list[HostStep], exc: VgpuvirtError) -> list[str]:
