@@ -27,6 +27,7 @@ from vgpuvirt.layout.model import VENDOR, VFIO, GpuLayout, LayoutConfig
 from vgpuvirt.layout.observe import Claim, GpuNow, Vgpu
 from vgpuvirt.layout.steps import LayoutStep
 from vgpuvirt.model import MdevTypeId, MdevUuid, PciAddress, VgpuTypeId
+from vgpuvirt.usage import Backend, GpuUse
 
 __all__ = ["VENDOR_DRIVERS", "GpuDiff", "HostPlan", "LayoutStep", "layout_uuid", "plan_host"]
 
@@ -99,7 +100,7 @@ def want_vfs(g: GpuNow, want: GpuLayout) -> int:
         return want.sriov_vfs
     if want.mode in ("passthrough", "off"):
         return 0
-    if want.mode in ("vgpu", "mig-vgpu") and g.vfs_total and g.backend != "mdev":
+    if want.mode in ("vgpu", "mig-vgpu") and g.vfs_total and g.backend != Backend.MDEV:
         return g.vfs_total if not g.vfs else len(g.vfs)
     return len(g.vfs)
 
@@ -254,10 +255,10 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
     gone = {v.place for v in removed}
     busy = ({v.place for v in g.vgpus} - gone) | taken
     out: list[LayoutStep] = []
-    vendor_place = any(p.kind == "vendor-vf" for p in g.budget.places)
+    vendor_place = any(p.kind == GpuUse.VENDOR_VF for p in g.budget.places)
     if vendor_place:
         free = [PciAddress.parse(p.address) for p in g.budget.places
-                if p.kind == "vendor-vf" and PciAddress.parse(p.address) not in busy and tid in p.kernel]
+                if p.kind == GpuUse.VENDOR_VF and PciAddress.parse(p.address) not in busy and tid in p.kernel]
         if len(free) < n:
             raise NoCapacity(host, str(g.address), f"{n} x {name} wanted, {len(free)} free VF(s) offer it")
         t = VgpuTypeId.parse(tid)
@@ -265,7 +266,7 @@ def _create_steps(host: str, g: GpuNow, tid: str, n: int, removed: list[Vgpu],
             taken.add(vf)
             out.append(LayoutStep(g.address, SetVfType(host, "", vf, t), label=f"set vGPU type {name} on VF {vf}"))
         return out
-    places = [p for p in g.budget.places if p.kind == "mdev" and tid in p.kernel]
+    places = [p for p in g.budget.places if p.kind == GpuUse.MDEV and tid in p.kernel]
     if any(p.is_vf for p in places):
         slots = [PciAddress.parse(p.address) for p in places
                  if PciAddress.parse(p.address) not in busy and p.kernel.get(tid, 0) > 0]
