@@ -33,7 +33,7 @@ from vgpuvirt.errors import (
     NoCapacity,
     WriteFailed,
 )
-from vgpuvirt.host.base import BatchResult, Host, Op, OpResult
+from vgpuvirt.host.base import Host, Op, OpResult
 
 log = logging.getLogger("vgpuvirt.audit")
 
@@ -105,24 +105,6 @@ def error_for(host: str, device: str, res: OpResult, *, what: str,
             return WriteFailed(host, device, op.path or "", op.value or "", code, said)
         return DeviceError(host, device, f"{what} failed: {op.describe()}: {said}")
     return cls(host, device, f"{what} failed: {said}")
-
-
-def first_failure(batch: BatchResult) -> OpResult | None:
-    for r in batch.results:
-        if not r.ok and not r.skipped:
-            return r
-    return None
-
-
-def raise_on_failure(host: str, device: str, batch: BatchResult, *, what: str,
-                     overrides: Mapping[int, type[DeviceError]] | None = None) -> None:
-    r = first_failure(batch)
-    if r is not None:
-        raise error_for(host, device, r, what=what, overrides=overrides)
-
-
-def describe_ops(ops: Sequence[Op]) -> list[str]:
-    return [op.describe() for op in ops]
 
 
 Explain = Callable[[OpResult], DeviceError]

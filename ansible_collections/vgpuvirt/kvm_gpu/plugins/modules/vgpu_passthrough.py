@@ -195,8 +195,8 @@ def run(module, host):
             raise NotAssignable(host.name, ", ".join(p["addresses"]), list(report.reasons), report)
         return dict(changed=False, assignable=True, report=report.to_dict(), message="assignable", ops=[])
     if p["state"] == "prepared":
-        change, record, _report = prepare_vfio(host, p["addresses"], domains=domains, for_domain=p["domain"],
-                                               dry_run=module.check_mode, timeout=p["timeout"])
+        change, record = prepare_vfio(host, p["addresses"], domains=domains, for_domain=p["domain"],
+                                      dry_run=module.check_mode, timeout=p["timeout"])[:2]
         moved = [b.address for b in record.bindings]
         before = {str(b.address): b.original_driver for b in record.bindings}
         after = {str(a): iommu.VFIO for a in moved}
