@@ -253,9 +253,10 @@ def test_detach_keeps_a_vgpu_another_domain_holds_and_its_record(conn, sim, caps
 
 def _picture(host: SimHost, conn: Any, name: str) -> tuple[object, ...]:
     """What a failed hot-plug must leave as it was: the host's devices as sysfs shows them (inventory: mdevs,
-    each type's free instances, VF types), the VM's persistent and live XML, and libvirt's domains."""
+    each type's free instances, VF types), the VM's persistent and live XML, and libvirt's domains named after
+    it (the libvirtd is shared: other workers' tests define and undefine their own domains meanwhile)."""
     return (inventory(host).to_dict(), conn.xml(name, inactive=True), conn.xml(name),
-            sorted((d.name, d.active) for d in conn.domains()))
+            sorted((d.name, d.active) for d in conn.domains() if d.name.startswith(name)))
 
 
 def _refuse_metadata(conn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
