@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from vgpuvirt.errors import TransportError
 from vgpuvirt.host.base import BatchResult, Op, OpResult
 from vgpuvirt.sim import SimHost
 
@@ -70,3 +71,26 @@ def fail_last(host: SimHost, match: Callable[[Op], bool], *, errno: int = 5,
         yield failed
     finally:
         host.apply = inner  # type: ignore[method-assign]
+
+
+class CutSimHost(SimHost):
+    """A SimHost whose connection 'drops' on the n-th writing batch, before or after the batch ran;
+    with ``stay_down`` every later call fails too until ``down`` is cleared."""
+
+    cut_at: int | None = None
+    cut_after_running: bool = True
+    stay_down: bool = False
+    down: bool = False
+    _writes = 0
+
+    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
+        if self.down:
+            raise TransportError(self.name, "connection refused: simulated outage")
+        if any(o.get("op") == "write" for o in request.get("ops") or ()):
+            self._writes += 1
+            if self._writes == self.cut_at:
+                if self.cut_after_running:
+                    super()._exchange(request, idempotent=idempotent)
+                self.down = self.stay_down
+                raise TransportError(self.name, "connection lost: simulated cut")
+        return super()._exchange(request, idempotent=idempotent)

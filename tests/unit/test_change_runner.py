@@ -5,15 +5,16 @@ succeeded but which did not take effect, a cut batch, and the one report format.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
+from host_state import CutSimHost
 
 from vgpuvirt.change.identity import mdev_uuid_for
 from vgpuvirt.change.mdev import CreateMdev
 from vgpuvirt.change.runner import Runner, run_host, run_hosts
 from vgpuvirt.change.step import STEP_KINDS, HostFacts, HostStep, Phase
-from vgpuvirt.errors import DeviceError, ProvisioningError, TransportError
+from vgpuvirt.errors import DeviceError, ProvisioningError
 from vgpuvirt.host.base import Op, OpResult
 from vgpuvirt.model import MdevTypeId, PciAddress
 from vgpuvirt.services.mutation import Planned
@@ -161,23 +162,10 @@ def test_an_undo_learned_from_the_answer_is_the_one_rolled_back(host: SimHost) -
     assert host.read([path]).text(path) == f"learned from {lines} lines"
 
 
-class CutHost(SimHost):
-    """Its connection drops on the first writing batch, after the batch ran."""
-
-    cut = True
-
-    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
-        writes = any(o.get("op") == "write" for o in request.get("ops") or ())
-        if writes and self.cut:
-            self.cut = False
-            super()._exchange(request, idempotent=idempotent)
-            raise TransportError(self.name, "connection lost: simulated cut")
-        return super()._exchange(request, idempotent=idempotent)
-
-
 def test_a_cut_batch_is_reread_and_only_what_happened_and_was_ours_is_undone() -> None:
-    host = CutHost.from_profile("t4x2")
-    assert isinstance(host, CutHost)
+    host = CutSimHost.from_profile("t4x2")
+    assert isinstance(host, CutSimHost)
+    host.cut_at = 1                    # the first writing batch runs, then the link drops
     before = _mdevs(host)
     steps = [_create(host, "vm-e", i) for i in range(2)]
     # the second mdev existed before the plan (another caller's): not ours, never removed

@@ -6,9 +6,9 @@ converges without duplicates."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
+from host_state import CutSimHost
 from provision_fixtures import drop_test_domains
 
 from vgpuvirt.change.mdev import CreateMdev
@@ -27,29 +27,6 @@ libvirt = pytest.importorskip("libvirt")
 
 Q2 = VgpuRequest(type="nvidia-231")
 FOREIGN_UUID = "0badc0de-0000-4000-8000-000000000001"
-
-
-class CutSimHost(SimHost):
-    """A SimHost whose connection 'drops' on the n-th writing batch, before or after the batch ran;
-    with ``stay_down`` every later call fails too until ``down`` is cleared."""
-
-    cut_at: int | None = None
-    cut_after_running: bool = True
-    stay_down: bool = False
-    down: bool = False
-    _writes = 0
-
-    def _exchange(self, request: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
-        if self.down:
-            raise TransportError(self.name, "connection refused: simulated outage")
-        if any(o.get("op") == "write" for o in request.get("ops") or ()):
-            self._writes += 1
-            if self._writes == self.cut_at:
-                if self.cut_after_running:
-                    super()._exchange(request, idempotent=idempotent)
-                self.down = self.stay_down
-                raise TransportError(self.name, "connection lost: simulated cut")
-        return super()._exchange(request, idempotent=idempotent)
 
 
 class FaultyConn(LibvirtConnection):

@@ -27,10 +27,6 @@ class DefineDomain(DomainStep):
     vm: str
     xml: str = field(repr=False, compare=False)
 
-    @property
-    def target(self) -> str:
-        return self.vm
-
     def describe(self) -> str:
         return f"define domain {self.vm}"
 
@@ -55,10 +51,6 @@ class StartDomain(DomainStep):
     rank: ClassVar[int] = 2
     host: str
     vm: str
-
-    @property
-    def target(self) -> str:
-        return self.vm
 
     def describe(self) -> str:
         return f"start domain {self.vm}"
@@ -166,10 +158,6 @@ class SetProvenance(DomainStep):
     live: bool | None = None
     config: bool = True
 
-    @property
-    def target(self) -> str:
-        return self.vm
-
     def describe(self) -> str:
         return f"record {len(self.new.gpus)} device(s) in {self.vm}'s metadata (was {len(self.old.gpus)})"
 
@@ -197,10 +185,6 @@ class DestroyDomain(DomainStep):
     rank: ClassVar[int] = 0
     host: str
     vm: str
-
-    @property
-    def target(self) -> str:
-        return self.vm
 
     def describe(self) -> str:
         return f"destroy domain {self.vm}"
@@ -230,10 +214,6 @@ class UndefineDomain(DomainStep):
     remove_storage: bool = False
     #: filled by run(): the disk paths libvirt deleted with the domain
     deleted: list[str] = field(default_factory=list, repr=False, compare=False)
-
-    @property
-    def target(self) -> str:
-        return self.vm
 
     def describe(self) -> str:
         return f"undefine domain {self.vm}" + (" with its disk volumes" if self.remove_storage else "")

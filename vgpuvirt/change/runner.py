@@ -81,10 +81,6 @@ class Report:
     round_trips: dict[str, int] = field(default_factory=dict)
     pending_reload: list[str] = field(default_factory=list)
 
-    @property
-    def changed(self) -> bool:
-        return bool(self.done or self.pending_reload)
-
     def lines(self) -> list[str]:
         return ([f"done: {d}" for d in self.done] + [f"kept: {k}" for k in self.kept]
                 + [f"pending driver reload: {p}" for p in self.pending_reload])

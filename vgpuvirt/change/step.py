@@ -202,6 +202,11 @@ class DeviceStep(HostStep):
 class DomainStep(Step):
     """A libvirt call, one per step, after the host's batch."""
 
+    @property
+    def target(self) -> str:
+        """The domain it acts on (a kind acting on something else, a volume or a device, says so)."""
+        return self.vm
+
     @abstractmethod
     def run(self, conn: LibvirtConnection) -> None: ...
 

@@ -20,7 +20,7 @@ def apply(plan: Plan, hosts: Hosts, conn: Conns, *, progress: Progress | None = 
           wait_timeout: float = 10.0, prior: Mapping[str, Runner] | None = None) -> Report:
     """Run ``plan``; on any failure roll back every host's completed steps (and what ``prior``, the runners of a
     preparation the plan was made after, did) and raise ProvisioningError."""
-    steps: Mapping[str, list] = {h: plan.for_host(h) for h in plan.hosts}  # type: ignore[type-arg]
-    return run_hosts(steps, hosts, conn, what="provisioning", progress=progress, parallel=parallel,
-                     wait_timeout=wait_timeout, ours={h: plan.absent_before.get(h, frozenset()) for h in plan.hosts},
+    return run_hosts({h: plan.for_host(h) for h in plan.hosts}, hosts, conn, what="provisioning", progress=progress,
+                     parallel=parallel, wait_timeout=wait_timeout,
+                     ours={h: plan.absent_before.get(h, frozenset()) for h in plan.hosts},
                      kept=[f"{k.host}: {k.what}" for k in plan.kept], prior=prior)

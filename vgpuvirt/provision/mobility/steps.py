@@ -33,10 +33,6 @@ class MigrateDomain(DomainStep):
     source: LibvirtConnection | None = field(default=None, repr=False, compare=False)
     on_job: JobProgress | None = field(default=None, repr=False, compare=False)
 
-    @property
-    def target(self) -> str:
-        return self.vm
-
     def describe(self) -> str:
         extra = f", at most {self.bandwidth_mib} MiB/s" if self.bandwidth_mib else ""
         return f"live-migrate domain {self.vm} to {self.host}{extra}"
