@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -114,9 +115,10 @@ def ssh_uri(hostname: str, *, port: int = 22, username: str | None = None, ident
 def default_uri(host: Any) -> str:
     """The libvirt URI for a Host: ``test:///default`` for a simulated host, ``qemu:///system`` for this
     machine, :func:`ssh_uri` with the host's own SSH settings for an SSH host."""
-    from vgpuvirt.host.ssh import SSHHost
-
-    if isinstance(host, SSHHost):
+    # An SSHHost exists only once its module is loaded: looking it up instead of importing it keeps paramiko
+    # out of a local or simulated host's run (the local verbs on a GPU host without paramiko crashed here).
+    ssh = sys.modules.get("vgpuvirt.host.ssh")
+    if ssh is not None and isinstance(host, ssh.SSHHost):
         return ssh_uri(host.hostname, port=host.port, username=host.username, identity=host.key_filename,
                        known_hosts=host.known_hosts)
     if host.is_local:

@@ -137,3 +137,12 @@ def test_a_stub_is_never_run() -> None:
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
     assert sub.choices["types"].get_default("func") is None
     assert sub.choices["inventory"].get_default("func") is not None
+
+
+@pytest.mark.parametrize("argv", [("vm", "list"), ("host", "status"), ("plan", "--gpu", "fb>=1024", "--no-start")])
+def test_a_libvirt_verb_on_a_host_not_over_ssh_loads_no_ssh(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    # Seen on a real H100 host without paramiko: `vm list`, `host status` and `plan` on `--host local` died in
+    # default_uri's import of the SSH host before they asked libvirt anything.
+    _rc, mods = loaded(tmp_path, "--json", "--host", "sim:t4x2", *argv)
+    assert "vgpuvirt.libvirt_conn" in mods          # the probe is not blind: the verb did open libvirt
+    assert not under(mods, "paramiko", "vgpuvirt.host.ssh")

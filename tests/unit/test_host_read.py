@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,8 @@ def test_nvidia_tools_only_where_nvml_did_not_answer() -> None:
     wants = {Want.SYSFS, Want.NVIDIA_SMI, Want.KERNEL_LOG, Want.NVML_READINGS, Want.TOOLS_ONLY_WITHOUT_NVML}
     here = read_host(HereSim.from_profile("t4x2"), wants, nvml_module=fake_pynvml())
     assert here.nvml_readings is not None and here.nvml_readings.available
-    assert here.smi is None and here.kernel_log is None
+    # no nvidia-smi where NVML answered; the kernel log still runs: its XIDs are nowhere else
+    assert here.smi is None and here.kernel_log is not None and here.health.klog is not None
     there = read_host(SimHost.from_profile("t4x2"), wants, nvml_module=fake_pynvml())
     assert there.nvml_readings is None and there.smi is not None and there.kernel_log is not None
 
@@ -194,3 +196,29 @@ def test_outputs_equal_the_code_before_read_host() -> None:
     if REGEN:
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     assert got == json.loads(GOLDEN.read_text())
+
+
+def test_where_nvml_answers_the_inventory_still_knows_each_gpus_health() -> None:
+    # Seen on a real H100 with pynvml installed: `inventory --json` said "health": null, so placement could not
+    # skip a GPU with retired pages. NVML's readings now feed the same rules nvidia-smi's do.
+    wants = {Want.SYSFS, Want.NVML_READINGS, Want.NVIDIA_SMI, Want.KERNEL_LOG, Want.TOOLS_ONLY_WITHOUT_NVML}
+    read = read_host(HereSim.from_profile("t4x2"), wants, nvml_module=fake_pynvml())
+    assert read.smi is None
+    gpu = next(g for g in read.inventory().gpus if str(g.address) == "0000:3b:00.0")
+    # the fake GPU has a retired page pending and a double-bit ECC retirement
+    assert gpu.health is not None and not gpu.health.healthy and gpu.health.reasons
+    healthy = read_host(HereSim.from_profile("t4x2"), wants, nvml_module=fake_pynvml(ecc=False))
+    gpu = next(g for g in healthy.inventory().gpus if str(g.address) == "0000:3b:00.0")
+    assert gpu.health is not None and gpu.health.healthy
+
+
+def test_the_inventory_of_this_machine_through_nvml_has_health(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the whole path, as `vgpuvirt inventory` ran on the real H100: pynvml importable, the host this machine
+    from test_real_h100 import fake_h100_pynvml  # type: ignore[import-not-found]
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_h100_pynvml())
+    inv = inventory(HereSim.from_profile("h100-sxm5"))
+    assert inv.sources.get("nvml") == "ok" and inv.sources.get("nvidia_smi") == "not run"
+    assert inv.sources.get("kernel_log") == "ok"
+    (gpu,) = inv.gpus
+    assert gpu.health is not None and gpu.health.healthy

@@ -237,3 +237,25 @@ def test_real_pynvml_has_every_function_the_code_calls() -> None:
     assert called and all(hasattr(pynvml, name) for name in called), called - set(dir(pynvml))
     assert pynvml.NVML_ERROR_NOT_SUPPORTED == NOT_SUPPORTED
     assert type(pynvml.NVMLError(NOT_SUPPORTED)).__name__ == "NVMLError_NotSupported"
+
+
+def test_mig_devices_are_counted_as_nvidia_smi_counts_them() -> None:
+    # the real H100 (MIG off): nvidia-smi's -q -x said 0 MIG devices, NVML's inventory said null
+    (off,) = nvml_mod.collect(bare_metal_h100()).gpus
+    assert off.mig_devices == 0
+    on = bare_metal_h100()
+    on.nvmlDeviceGetMigMode = lambda h: [1, 1]
+    on.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+    present = {0, 3}                                   # two MIG devices, at indices 0 and 3
+
+    def by_index(h: int, i: int) -> str:
+        if i not in present:
+            raise on.NVMLError(NOT_FOUND)
+        return f"mig-{i}"
+
+    on.nvmlDeviceGetMigDeviceHandleByIndex = by_index
+    (gpu,) = nvml_mod.collect(on).gpus
+    assert gpu.mig_devices == 2
+    del on.nvmlDeviceGetMaxMigDeviceCount             # an older pynvml: unknown, not a guess
+    (gpu,) = nvml_mod.collect(on).gpus
+    assert gpu.mig_devices is None

@@ -68,3 +68,15 @@ def test_sriov_and_gc(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     dom.write_text(domain_xml("vm1"))
     rc, out, _ = run(capsys, "--host", "sim:mixed", "--json", "gc", "--domain-xml", str(dom))
     assert rc == 0 and json.loads(out)["dry_run"] is True
+
+
+def test_an_empty_listing_says_so_on_stderr_and_keeps_stdout_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    # the real H100 (a guest, no SR-IOV, no mdev) printed nothing at all for both
+    rc, out, err = run(capsys, "--host", "sim:h100-sxm5", "sriov", "show")
+    assert (rc, out) == (0, "") and "no SR-IOV physical function on this host" in err
+    rc, out, err = run(capsys, "--host", "sim:h100-sxm5", "mdev", "list", "--defined")
+    assert (rc, out) == (0, "") and err == "no mediated device, active or defined\n"
+    rc, out, err = run(capsys, "--host", "sim:h100-sxm5", "--json", "mdev", "list")
+    assert (rc, json.loads(out), err) == (0, [], "")
+    rc, out, err = run(capsys, "--host", "sim:a10-sriov", "sriov", "show")     # a host with a PF: no note
+    assert rc == 0 and "VFs" in out and err == ""

@@ -180,6 +180,8 @@ def _list(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.json:
         ctx.emit_json([r.to_dict() for r in records])
         return 0
+    if not records:   # as mdevctl, stdout stays empty; the note goes to stderr
+        print("no mediated device" + (", active or defined" if args.defined else " active"), file=sys.stderr)
     for r in records:
         state = "active" if r.active else "inactive"
         extra = f" defined({r.start})" if r.defined else ""

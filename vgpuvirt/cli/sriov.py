@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vgpuvirt.change.sriov import set_vf_count
 from vgpuvirt.cli.changes import add_common, domains, emit, emit_failure, emit_report
@@ -65,6 +66,9 @@ def _show(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.json:
         ctx.emit_json([p.to_dict() for p in pfs])
         return 0
+    if not pfs:   # stdout stays empty for scripts; a person learns that nothing was found, not nothing said
+        print("no SR-IOV physical function" + (f" at {args.pf}" if args.pf else " on this host (no device has "
+              "sriov_totalvfs)"), file=sys.stderr)
     for p in pfs:
         print(printable(f"{p.address} driver={p.driver or '-'} VFs {p.num_vfs}/{p.total_vfs}"))
         for v in p.vfs:

@@ -11,10 +11,12 @@ import struct
 import sys
 import types
 import zlib
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from vgpuvirt.errors import RemoteRequirementMissing
+
+if TYPE_CHECKING:   # the agent's command line is built without paramiko (benchmarks on a GPU host)
+    import paramiko
 
 # What a shell says when ``sudo`` itself is not there (bash: "sudo: command not found", dash: "sudo: not
 # found"), as opposed to sudo saying that the program it was asked to run is missing ("sudo: python3: ...").
@@ -55,6 +57,7 @@ def read_frame(chan: paramiko.Channel) -> bytes | None:
             length = struct.unpack(">I", bytes(buf[:4]))[0]
             need = 4 + length
     if len(buf) != need:
+        import paramiko
         raise paramiko.SSHException(f"the resident agent sent {len(buf) - need} bytes more than its answer")
     return bytes(buf[4:])
 

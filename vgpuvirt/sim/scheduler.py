@@ -168,9 +168,12 @@ class SimScheduler:
         addr = _address(args[0]) if args else None
         dev = self.model.devices.get(addr or "")
         if dev is None or dev.driver != "nvidia" or dev.physfn is not None:
-            return {"ok": False, "errno": None, "rc": NOT_FOUND, "error": f"{args[:1]}: Not Found"}
+            return {"ok": False, "errno": None, "rc": NOT_FOUND,
+                    # the agent's words: "<what>: <nvmlErrorString>", the bus ID for the handle lookup
+                    "error": f"{args[0] if args else 'GetHandleByPciBusId'}: Not Found"}
         if addr not in self.gpus():     # an NVML device without vGPU (a consumer or passthrough board)
-            return {"ok": False, "errno": None, "rc": NOT_SUPPORTED, "error": "Not Supported"}
+            # as the real H100 on driver 580 answered through the agent
+            return {"ok": False, "errno": None, "rc": NOT_SUPPORTED, "error": "GetVgpuSchedulerState: Not Supported"}
         with self.model.lock:
             if call == "vgpu_scheduler_get":
                 out: dict[str, Any] = self.get(addr)

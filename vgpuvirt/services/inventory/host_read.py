@@ -198,15 +198,20 @@ def read_host(host: Host, wants: Iterable[Want], *, globs: Sequence[str] | None 
     programs = programs or {}
     rt0 = host.round_trips
     module = _nvml_module(host, use_nvml, nvml_module) if want & {Want.NVML, Want.NVML_READINGS} else None
-    nvml = None
-    if Want.NVML in want and module is not None:
+    nvml = nvml_readings = None
+    if module is not None:
         from vgpuvirt.services.nvidia import nvml as nvml_mod
+        from vgpuvirt.services.nvidia.nvml_session import shared
 
-        nvml = nvml_mod.collect(module)
-    nvml_readings = collect_nvml(module) if Want.NVML_READINGS in want and module is not None else None
+        with shared(module) as session:      # one init, one handle per GPU, one shutdown for both
+            nvml = nvml_mod.collect(session) if Want.NVML in want else None
+            nvml_readings = collect_nvml(session) if Want.NVML_READINGS in want else None
     if Want.TOOLS_ONLY_WITHOUT_NVML in want and ((nvml and nvml.available)
                                                  or (nvml_readings and nvml_readings.available)):
-        want -= NVIDIA_TOOLS
+        # NVML gives nvidia-smi's facts and readings in-process; the XIDs are in the kernel log alone, and
+        # without them a GPU that fell off the bus would look healthy to placement (seen on a real H100: the
+        # NVML inventory had no health at all)
+        want -= NVIDIA_TOOLS - {Want.KERNEL_LOG}
     reads = list(globs if globs is not None else INVENTORY_GLOBS) if Want.SYSFS in want else []
     if Want.SCHEDULER in want:
         reads += vgpu_scheduler.READ_GLOBS
@@ -223,7 +228,8 @@ def read_host(host: Host, wants: Iterable[Want], *, globs: Sequence[str] | None 
     sched_ops = vgpu_scheduler.read_ops(None) if Want.SCHEDULER in want else []
     if not runs and not sched_ops:
         snap = host.read(reads)
-        return HostRead(host.name, snap, nvml=nvml, nvml_readings=nvml_readings, round_trips=host.round_trips - rt0)
+        return HostRead(host.name, snap, nvml=nvml, nvml_readings=nvml_readings,
+                        health=_nvml_health(HealthInputs(), nvml_readings), round_trips=host.round_trips - rt0)
     ops = [*(_exec(argv, programs) for argv in runs), *sched_ops]
     batch = host.apply(ops, lock=False, on_error="continue", reads_after=reads)
     got: dict[tuple[str, ...], OpResult] = dict(zip(runs, batch.results, strict=False))
@@ -241,9 +247,19 @@ def read_host(host: Host, wants: Iterable[Want], *, globs: Sequence[str] | None 
         smi, readings = static.resolve(host.name, got[QUERY_GPU_ARGV], smi, at, read_again)
     dmesg = got.get(DMESG_ARGV)
     health = health_inputs(smi if readings is None else None, dmesg)
+    if smi is None and readings is None:
+        health = _nvml_health(health, nvml_readings)
     return HostRead(
         host.name, batch.after, smi=smi, readings=readings, mig_gpu_instances=got.get(mig.LGI_ARGV),
         mig_compute_instances=got.get(mig.LCI_ARGV), mig_gi_profiles=got.get(mig.LGIP_ARGV),
         mig_gi_placements=got.get(mig.LGIPP_ARGV), vgpu_query=got.get(VGPU_QUERY_ARGV),
         kernel_log=dmesg, scheduler=tuple(batch.results[len(runs):]), nvml=nvml, nvml_readings=nvml_readings,
         health=health if readings is None else replace(health, readings=readings), round_trips=host.round_trips - rt0)
+
+
+def _nvml_health(health: HealthInputs, nvml: NvmlMetrics | None) -> HealthInputs:
+    """``health`` with NVML's readings (ECC, retired pages, remapped rows, PCIe link) where nvidia-smi's are
+    not there: the same inputs to the same rules, read in-process."""
+    if nvml is None or not nvml.available or health.readings:
+        return health
+    return replace(health, readings=dict(nvml.readings))

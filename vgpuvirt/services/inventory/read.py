@@ -65,7 +65,7 @@ def inventory(host: Host, *, domains: Iterable[tuple[str, str]] | None = None, u
     a pool): while one is fresh, ``nvidia-smi --query-gpu`` (~25 ms on an H100) replaces ``-q -x`` (108 ms)
     in the round trip (:mod:`~vgpuvirt.services.nvidia.static` says when ``-q -x`` is read again).
     """
-    wants = {Want.SYSFS, Want.NVML}
+    wants = {Want.SYSFS, Want.NVML, Want.NVML_READINGS}   # the readings: each GPU's health where NVML answers
     if nvidia_smi or (nvidia_smi is None and host.sysfs_root == "/"):
         # nvidia-smi runs first, then the sysfs reads, in the same agent request; a missing one (ENOENT,
         # rc 127) is normal. By default NVML, where it answers, gives the same facts without it.

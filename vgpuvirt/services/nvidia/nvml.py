@@ -185,6 +185,7 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
         vgpu_heterogeneous_mode=FEATURE_STATE.get(hetero, str(hetero)) if hetero is not None else None,
         mig_mode_current=FEATURE_STATE.get(mig[0]) if mig else None,
         mig_mode_pending=FEATURE_STATE.get(mig[1]) if mig and len(mig) > 1 else None,
+        mig_devices=_mig_devices(nvml, q, handle, mig),
         ecc_mode_current=FEATURE_STATE.get(ecc[0]) if ecc else None,
         supported_vgpu_types=[type_infos[t] for t in supported] if supported is not None else None,
         creatable_vgpu_types=([type_infos.get(t) or {"id": t, "name": None} for t in creatable]
@@ -193,6 +194,28 @@ def _gpu_facts(nvml: Any, handle: Any) -> NvidiaGpuFacts:
         not_supported=q.not_supported,
         errors=q.errors,
     )
+
+
+def _mig_devices(nvml: Any, q: _Query, handle: Any, mig: list[Any] | None) -> int | None:
+    """How many MIG devices the GPU has now, as ``-q -x`` counts its ``<mig_device>`` elements: none while MIG
+    is off (the real H100's NVML inventory said "unknown" where nvidia-smi said 0)."""
+    if not mig:
+        return None
+    if int(mig[0]) == 0:
+        return 0
+    if not hasattr(nvml, "nvmlDeviceGetMaxMigDeviceCount"):
+        return None
+    most = q("max_mig_device_count", lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)))
+    if most is None:
+        return None
+    count = 0
+    for i in range(most):
+        try:
+            nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except nvml.NVMLError:      # NOT_FOUND: no MIG device at this index
+            continue
+        count += 1
+    return count
 
 
 def collect(nvml: Any) -> NvmlReport:
