@@ -117,6 +117,9 @@ install_venv() {
 # ---------------------------------------------------------------- helpers for daemons
 # alive PIDFILE [WORD]: the pid in PIDFILE runs, and (when given) its command line contains WORD,
 # so that a recycled pid is never taken for ours.
+# alive PIDFILE [WORD]: the pid file's process runs and (WORD) its command line holds WORD. WORD must name
+# that one process (its own config or pid file), not its program: a stale pid file of one migration host
+# whose pid now belongs to another host's virtlogd read as "running", and m6..m9 never came up again.
 alive() {
   local pid
   [ -s "$1" ] || return 1
@@ -267,8 +270,8 @@ mig_answers() {
 mig_daemons() {
   local n=$1 d=$MIG/m$1 ns i
   ns=$(cat "$RUN/sshd-m$n.pid")
-  alive "$d/virtlogd.pid" virtlogd || nsenter -t "$ns" -m virtlogd -d -f "$d/etc/virtlogd.conf" -p "$d/virtlogd.pid" 9>&-
-  if ! alive "$d/libvirtd.pid" libvirtd; then
+  alive "$d/virtlogd.pid" "$d/etc/virtlogd.conf" || nsenter -t "$ns" -m virtlogd -d -f "$d/etc/virtlogd.conf" -p "$d/virtlogd.pid" 9>&-
+  if ! alive "$d/libvirtd.pid" "$d/etc/libvirtd.conf"; then
     LIBVIRT_LOG_OUTPUTS="3:file:$RUN/libvirtd-m$n.log" \
       nsenter -t "$ns" -m libvirtd -d -f "$d/etc/libvirtd.conf" --pid-file "$d/libvirtd.pid" 9>&-
   fi
@@ -345,7 +348,7 @@ mig_libvirtd_down() {
   local n=${1:-}
   [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 12)) || die "usage: $0 mig-libvirtd-down N (1..12)" 2
   need_root; take_lock
-  stop_pidfile "libvirtd m$n" "$MIG/m$n/libvirtd.pid" libvirtd
+  stop_pidfile "libvirtd m$n" "$MIG/m$n/libvirtd.pid" "$MIG/m$n/etc/libvirtd.conf"
 }
 
 mig_down() {
@@ -355,11 +358,11 @@ mig_down() {
     [ -d "$d" ] || continue
     n=${d##*/m}
     # libvirtd first: on SIGTERM it leaves its QEMUs running; those of a stopped test host are ours to end
-    stop_pidfile "libvirtd m$n" "$d/libvirtd.pid" libvirtd
+    stop_pidfile "libvirtd m$n" "$d/libvirtd.pid" "$d/etc/libvirtd.conf"
     for pidf in "$d"/run/qemu/*.pid; do
       [ -e "$pidf" ] && stop_pidfile "qemu m$n ${pidf##*/}" "$pidf" qemu-system
     done
-    stop_pidfile "virtlogd m$n" "$d/virtlogd.pid" virtlogd
+    stop_pidfile "virtlogd m$n" "$d/virtlogd.pid" "$d/etc/virtlogd.conf"
     stop_pidfile "sshd m$n" "$RUN/sshd-m$n.pid" "$d/sshd_config"
   done
   [ -d "$MIG" ] && mig_env
@@ -389,13 +392,13 @@ root_libvirtd() {
 #   none     no libvirtd process: `start` launches one
 libvirt_state() {
   if libvirt_answers; then
-    if alive "$RUN/libvirtd.pid" libvirtd; then echo ours; else echo foreign; fi
-  elif alive "$RUN/libvirtd.pid" libvirtd || root_libvirtd >/dev/null; then echo silent
+    if alive "$RUN/libvirtd.pid" "$RUN/libvirtd.pid"; then echo ours; else echo foreign; fi
+  elif alive "$RUN/libvirtd.pid" "$RUN/libvirtd.pid" || root_libvirtd >/dev/null; then echo silent
   else echo none; fi
 }
 
 start_libvirt() {
-  if alive "$RUN/virtlogd.pid" virtlogd; then :
+  if alive "$RUN/virtlogd.pid" "$RUN/virtlogd.pid"; then :
   elif pgrep -x virtlogd >/dev/null; then log "virtlogd: one we did not start is running; using it"
   else virtlogd -d -p "$RUN/virtlogd.pid" 9>&-; log "virtlogd started"; fi
 
@@ -509,8 +512,8 @@ stop() {
   hosts_down
   mig_down
   stop_pidfile "sshd main" "$RUN/sshd-main.pid" "$SSH_DIR/sshd_config"
-  stop_pidfile libvirtd "$RUN/libvirtd.pid" libvirtd
-  stop_pidfile virtlogd "$RUN/virtlogd.pid" virtlogd
+  stop_pidfile libvirtd "$RUN/libvirtd.pid" "$RUN/libvirtd.pid"
+  stop_pidfile virtlogd "$RUN/virtlogd.pid" "$RUN/virtlogd.pid"
   # leave $MNT mounted while something (a FUSE tree of a running test) is still mounted below it
   if mountpoint -q "$MNT" && ! grep -qF " $MNT/" /proc/self/mountinfo; then umount "$MNT"; fi
   rm -f "$ENV_FILE"
@@ -529,7 +532,7 @@ status() {
     silent)  echo "libvirtd: runs (pid $(root_libvirtd | tr '\n' ' ' | sed 's/ $//')) but does NOT answer on $LIBVIRT_URI"; ok=1 ;;
     none)    echo "libvirtd: stopped"; ok=1 ;;
   esac
-  show virtlogd "$RUN/virtlogd.pid" virtlogd || true
+  show virtlogd "$RUN/virtlogd.pid" "$RUN/virtlogd.pid" || true
   for d in "$SBX"/hosts/h*; do
     [ -d "$d" ] || continue
     f=${d##*/}
@@ -539,7 +542,7 @@ status() {
     [ -d "$d" ] || continue
     f=${d##*/}
     show "migration host $f sshd $MIG_NET.${f#m}:$PORT" "$RUN/sshd-$f.pid" "$d/sshd_config" || true
-    show "migration host $f libvirtd" "$d/libvirtd.pid" libvirtd || true
+    show "migration host $f libvirtd" "$d/libvirtd.pid" "$d/etc/libvirtd.conf" || true
   done
   if mountpoint -q "$MNT" && grep -qE "^[0-9]+ [0-9]+ [^ ]+ [^ ]+ $MNT .*shared:" /proc/self/mountinfo; then
     echo "mnt $MNT: shared mount"

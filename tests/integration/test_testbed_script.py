@@ -44,3 +44,14 @@ def test_start_never_launches_a_second_libvirtd_over_live_sockets(testbed: Any, 
     assert "not starting a second one" in res.stderr
     assert libvirtds() == before
     assert not (tmp_path / "sbx" / "run" / "libvirtd.pid").exists()
+
+
+def test_a_stale_pid_file_is_not_taken_for_another_hosts_daemon(testbed: Any, tmp_path: Path) -> None:
+    # Seen here: migration host m6's pid files outlived it, their pids went to m1's virtlogd and libvirtd, and
+    # `alive` (which matched the program's name) called m6's daemons running: mig-up then waited 60 s per host
+    # for a libvirtd it never started. A scratch state dir whose m1 pid file names the testbed's own libvirtd.
+    (tmp_path / "sbx" / "mig" / "m1").mkdir(parents=True)
+    (tmp_path / "sbx" / "run").mkdir()
+    (tmp_path / "sbx" / "mig" / "m1" / "libvirtd.pid").write_text(libvirtds()[0] + "\n")
+    res = script("status", VGPUVIRT_SBX=str(tmp_path / "sbx"))
+    assert "migration host m1 libvirtd: stopped" in res.stdout, res.stdout
