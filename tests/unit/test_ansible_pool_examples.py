@@ -26,7 +26,9 @@ import yaml
 pytest.importorskip("ansible")
 from test_ansible_modules import REPO, load  # type: ignore[import-not-found]
 
-pytestmark = pytest.mark.slow
+# one xdist worker for the module: its fixture runs ansible-playbook once for every example (~8 s); split
+# across workers, each paid it again
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ansible-pool-examples")]
 
 EXAMPLES = [t for t in yaml.safe_load(load("vgpu_pool").EXAMPLES) if "vgpuvirt.kvm_gpu.vgpu_pool" in t]
 # what a documented example may fail on here: resources of a real hypervisor this test's hosts do not have

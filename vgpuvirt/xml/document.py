@@ -7,6 +7,8 @@ The tree itself is edited by :class:`~vgpuvirt.xml.domain.Domain`.
 
 from __future__ import annotations
 
+import threading
+
 from lxml import etree
 
 from vgpuvirt.errors import XmlError
@@ -23,7 +25,16 @@ DEVICE_ORDER = ("emulator", "disk", "controller", "lease", "filesystem", "interf
                 "redirdev", "redirfilter", "hub", "watchdog", "memballoon", "rng", "panic", "shmem", "memory",
                 "iommu", "vsock", "crypto", "pstore")
 
-_PARSER = etree.XMLParser(remove_blank_text=True, resolve_entities=False, no_network=True)
+# One parser per thread: the plan of several hosts parses each host's domains in its own thread, and one
+# parser shared by those threads corrupted the heap ("double free or corruption", one `plan` in ten under load).
+_PARSERS = threading.local()
+
+
+def _parser() -> etree.XMLParser:
+    parser: etree.XMLParser | None = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        parser = _PARSERS.parser = etree.XMLParser(remove_blank_text=True, resolve_entities=False, no_network=True)
+    return parser
 
 _RANKS: dict[tuple[str, ...], dict[str, int]] = {o: {t: i for i, t in enumerate(o)}
                                                  for o in (DOMAIN_ORDER, DEVICE_ORDER)}
@@ -49,6 +60,6 @@ def parse_xml(text: str | bytes) -> Element:
     """Parse XML text safely (no entities, no network); a syntax error becomes an XmlError."""
     try:
         data = text.encode() if isinstance(text, str) else text
-        return etree.fromstring(data, _PARSER)
+        return etree.fromstring(data, _parser())
     except etree.XMLSyntaxError as exc:
         raise XmlError(f"not well-formed XML: {exc}") from exc
