@@ -143,7 +143,8 @@ def test_prometheus_scrapes_the_exporter_and_promql_returns_each_vms_series(
         tmp_path, provisioned, silent_port):
     hosts, conn, owners = provisioned
     dead = SSHHost("127.0.0.1", port=_free_port(), connect_timeout=30)          # refused at once
-    hung = SSHHost("127.0.0.1", port=silent_port, connect_timeout=5)            # never answers (a longer timeout only makes the end wait)
+    # never answers; a longer connect timeout only makes the end of the test wait for the hung collection
+    hung = SSHHost("127.0.0.1", port=silent_port, connect_timeout=5)
     every = [*hosts, dead, hung]
     scraper = ParallelScraper(every, timeout=1.5,
                               domains={h.name: conn.domain_xml_pairs for h in hosts})
