@@ -1,8 +1,9 @@
 #!/bin/bash
 # Record a real GPU host, read-only, with this checkout of vgpuvirt: `vgpuvirt capture` (plain and --redact),
-# every read-only verb as text and JSON with its exit status, the whole-process start times of the CLI there,
-# the agent's own start there, and the import profile of the common verbs. Nothing is written to sysfs, no MIG
-# mode is changed, no GPU is reset: only verbs that read.
+# every read-only verb as text and JSON with its exit status, and the project's benchmarks that run on a GPU host:
+# the CLI's whole-process start (bench_cli_start.py --local), where an inventory's time goes (bench_nvml_read.py),
+# the agent's own start (bench_agent_exec.py), and the import profile of the common verbs. Nothing is written
+# to sysfs, no MIG mode is changed, no GPU is reset: only verbs that read.
 #
 #   scripts/real_host_capture.sh OUTDIR          (as root on the GPU host, from the repository's root)
 #
@@ -44,44 +45,8 @@ for verb in inventory types "mig show" "scheduler show" metrics; do
     step "replay_${verb// /_}.json" "$py" -m vgpuvirt --host "capture:$out/capture.json" --json $verb
 done
 
-# whole-process start times (issue 25): 20 interleaved runs each
-"$py" - "$work" <<'EOF' >"$work/cli-start.txt" 2>&1
-import os, statistics, subprocess, sys, time
-cmds = [("python3 -c pass", [sys.executable, "-c", "pass"]),
-        ("python3 -S -c pass", [sys.executable, "-S", "-c", "pass"]),
-        ("vgpuvirt --help", [sys.executable, "-m", "vgpuvirt", "--help"]),
-        ("vgpuvirt --json inventory (local)", [sys.executable, "-m", "vgpuvirt", "--json", "inventory"]),
-        ("vgpuvirt --json metrics (local)", [sys.executable, "-m", "vgpuvirt", "--json", "metrics"]),
-        ("vgpuvirt --json types (local)", [sys.executable, "-m", "vgpuvirt", "--json", "types"]),
-        ("vgpuvirt --json --host sim:t4x2 inventory", [sys.executable, "-m", "vgpuvirt", "--json", "--host", "sim:t4x2", "inventory"]),
-        ("nvidia-smi -L", ["nvidia-smi", "-L"]),
-        ("nvidia-smi --query-gpu=6 fields", ["nvidia-smi", "--query-gpu=name,pci.bus_id,memory.total,memory.used,utilization.gpu,mig.mode.current", "--format=csv"])]
-env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-def run(argv):
-    t0 = time.perf_counter(); subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); return time.perf_counter() - t0
-for _, argv in cmds: run(argv)
-s = {n: [] for n, _ in cmds}
-for _ in range(20):
-    for n, argv in cmds: s[n].append(run(argv))
-b = min(s[cmds[0][0]])
-print(f"20 interleaved runs, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
-for n, v in s.items():
-    print(f"{n:45s} best {min(v)*1000:7.1f} ms  median {statistics.median(v)*1000:7.1f} ms  ({min(v)/b:.2f}x python -c pass)")
-EOF
-step inventory-inprocess.txt "$py" -c '
-import statistics, time
-from vgpuvirt.host.local import LocalHost
-from vgpuvirt.services.inventory.read import inventory
-h = LocalHost()
-for label, kw in (("NVML (facts, readings, dmesg)", {"use_nvml": True}), ("nvidia-smi -q -x", {"use_nvml": False}),
-                  ("sysfs only", {"use_nvml": False, "nvidia_smi": False})):
-    inventory(h, **kw)
-    t = []
-    for _ in range(20):
-        t0 = time.perf_counter(); inv = inventory(h, **kw); t.append(time.perf_counter() - t0)
-    print(f"in-process inventory, {label:30s} best {min(t)*1000:7.2f} ms  median {statistics.median(t)*1000:7.2f} ms"
-          f"  health={[g.health is not None for g in inv.gpus]}")
-'
+# whole-process start times (issue 25), 20 interleaved runs each; then where an inventory's time goes
+step cli-start.txt "$py" benchmarks/bench_cli_start.py --runs 20 --local
 step bench_nvml_read.txt "$py" benchmarks/bench_nvml_read.py --repeat 20
 step bench_agent_exec.txt "$py" benchmarks/bench_agent_exec.py --rounds 20 --python "$py"
 step importtime-help.txt "$py" -X importtime -m vgpuvirt --help
@@ -89,4 +54,4 @@ step importtime-inventory.txt "$py" -X importtime -m vgpuvirt --json inventory
 step importtime-metrics.txt "$py" -X importtime -m vgpuvirt --json metrics
 
 tar -C "$work" -czf "$out/real-host.tar.gz" .
-cat "$work/status.txt" "$work/env.txt" "$work/cli-start.txt" "$work/inventory-inprocess.txt" "$work/bench_nvml_read.txt" "$work/bench_agent_exec.txt"
+cat "$work/status.txt" "$work/env.txt" "$work/cli-start.txt" "$work/bench_nvml_read.txt" "$work/bench_agent_exec.txt"

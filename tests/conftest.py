@@ -305,17 +305,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                    secs + report.duration)
 
 
-#: The tests that mostly wait (a minute of Prometheus scrapes, live migrations of QEMU VMs): first of all, so that
-#: their waiting overlaps the other workers' CPU work instead of ending the run alone.
-_WAITERS = ("test_two_prometheus_servers", "test_rolling_upgrade_moves_every_vm", "test_host_drain_moves_the_vms")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest first (the LPT rule): the waiters, then the `slow` tests, then the rest, each in collection order.
+    """Longest first (the LPT rule): the tests marked `waits` (they mostly wait on daemons, so their waiting
+    overlaps the other workers' CPU work), then the `slow` tests, then the rest, each in collection order.
     xdist hands tests out in this order, so no worker is left with a minute-long test while the other idles at
     the end. Every process sorts the same collection the same way (xdist checks that the workers agree)."""
     def rank(item: pytest.Item) -> int:
-        if item.name.startswith(_WAITERS):
+        if item.get_closest_marker("waits"):
             return 0
         return 1 if item.get_closest_marker("slow") else 2
 

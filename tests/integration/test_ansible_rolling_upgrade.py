@@ -124,6 +124,7 @@ def inventory_file(path: Path, hosts: list[RollHost], testbed: Any) -> None:
     path.write_text(json.dumps({"all": {"children": inv}}, indent=1))
 
 
+@pytest.mark.waits
 def test_rolling_upgrade_moves_every_vm_live_and_upgrades_every_host(fleet: list[RollHost], testbed: Any,
                                                                       tmp_path: Path) -> None:
     h1, h2, h3 = fleet

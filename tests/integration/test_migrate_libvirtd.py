@@ -177,6 +177,7 @@ def test_refusals_come_all_at_once_from_real_hosts(pair: Any) -> None:
         _cleanup(name, c1, c2)
 
 
+@pytest.mark.waits
 def test_host_drain_moves_the_vms_and_they_come_back(testbed: Any) -> None:
     from vgpuvirt.provision.mobility.drain import drain
     from vgpuvirt.services.cordon import read_cordon, set_cordon

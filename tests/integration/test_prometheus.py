@@ -211,6 +211,7 @@ class CountingScraper(ParallelScraper):
                 self.now -= 1
 
 
+@pytest.mark.waits
 @pytest.mark.slow
 def test_two_prometheus_servers_one_stuck_host_no_false_down_and_no_lost_scrape(tmp_path, silent_port):
     """An HA pair (same config, so the same scrape phase: both scrape at the same instants) scrapes one exporter

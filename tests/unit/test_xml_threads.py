@@ -2,7 +2,8 @@
 domains in its own thread, next to libvirt's own libxml2 in the same process). One lxml parser shared by those
 threads corrupted the heap: `vgpuvirt --host sim:t4x2@a --host sim:t4x2@b plan --connect test:///default
 --connect test:///default` died with "double free or corruption" in 10 to 16 of 100 runs on a loaded 2-core
-machine, and in one whole-suite run. Each thread now parses with its own parser."""
+machine, and in one whole-suite run (`scripts/stress_multi_host_plan.sh 100` counts the crashes). Each thread now
+parses with its own parser."""
 
 from __future__ import annotations
 
