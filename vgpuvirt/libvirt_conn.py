@@ -528,11 +528,22 @@ class LibvirtConnection:
 
     def facts(self, *, refresh: bool = True) -> LibvirtFacts:
         """Networks, pools with their volumes (active pools rescanned first), firmware: the pre-flight's input."""
-        nets = {str(n.name()): bool(n.isActive())
-                for n in self._call(None, "list networks", lambda: self.raw.listAllNetworks(0))}
+        # A network or pool deleted between the listing and its read (another caller, another test on a shared
+        # libvirtd) is simply not there, as volumes and interfaces below: provisioning failed on it before.
+        nets: dict[str, bool] = {}
+        for n in self._call(None, "list networks", lambda: self.raw.listAllNetworks(0)):
+            try:
+                nets[str(n.name())] = bool(self._call(None, f"query network {n.name()}", n.isActive))
+            except LibvirtError as exc:
+                if exc.code not in _GONE:
+                    raise
         pools: dict[str, PoolFacts] = {}
         for p in self._call(None, "list storage pools", lambda: self.raw.listAllStoragePools(0)):
-            pools[str(p.name())] = self._pool_facts(p, refresh)
+            try:
+                pools[str(p.name())] = self._pool_facts(p, refresh)
+            except LibvirtError as exc:
+                if exc.code not in _GONE:
+                    raise
         return LibvirtFacts(nets, pools, self._firmware(), self._interfaces())
 
     def _interfaces(self) -> dict[str, str] | None:

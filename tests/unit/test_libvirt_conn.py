@@ -215,3 +215,21 @@ def test_an_error_message_libvirt_cannot_decode_is_a_libvirt_error():
     # found by tests/fuzz: for test:///%80 libvirt's error text is not UTF-8; the binding then raises SystemError
     with pytest.raises(LibvirtError, match="not UTF-8"):
         LibvirtConnection("test:///%80", readonly=True).domains()
+
+
+def test_a_pool_or_network_deleted_while_facts_are_read_is_left_out(conn, tmp_path, monkeypatch):
+    # Seen in a CI-style run: another worker's test deleted its pool on the shared libvirtd between this
+    # connection's listing and its read, and provisioning failed with "Storage pool not found".
+    raw = conn.raw
+    pool = raw.storagePoolDefineXML(f"<pool type='dir'><name>going</name><target><path>{tmp_path}</path>"
+                                    "</target></pool>", 0)
+    net = raw.networkDefineXML("<network><name>going-net</name><bridge name='vgpvgone0'/></network>")
+    pools, nets = raw.listAllStoragePools(0), raw.listAllNetworks(0)
+    assert "going" in [p.name() for p in pools] and "going-net" in [n.name() for n in nets]
+    pool.undefine()
+    net.undefine()
+    monkeypatch.setattr(raw, "listAllStoragePools", lambda flags=0: pools)     # listed before the deletion
+    monkeypatch.setattr(raw, "listAllNetworks", lambda flags=0: nets)
+    facts = conn.facts()
+    assert "going" not in facts.pools and "going-net" not in facts.networks
+    assert "default-pool" in facts.pools and "default" in facts.networks      # the others are still read
