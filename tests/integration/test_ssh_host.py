@@ -249,9 +249,14 @@ def test_a_request_at_the_argv_limit_fits_beside_the_bytecode_bootstrap(testbed:
 def test_a_host_python_that_refuses_the_bytecode_gets_the_source_once(
         testbed: Testbed, wtree: Path, monkeypatch: pytest.MonkeyPatch, resident: bool) -> None:
     from vgpuvirt.host import ssh_agent
-    boot = ssh_agent.agent_command("python3", True)[-1]
     ours = repr((ssh_agent.importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
-    monkeypatch.setitem(ssh_agent._BOOTSTRAP, True, boot.replace(ours, repr((b"\x00\x00\r\n", "cpython-0"))))
+    real = ssh_agent._agent_bootstrap
+
+    def foreign(bytecode: bool, parts: frozenset[str] | None) -> str:
+        # every bytecode bootstrap (whatever parts of the agent it carries) guards for another Python
+        return real(bytecode, parts).replace(ours, repr((b"\x00\x00\r\n", "cpython-0")))
+    monkeypatch.setattr(ssh_agent, "_agent_bootstrap", foreign)
+    monkeypatch.setattr(ssh_agent, "_BOOTSTRAP", {})
     h = testbed.ssh(sysfs_root=str(wtree), lock_path=str(wtree / "lock"), resident=resident)
     h.run(["true"])
     port = client_port(h)

@@ -90,7 +90,8 @@ def test_the_shipped_code_keeps_every_line_number_and_drops_the_columns() -> Non
 def test_an_agent_failure_reports_its_line(tmp_path: Path) -> None:
     # an unexpected error in the shipped agent still points at the line that raised it
     boot = agent_command(sys.executable, True)[-1]
-    breaker = "import os; os.sched_getaffinity = None\n"   # _answer calls it for every request
+    # _answer calls it for every request (the agent's system calls are posix's: os.py is not imported)
+    breaker = "import posix; posix.sched_getaffinity = None\n"
     proc = _run(boot, _request(reads=[]), breaker)
     assert proc.returncode == 1
     line = next(n for n, text in enumerate(Path(agent.__file__).read_text().splitlines(), 1)

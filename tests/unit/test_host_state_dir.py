@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vgpuvirt.errors import HostError
-from vgpuvirt.host import LocalHost, Op
+from vgpuvirt.host import LocalHost, Op, agent
 from vgpuvirt.host.agent import FlockLocker
 from vgpuvirt.host.base import DEFAULT_LOCK_PATH
 
@@ -74,7 +74,7 @@ def test_a_lock_directory_owned_by_another_user_is_refused(tree: Path, tmp_path:
         os.chown(tmp_path / "state", 65534, 65534)      # nobody
     else:   # the agent runs in-process: make it another user than the directory's owner
         euid = os.geteuid()
-        monkeypatch.setattr(os, "geteuid", lambda: euid + 1)
+        monkeypatch.setattr(agent.os, "geteuid", lambda: euid + 1)   # the agent's own system calls (posix)
     refused(tree, tmp_path / "state", "is owned by uid")
 
 

@@ -39,13 +39,24 @@ Each op may carry ``"group"``: with on_error=continue a failure skips the rest o
 """
 
 import errno as _errno
-import os
 import sys
 import time
 
 MYPY = False
 if MYPY:  # the type checker's view: importing typing (and subprocess, fnmatch) is left out of each exec's start
+    import os
     from typing import Any, Callable, Dict, List, Optional
+else:
+    # posix is the C half of os: every system call the agent makes, without importing os.py (and
+    # collections.abc with it), ~1 ms of each exec's start. What only os.py has (os.path, makedirs, a str
+    # environ) comes from _os(), in the code that needs it (not a read on root /).
+    import posix as os
+
+
+def _os() -> "Any":
+    """The os module itself, for what posix lacks."""
+    import os as full
+    return full
 
 PROTOCOL = 1
 MAX_READ = 1 << 20
@@ -87,9 +98,12 @@ class OsFs:
     """
 
     def __init__(self, root: str = "/") -> None:
-        self.root = os.path.abspath(root)
+        if root == "/":
+            self.root = real = "/"
+        else:
+            self.root = _os().path.abspath(root)
+            real = _os().path.realpath(self.root)
         self.confined = self.root != "/"
-        real = os.path.realpath(self.root)
         self._inside = real.rstrip("/") + "/"
         #: host directory ("" is the root, "/sys/bus") -> where it really is, checked to be inside the root
         self._dirs = {"": real.rstrip("/")}  # type: Dict[str, str]
@@ -339,7 +353,7 @@ def _join(base: str, link: str) -> str:
             base, link = base[:base.rfind("/")], link[3:]
         link = base + "/" + link
     if "/." in link or "//" in link or link.endswith("/"):
-        link = os.path.normpath(link)
+        link = _os().path.normpath(link)
     return link
 
 
@@ -358,6 +372,9 @@ def _fd_path(fd: int) -> "Optional[str]":
         return None
 
 
+# >>> agent part "ops": the lock and the audit log's files (see parts_needed)
+
+
 class UnsafeState(Exception):
     """The lock's (or the audit log's) directory or file cannot be trusted: refused, with the reason."""
 
@@ -369,14 +386,14 @@ def open_state_dir(path: str) -> int:
     that another user owns, that others may write, or that is a link, could let another local user hold
     the lock, fill or forge the log, or redirect either. Such a directory is refused, never repaired.
     """
-    path = os.path.abspath(path)
+    path = _os().path.abspath(path)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except FileNotFoundError:
         try:
-            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            _os().makedirs(_os().path.dirname(path), 0o755, exist_ok=True)
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
@@ -387,7 +404,7 @@ def open_state_dir(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if os.path.islink(path):
+        if _os().path.islink(path):
             raise UnsafeState("%s is a symbolic link: refusing to keep vgpuvirt's lock or log there "
                               "(remove the link)" % path) from None
         raise OSError(exc.errno, "cannot open %s: %s" % (path, os.strerror(exc.errno or 0))) from None
@@ -406,10 +423,10 @@ def open_state_dir(path: str) -> int:
 
 def open_state_file(path: str, flags: int) -> int:
     """``path`` (its directory checked by :func:`open_state_dir`) opened or created 0600, never through a link."""
-    dfd = open_state_dir(os.path.dirname(os.path.abspath(path)))
+    dfd = open_state_dir(_os().path.dirname(_os().path.abspath(path)))
     try:
         try:
-            fd = os.open(os.path.basename(path), flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+            fd = os.open(_os().path.basename(path), flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=dfd)
         except OSError as exc:
             if exc.errno == _errno.ELOOP:
@@ -453,6 +470,8 @@ class FlockLocker:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+# <<< agent part "ops"
 
 
 _TERMINAL = ""        # trie keys that no component can be (components are non-empty and have no "/")
@@ -753,6 +772,9 @@ def _err(code: "Optional[int]", message: str) -> "Dict[str, Any]":
     return {"ok": False, "errno": code, "error": message}
 
 
+# >>> agent part "ops": running a batch
+
+
 def _run_op(fs: "Any", op: "Dict[str, Any]") -> "Dict[str, Any]":
     kind = op.get("op")
     path = op.get("path")
@@ -925,6 +947,37 @@ def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
             else:
                 stopped = True
     return results
+# <<< agent part "ops"
+
+
+# An SSH client ships the agent without the parts (marked ``# >>> agent part "NAME"`` ... ``# <<<``) that a
+# request does not run (vgpuvirt.host.ssh_agent): reads, the commonest request and the one a monitoring check
+# repeats, then start the agent with half of it to load. The core (outside every part) answers reads; a part's
+# code runs only where the core calls into it, under the conditions :func:`parts_needed` names.
+
+#: each part: a name it defines, which tells whether it was shipped
+PART_MARKS = {"ops": "run_ops", "nvml": "nvml_call", "serve": "serve"}
+
+
+def parts_needed(request: "Any") -> "List[str]":
+    """The parts besides the core that answering ``request`` (one not in resident mode) may run."""
+    if not isinstance(request, dict):
+        return []
+    ops = request.get("ops")
+    parts = []  # type: List[str]
+    if ops or request.get("reads_after") or request.get("lock") or "audit_read" in request:
+        parts.append("ops")
+    if isinstance(ops, list) and any(isinstance(op, dict) and op.get("op") == "nvml" for op in ops):
+        parts.append("nvml")
+    return parts
+
+
+def _missing_parts(request: "Dict[str, Any]") -> "Optional[Dict[str, Any]]":
+    missing = [p for p in parts_needed(request) if PART_MARKS[p] not in globals()]
+    if not missing:
+        return None
+    return {"v": PROTOCOL, "fatal": "agent", "error": "this agent was sent without its part(s) %s, which the "
+                                                      "request needs: nothing was done" % ", ".join(missing)}
 
 
 def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
@@ -939,6 +992,9 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
     ``audit_path``: the log, for a caller that runs on the host itself (LocalHost's option); by default the
     host's configuration says (:func:`host_audit_path`). The request never chooses it.
     """
+    refused = _missing_parts(request)
+    if refused is not None:
+        return refused
     if "audit_read" in request:
         return read_audit(request["audit_read"], auditor, audit_path)
     if fs is None:
@@ -1012,6 +1068,9 @@ def _part(encoded: "Optional[Any]", name: str) -> "Optional[Any]":
 # The host decides what is recorded: which ops change something (by what they do, not by the request's
 # word), where the log is (its own configuration), and each batch's id. A request cannot steer any of it.
 
+# >>> agent part "ops": what mutates, and the audit log
+
+
 #: programs an exec may run without being a mutation: name -> argument lists (a "BUSID" word is a PCI bus id,
 #: "QUERY" a ``--query-gpu=`` field list, "FORMAT" a ``--format=csv...`` word)
 READ_ONLY_PROGRAMS = {
@@ -1043,7 +1102,7 @@ def _word_fits(word, shape):
 
 def _trusted_program(path: str) -> bool:
     """An absolute program path that only root (or we) can change: the file and its directory."""
-    for p in (path, os.path.dirname(path)):
+    for p in (path, _os().path.dirname(path)):
         try:
             st = os.stat(p)
         except OSError:
@@ -1100,9 +1159,10 @@ def host_audit_path() -> str:
     :data:`DEFAULT_AUDIT_LOG`; a user: ``~/.local/state/vgpuvirt/host-audit.jsonl``). A configuration that
     others can change, or that does not parse, is refused (UnsafeState): mutations stop until it is fixed."""
     root = os.geteuid() == 0
-    home = os.path.expanduser("~")
-    conf = HOST_CONFIG if root else os.path.join(home, ".config", "vgpuvirt", "agent.json")
-    default = DEFAULT_AUDIT_LOG if root else os.path.join(home, ".local", "state", "vgpuvirt", "host-audit.jsonl")
+    osp = _os().path
+    home = osp.expanduser("~")
+    conf = HOST_CONFIG if root else osp.join(home, ".config", "vgpuvirt", "agent.json")
+    default = DEFAULT_AUDIT_LOG if root else osp.join(home, ".local", "state", "vgpuvirt", "host-audit.jsonl")
     try:
         fd = os.open(conf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -1242,11 +1302,12 @@ class Audit:
         reserve = getattr(out, "reserve", None)
         if reserve is not None:
             reserve(_RESERVE_PER_OP * (len(ops) + 2))
-        ssh = os.environ.get("SSH_CONNECTION", "").split()
+        environ = _os().environ
+        ssh = environ.get("SSH_CONNECTION", "").split()
         self._emit({"event": "begin", "request": _clip(_text(cfg.get("id"))),
                     "client_user": _clip(_text(cfg.get("client_user"))),
                     "client_host": _clip(_text(cfg.get("client_host"))),
-                    "ssh_client": ssh[0] if ssh else None, "sudo_user": os.environ.get("SUDO_USER"),
+                    "ssh_client": ssh[0] if ssh else None, "sudo_user": environ.get("SUDO_USER"),
                     "pid": os.getpid(), "uid": os.geteuid(), "root": _clip(_text(request.get("root", "/"))),
                     "ops": len(ops)})
         self.out.sync()
@@ -1310,16 +1371,17 @@ def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None, path: "Optional[st
     if auditor is not None:
         text = auditor.text()
         return {"v": PROTOCOL, "audit": text[-max_bytes:], "exists": True}
+    osp = _os().path
     try:
-        path = os.path.abspath(path or host_audit_path())
+        path = osp.abspath(path or host_audit_path())
     except UnsafeState as exc:
         return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
-    if not os.path.lexists(os.path.dirname(path)):
+    if not osp.lexists(osp.dirname(path)):
         return {"v": PROTOCOL, "audit": "", "exists": False}
     try:
-        dfd = open_state_dir(os.path.dirname(path))
+        dfd = open_state_dir(osp.dirname(path))
         try:
-            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(osp.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         finally:
             os.close(dfd)
     except UnsafeState as exc:
@@ -1332,7 +1394,7 @@ def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None, path: "Optional[st
     try:
         size = os.fstat(fd).st_size
         start = max(0, size - max_bytes)
-        os.lseek(fd, start, os.SEEK_SET)
+        os.lseek(fd, start, 0)   # SEEK_SET
         chunks = []
         while True:
             b = os.read(fd, 1 << 20)
@@ -1345,6 +1407,8 @@ def read_audit(spec: "Dict[str, Any]", auditor: "Any" = None, path: "Optional[st
         return {"v": PROTOCOL, "audit": data.decode("utf-8", "replace"), "exists": True, "truncated": start > 0}
     finally:
         os.close(fd)
+
+# <<< agent part "ops"
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
@@ -1457,6 +1521,7 @@ def _read_exactly(fd: int, n: int) -> "Optional[bytes]":
     return b"".join(chunks)
 
 
+# >>> agent part "nvml": the vGPU scheduler through libnvidia-ml
 # ---------------------------------------------------------------------------------------------- NVML
 # The vGPU scheduler through libnvidia-ml with ctypes (a host reached over SSH has python3, not pynvml).
 # An "nvml" op: {"op": "nvml", "value": CALL, "argv": [PCI bus id, ...]}; the answer carries the state as
@@ -1639,11 +1704,16 @@ def nvml_call(op: "Dict[str, Any]") -> "Dict[str, Any]":
     except (IndexError, ValueError) as exc:
         return dict(_err(_errno.EINVAL, "bad NVML arguments: %s" % exc), rc=2)
 
+# <<< agent part "nvml"
+
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+# >>> agent part "serve": the resident agent
 
 
 def serve(codec: "Any") -> None:
@@ -1673,11 +1743,15 @@ def serve(codec: "Any") -> None:
         data = _answer(raw, codec, started)
         _write_all(1, struct.pack(">I", len(data)) + data)
 
+# <<< agent part "serve"
+
 
 def main() -> None:
     started = time.monotonic()
     codec = _json_codec()
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        if PART_MARKS["serve"] not in globals():
+            sys.exit("vgpuvirt-agent: sent without its resident part (--serve)")
         serve(codec)
         return
     try:

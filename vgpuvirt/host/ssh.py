@@ -40,6 +40,7 @@ from vgpuvirt.errors import (
     RemoteRequirementMissing,
     TransportError,
 )
+from vgpuvirt.host.agent import parts_needed
 from vgpuvirt.host.base import BaseHost, Result
 from vgpuvirt.host.ssh_agent import FOREIGN_BYTECODE, agent_command, read_frame, sudo_problem
 from vgpuvirt.host.ssh_connect import open_client
@@ -370,7 +371,9 @@ class SSHHost(BaseHost):
             finally:
                 self._resident_lock.release()
         else:
-            argv, stdin = [*agent_command(self.python, self.bytecode), *in_argv], b"" if in_argv else payload
+            # only the agent's parts that this request runs (a read: its core, half of it to load on the host)
+            argv = [*agent_command(self.python, self.bytecode, parts_needed(request)), *in_argv]
+            stdin = b"" if in_argv else payload
             rc, out, err = self._call(lambda: self._exec_once(argv, stdin, self.command_timeout), idempotent)
         if rc != 0 and self.bytecode and FOREIGN_BYTECODE in err:
             # Another Python on the host: the bootstrap stopped before the agent ran, so sending the same

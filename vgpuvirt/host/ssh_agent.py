@@ -11,6 +11,7 @@ import struct
 import sys
 import types
 import zlib
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from vgpuvirt.errors import RemoteRequirementMissing
@@ -125,8 +126,51 @@ def _without_columns(code: types.CodeType) -> types.CodeType:
     return code.replace(co_consts=consts, co_linetable=_lines_only(code.co_linetable))
 
 
-def _agent_bootstrap(bytecode: bool) -> str:
+_PART_START = re.compile(rb'^# >>> agent part "(\w+)"')
+_PART_END = re.compile(rb'^# <<< agent part "(\w+)"')
+
+
+def agent_parts(source: bytes) -> list[tuple[str | None, list[bytes]]]:
+    """agent.py's lines as runs: (part name, its lines), None for the core; a marker line belongs to its part.
+
+    Raises ValueError for markers that do not pair up (a part left open, closed by another name, or nested).
+    """
+    runs: list[tuple[str | None, list[bytes]]] = [(None, [])]
+    for number, line in enumerate(source.splitlines(keepends=True), 1):
+        start, end = _PART_START.match(line), _PART_END.match(line)
+        current = runs[-1][0]
+        if start:
+            if current is not None:
+                raise ValueError(f"agent.py:{number}: part {start[1].decode()!r} opens inside part {current!r}")
+            runs.append((start[1].decode(), [line]))
+        elif end:
+            if current != end[1].decode():
+                raise ValueError(f"agent.py:{number}: closes part {end[1].decode()!r}, open: {current!r}")
+            runs[-1][1].append(line)
+            runs.append((None, []))
+        else:
+            runs[-1][1].append(line)
+    if runs[-1][0] is not None:
+        raise ValueError(f"agent.py: part {runs[-1][0]!r} is never closed")
+    return runs
+
+
+def agent_source(parts: Collection[str] | None = None) -> bytes:
+    """The agent's source with the core and ``parts`` (None: every part); the other parts' lines are left
+    blank, so that a traceback from the host names the lines of agent.py."""
     src = importlib.resources.files("vgpuvirt.host").joinpath("agent.py").read_bytes()
+    if parts is None:
+        return src
+    runs = agent_parts(src)
+    unknown = set(parts) - {name for name, _ in runs if name is not None}
+    if unknown:
+        raise ValueError(f"agent.py has no part {sorted(unknown)}")
+    return b"".join(b"".join(lines) if name is None or name in parts else b"\n" * len(lines)
+                    for name, lines in runs)
+
+
+def _agent_bootstrap(bytecode: bool, parts: frozenset[str] | None) -> str:
+    src = agent_source(parts)
     if not bytecode:
         blob = base64.b64encode(zlib.compress(src, 9)).decode("ascii")
         # binascii, not base64: base64 imports re, a third of the agent's start
@@ -142,7 +186,7 @@ def _agent_bootstrap(bytecode: bool) -> str:
     blob = base64.b64encode(zlib.compress(marshal.dumps(code), 9)).decode("ascii")
     if len(blob) > BYTECODE_BOOTSTRAP_MAX:
         # (a Python whose location tables this module does not know how to thin): the source, which is smaller
-        return _agent_bootstrap(False)
+        return _agent_bootstrap(False, parts)
     guard = repr((importlib.util.MAGIC_NUMBER, sys.implementation.cache_tag))
     return ("import sys,zlib,binascii,marshal\n"
             "if (getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',None),"
@@ -150,15 +194,18 @@ def _agent_bootstrap(bytecode: bool) -> str:
             "exec(marshal.loads(zlib.decompress(binascii.a2b_base64('" + blob + "'))))")
 
 
-_BOOTSTRAP: dict[bool, str] = {}
+_BOOTSTRAP: dict[tuple[bool, frozenset[str] | None], str] = {}
 
 
-def agent_command(python: str = "python3", bytecode: bool = False) -> list[str]:
+def agent_command(python: str = "python3", bytecode: bool = False,
+                  parts: Collection[str] | None = None) -> list[str]:
     """The argv that runs the agent on the host: from its source, or (``bytecode``) from this client's
     compiled form of it, which only a host with the same Python runs (else it exits with
-    :data:`FOREIGN_BYTECODE`, having done nothing)."""
-    boot = _BOOTSTRAP.get(bytecode)
+    :data:`FOREIGN_BYTECODE`, having done nothing). ``parts``: the agent's parts to send besides its core
+    (``agent.parts_needed(request)`` for one request; None: all, as the resident agent needs)."""
+    key = (bytecode, None if parts is None else frozenset(parts))
+    boot = _BOOTSTRAP.get(key)
     if boot is None:
-        boot = _BOOTSTRAP[bytecode] = _agent_bootstrap(bytecode)
+        boot = _BOOTSTRAP[key] = _agent_bootstrap(*key)
     # -I: no PYTHON* variables or user site from the host; -S: no site import (stdlib only, ~5 ms per exec)
     return [python, "-I", "-S", "-c", boot]
