@@ -136,6 +136,7 @@ class Scenario:
                 f"existing={list(self.existing)}, vms=[{vms}]")
 
 
+@functools.cache   # one strategy object per menu: Hypothesis validates a strategy once, not at every draw
 def gpu_requests(menu: Menu) -> st.SearchStrategy[VgpuRequest]:
     by_need = st.builds(VgpuRequest, min_framebuffer_mib=st.none() | st.sampled_from(menu.framebuffers),
                         series=st.none() | st.sampled_from(menu.series or ("Q",)),
@@ -153,15 +154,25 @@ def gpu_requests(menu: Menu) -> st.SearchStrategy[VgpuRequest]:
     return st.one_of(kinds)
 
 
+@functools.cache
+def existing_vgpus(menu: Menu) -> st.SearchStrategy[list[tuple[str, str]]]:
+    return st.lists(st.sampled_from(menu.slot_types), max_size=4)
+
+
+@functools.cache
+def vm_gpus(menu: Menu) -> st.SearchStrategy[list[VgpuRequest]]:
+    return st.lists(gpu_requests(menu), min_size=1, max_size=2)
+
+
 @st.composite
 def scenarios(draw: Callable, profile: str, max_kinds: int, max_gpus: int) -> Scenario:
     """Up to ``max_kinds`` kinds of VM (1-2 GPUs each), each asked for a number of times (a pool), at most
     ``max_gpus`` GPUs in all: counts are what overflows a GPU."""
     menu = menu_of(profile)
-    existing = draw(st.lists(st.sampled_from(menu.slot_types), max_size=4)) if menu.slot_types else []
+    existing = draw(existing_vgpus(menu)) if menu.slot_types else []
     vms: list[VmRequest] = []
     for _ in range(draw(st.integers(1, max_kinds))):
-        gpus = tuple(draw(st.lists(gpu_requests(menu), min_size=1, max_size=2)))
+        gpus = tuple(draw(vm_gpus(menu)))
         room = (max_gpus - sum(len(vm.gpus) for vm in vms)) // len(gpus)
         if room < 1:
             break
