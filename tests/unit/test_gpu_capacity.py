@@ -77,6 +77,33 @@ def test_mixed_size_mode_counts_the_framebuffer_left() -> None:
     assert "mixed-size mode, 32 GiB in use" in b.fit("t8").reason
 
 
+def test_a_vgpu_of_unknown_size_in_mixed_size_mode_leaves_the_count_to_the_host() -> None:
+    # found by the capacity referee: an L40S in mixed-size mode holding 12Q and 24Q. The VFs list only the types
+    # still creatable, so the 24Q's type number (1155) has no name here, and its 24 GiB were counted as 0:
+    # twelve 3A (3 GiB) "fit" where 12 GiB are left, and the simulator refused the fifth with EIO.
+    host = SimHost.from_profile("mixed")
+    m = host.model
+    gpu = m.devices["0000:3d:00.0"].gpu
+    assert gpu is not None
+    m.set_heterogeneous(gpu, True)
+    m.set_vendor_type(m.devices["0000:3d:00.7"], "1153")
+    m.set_vendor_type(m.devices["0000:3d:01.1"], "1155")
+    b = next(b for b in gpu_budgets(inventory(host)) if str(b.address) == "0000:3d:00.0")
+    assert b.types["nvidia-1155"].framebuffer_mib is None
+    f = b.fit("nvidia-1159")
+    assert (f.fits_now, f.exact) == (1, False)
+    assert f.reason.startswith("mixed-size mode, framebuffer in use unknown (a vGPU of type nvidia-1155 of unknown "
+                               "size): the host is the only authority")
+    one = b.with_vgpu("nvidia-1159", b.free_place("nvidia-1159").address)   # type: ignore[union-attr]
+    assert one.fit("nvidia-1159").fits_now == 0
+    # five 3A: not five on this GPU, but the other L40S's VFs enabled first, then the five placed
+    vms = [VmRequest(f"vm-{i}", gpus=(VgpuRequest(type="NVIDIA L40S-3A"),)) for i in range(5)]
+    p = plan([inventory(host)], vms)
+    assert [str(prep.pf) for prep in p.prep] == ["0000:41:00.0"] and len(p.pending) == 5 and not p.assignments
+    assert ("0000:3d:00.0: nvidia-1159: mixed-size mode, framebuffer in use unknown (a vGPU of type nvidia-1155 of "
+            "unknown size): the host is the only authority and one more is already planned here") in p.unmet
+
+
 def test_mig_backed_types_count_gpu_instances() -> None:
     b = _budget("a100-sriov", "0000:17:00.0")                  # MIG on: 3 x 2g.20gb and 1 x 1g.10gb instances
     assert b.mig_enabled and b.gpu_instances == {"2g.20gb": 3, "1g.10gb": 1}

@@ -158,6 +158,13 @@ class GpuBudget:
             same = sum(1 for r in here if r.type_id == t.id)
             if mx is None or not self.framebuffer_mib or t.framebuffer_mib is None:
                 return self._kernel_only(t, "mixed-size mode, framebuffer unknown")
+            unsized = sorted({r.type_id for r in here if r.framebuffer_mib is None})
+            if unsized:
+                # A vGPU whose type this host did not name (vGPU 17+: a VF's current_vgpu_type is a number, and
+                # only the types still creatable are listed): what is left of the framebuffer is unknown, and a
+                # count that took it as 0 would plan vGPUs the driver refuses (EIO).
+                return self._kernel_only(t, "mixed-size mode, framebuffer in use unknown (a vGPU of type "
+                                            f"{', '.join(unsized)} of unknown size)")
             used = sum(r.framebuffer_mib or 0 for r in here)
             by_fb = (self.framebuffer_mib - used) // t.framebuffer_mib
             n = min(mx - same, by_fb)
