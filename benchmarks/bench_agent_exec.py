@@ -4,7 +4,9 @@
 
 Runs, interleaved in each round so a burst of load hits them alike: `true`, `python3 -I -S -c pass` (the
 interpreter's floor), and an empty request (`{"root": "/", "reads": []}`) to the agent started exactly as
-SSHHost starts it (`agent_command`), once as source and once as this client's bytecode. Over SSH the same
+SSHHost starts it (`agent_command` with the parts `parts_needed` names: the core alone), once as source and once
+as this client's bytecode, and as bytecode with every part (the baseline: the whole agent, as before it
+travelled in parts). Over SSH the same
 exec also pays the session channel; bench_inventory.py --start-only measures that end to end. This one runs
 where no sshd is (a GPU host lent for a few minutes) and isolates the agent's share.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vgpuvirt.host.agent import parts_needed
 from vgpuvirt.host.ssh_agent import agent_command
 
 
@@ -47,11 +50,13 @@ def main() -> None:
     ap.add_argument("--python", default="python3", help="the host's interpreter (default: python3)")
     a = ap.parse_args()
     request = empty_request()
+    parts = parts_needed({"root": "/", "reads": []})
     calls = {
         "true": ["true"],
         "python3 -I -S -c pass": [a.python, "-I", "-S", "-c", "pass"],
-        "agent as source": [*agent_command(a.python, bytecode=False), request],
-        "agent as bytecode": [*agent_command(a.python, bytecode=True), request],
+        "agent as source": [*agent_command(a.python, bytecode=False, parts=parts), request],
+        "agent as bytecode": [*agent_command(a.python, bytecode=True, parts=parts), request],
+        "bytecode, every part": [*agent_command(a.python, bytecode=True), request],
     }
     answer = subprocess.run(calls["agent as bytecode"], stdout=subprocess.PIPE, check=True).stdout
     if b"bytecode for another python" in answer:
