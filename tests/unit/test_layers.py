@@ -37,6 +37,10 @@ class Arrow:
     names: tuple[str, ...]        # the names a ``from target import ...`` takes (empty for ``import target``)
 
 
+# one worker parses every module once for all of this file's tests (~2 s of CPU a parse, each test on another
+# worker parsed them again)
+pytestmark = pytest.mark.xdist_group("layers")
+
 @cache
 def _modules() -> dict[str, Path]:
     out = {}
