@@ -25,14 +25,8 @@ from vgpuvirt.host.ssh_agent import agent_command, agent_parts, agent_source
 #: where the core calls a part's code: (calling function, part's name) -> the condition that guards it there
 CORE_CALLS_INTO_PARTS = {
     ("handle", "read_audit"): "audit_read in the request",
-    ("handle", "FlockLocker"): "lock, with ops or reads_after",
-    ("handle", "UnsafeState"): "the lock's exception, with a lock",
-    ("handle", "mutates"): "ops or reads_after",
-    ("handle", "open_audit"): "ops or reads_after",
-    ("handle", "concurrent"): "ops or reads_after",
-    ("handle", "_exec_start"): "ops or reads_after",
-    ("handle", "_exec_finish"): "ops or reads_after",
-    ("handle", "run_ops"): "ops or reads_after",
+    ("handle", "OsFs"): "the writes: a request that parts_needed sends the ops part for",
+    ("handle", "_batch"): "ops or reads_after",
     ("main", "serve"): "--serve: the resident agent, sent whole",
 }
 #: where a part calls another part's code

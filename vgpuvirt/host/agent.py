@@ -83,8 +83,8 @@ def check_path(path: str) -> str:
 _NOFOLLOW_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
-class OsFs:
-    """The real filesystem below ``root``, confined to it.
+class ReadFs:
+    """The real filesystem below ``root``, confined to it: what a read needs (:class:`OsFs` adds the writes).
 
     Real sysfs is full of symlinks that stay inside it (``/sys/bus/pci/devices/X ->
     ../../../devices/pci0000:00/X``), so links are followed, but only to places inside ``root``: each
@@ -265,6 +265,40 @@ class OsFs:
         finally:
             os.close(fd)
 
+
+def _join(base: str, link: str) -> str:
+    """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
+    if link[:1] != "/":
+        while link[:3] == "../":
+            base, link = base[:base.rfind("/")], link[3:]
+        link = base + "/" + link
+    if "/." in link or "//" in link or link.endswith("/"):
+        link = _os().path.normpath(link)
+    return link
+
+
+def _no_link(exc: OSError, path: str, what: str) -> OSError:
+    """O_NOFOLLOW's ELOOP said as what it means."""
+    if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
+        return OSError(_errno.ELOOP, "%s is a symbolic link: vgpuvirt does not %s through one" % (path, what))
+    return exc
+
+
+def _fd_path(fd: int) -> "Optional[str]":
+    """Where an open directory really is (None without /proc: the check made by resolving it stands)."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+
+
+# >>> agent part "ops": the writes, the lock and the audit log's files (see parts_needed)
+
+
+class OsFs(ReadFs):
+    """:class:`ReadFs` and the writes: an attribute written with one ``write(2)``, a configuration file replaced
+    atomically or removed; never through a link, and (confined) in a directory checked to be inside the root."""
+
     def write(self, path: str, value: str) -> None:
         # sysfs attributes take exactly one write(2); O_TRUNC as the shell's '>' does (sysfs ignores it,
         # a materialized tree needs it), never O_CREAT: a missing attribute is an error, not a new file;
@@ -345,34 +379,6 @@ class OsFs:
         finally:
             os.close(dfd)
 
-
-def _join(base: str, link: str) -> str:
-    """``normpath(join(base, link))`` for a ``base`` without links, quick for sysfs's ``../../x/y`` targets."""
-    if link[:1] != "/":
-        while link[:3] == "../":
-            base, link = base[:base.rfind("/")], link[3:]
-        link = base + "/" + link
-    if "/." in link or "//" in link or link.endswith("/"):
-        link = _os().path.normpath(link)
-    return link
-
-
-def _no_link(exc: OSError, path: str, what: str) -> OSError:
-    """O_NOFOLLOW's ELOOP said as what it means."""
-    if exc.errno == _errno.ELOOP and not isinstance(exc, Escape):
-        return OSError(_errno.ELOOP, "%s is a symbolic link: vgpuvirt does not %s through one" % (path, what))
-    return exc
-
-
-def _fd_path(fd: int) -> "Optional[str]":
-    """Where an open directory really is (None without /proc: the check made by resolving it stands)."""
-    try:
-        return os.readlink("/proc/self/fd/%d" % fd)
-    except OSError:
-        return None
-
-
-# >>> agent part "ops": the lock and the audit log's files (see parts_needed)
 
 
 class UnsafeState(Exception):
@@ -947,6 +953,63 @@ def run_ops(fs: "Any", ops: "List[Dict[str, Any]]", on_error: str,
             else:
                 stopped = True
     return results
+
+
+def _batch(request: "Dict[str, Any]", fs: "Any", response: "Dict[str, Any]", locker: "Any", workers: int,
+           encoded: "Optional[Any]", auditor: "Any", audit_path: "Optional[str]") -> "Dict[str, Any]":
+    """The ops of a request and its ``reads_after``, under the lock: :func:`handle`'s second half."""
+    ops = request.get("ops", [])
+    lock = request.get("lock")
+    if locker is None and lock:
+        locker = FlockLocker(lock["path"], float(lock.get("timeout", 30)))
+    t0 = time.monotonic()
+    try:
+        if lock and locker is not None:
+            try:
+                locker.__enter__()
+            except UnsafeState as exc:
+                return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
+            except OSError as exc:
+                return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
+                        "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
+        response["lock_wait_s"] = round(time.monotonic() - t0, 4)
+        audit = None  # type: Optional[Audit]
+        if any(mutates(op) for op in ops):
+            opened = open_audit(request, auditor, audit_path)
+            if isinstance(opened, dict):
+                return opened
+            audit = opened
+            response["audit_batch"] = audit.batch
+        on_error = request.get("on_error", "stop")
+        # A read-only batch (the metrics' tools) changes nothing that its reads would see: its programs
+        # run while the files are read, and the reads may use the forked readers as the first read does.
+        running = [_exec_start(op) for op in ops] if concurrent(fs, ops, on_error) else None
+        read_only = not any(mutates(op) for op in ops)
+        if running is None:
+            response["ops"] = run_ops(fs, ops, on_error, audit)
+            if audit is not None:
+                problem = audit.end(response["ops"])
+                if problem:
+                    response["audit_error"] = problem
+            forget = getattr(fs, "forget", None)
+            if forget is not None:
+                forget()   # the batch may have made or removed directories
+        try:
+            read_entries(fs, request.get("reads_after", []), response["after"], workers if read_only else 1,
+                         _part(encoded, "after"))
+        except PathRefused as exc:
+            for started in running or ():
+                if not isinstance(started, dict):
+                    started[0].kill()
+                    started[0].communicate()
+            return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
+        if running is not None:
+            response["ops"] = [p if isinstance(p, dict) else _exec_finish(ops[i], p)
+                               for i, p in enumerate(running)]
+    finally:
+        if lock and locker is not None:
+            locker.__exit__(None, None, None)
+    return response
 # <<< agent part "ops"
 
 
@@ -998,64 +1061,16 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
     if "audit_read" in request:
         return read_audit(request["audit_read"], auditor, audit_path)
     if fs is None:
-        fs = OsFs(request.get("root", "/"))
+        # the writes come with the ops part (OsFs); what reads only needs ReadFs, in the core
+        root = request.get("root", "/")
+        fs = OsFs(root) if "ops" in parts_needed(request) else ReadFs(root)
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
     try:
         read_entries(fs, request.get("reads", []), response["entries"], workers, _part(encoded, "entries"))
     except PathRefused as exc:
         return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
-    ops = request.get("ops", [])
-    if ops or request.get("reads_after"):
-        lock = request.get("lock")
-        if locker is None and lock:
-            locker = FlockLocker(lock["path"], float(lock.get("timeout", 30)))
-        t0 = time.monotonic()
-        try:
-            if lock and locker is not None:
-                try:
-                    locker.__enter__()
-                except UnsafeState as exc:
-                    return {"v": PROTOCOL, "fatal": "state", "error": str(exc)}
-                except OSError as exc:
-                    return {"v": PROTOCOL, "fatal": "lock", "errno": exc.errno,
-                            "error": "cannot take lock %s: %s" % (lock.get("path"), os.strerror(exc.errno or 0))}
-            response["lock_wait_s"] = round(time.monotonic() - t0, 4)
-            audit = None  # type: Optional[Audit]
-            if any(mutates(op) for op in ops):
-                opened = open_audit(request, auditor, audit_path)
-                if isinstance(opened, dict):
-                    return opened
-                audit = opened
-                response["audit_batch"] = audit.batch
-            on_error = request.get("on_error", "stop")
-            # A read-only batch (the metrics' tools) changes nothing that its reads would see: its programs
-            # run while the files are read, and the reads may use the forked readers as the first read does.
-            running = [_exec_start(op) for op in ops] if concurrent(fs, ops, on_error) else None
-            read_only = not any(mutates(op) for op in ops)
-            if running is None:
-                response["ops"] = run_ops(fs, ops, on_error, audit)
-                if audit is not None:
-                    problem = audit.end(response["ops"])
-                    if problem:
-                        response["audit_error"] = problem
-                forget = getattr(fs, "forget", None)
-                if forget is not None:
-                    forget()   # the batch may have made or removed directories
-            try:
-                read_entries(fs, request.get("reads_after", []), response["after"], workers if read_only else 1,
-                             _part(encoded, "after"))
-            except PathRefused as exc:
-                for started in running or ():
-                    if not isinstance(started, dict):
-                        started[0].kill()
-                        started[0].communicate()
-                return {"v": PROTOCOL, "fatal": "refused", "error": str(exc)}
-            if running is not None:
-                response["ops"] = [p if isinstance(p, dict) else _exec_finish(ops[i], p)
-                                   for i, p in enumerate(running)]
-        finally:
-            if lock and locker is not None:
-                locker.__exit__(None, None, None)
+    if request.get("ops") or request.get("reads_after"):
+        return _batch(request, fs, response, locker, workers, encoded, auditor, audit_path)
     return response
 
 
