@@ -269,7 +269,7 @@ class SearchBudgetExceeded(RuntimeError):
     """The search tried more placements than allowed: the scenario is too big to decide here."""
 
 
-def everything_fits(model: SimModel, wants: list[Want], *, budget: int = 200_000) -> bool:
+def everything_fits(model: SimModel, wants: list[Want], *, budget: int = 50_000) -> bool:
     """Whether some placement of every request is accepted by the simulator (backtracking, memoized on
     the model's state). Leaves the model as it found it."""
     taken: dict[str, str] = {}
