@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from vgpuvirt.sim import ProfileError, SimHost, list_profiles, load_profile
+from vgpuvirt.sim import profiles as sim_profiles
 
 SHIPPED = {"h100-sxm5", "h200", "t4x2", "a100-sriov", "l40s-vgpu17", "a10-sriov", "gvtg", "mxgpu", "desktop", "mixed",
            "large", "l4-hetero", "a16", "a30-mig", "server-shared-group"}
@@ -93,3 +95,16 @@ def test_unreadable_and_unparsable_files(tmp_path: Path) -> None:
         load_profile("nonesuch")
     with pytest.raises(ProfileError, match="no such profile"):
         load_profile("_types")
+
+
+def test_a_shipped_profile_is_parsed_once_a_file_at_every_load(tmp_path: Path) -> None:
+    # every simulated host starts from a profile: the shipped ones are parsed once per process (they ship with
+    # the package; a Profile is immutable), a file named by path is read again (it may have changed)
+    assert load_profile("t4x2") is load_profile("t4x2")
+    f = tmp_path / "mine.yaml"
+    text = (Path(sim_profiles.__file__).parent / "profiles" / "t4x2.yaml").read_text()
+    f.write_text(text)
+    first = load_profile(str(f))
+    assert replace(first, source="t4x2.yaml") == load_profile("t4x2") and first is not load_profile(str(f))
+    f.write_text(text.replace("t4x2", "t4x2-edited", 1))
+    assert load_profile(str(f)) != first

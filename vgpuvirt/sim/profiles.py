@@ -10,6 +10,7 @@ This module loads a profile; the specs are in :mod:`.profile_spec`, the field ch
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Mapping
@@ -244,17 +245,24 @@ def _check_topology(ctx: ProfileContext, devices: list[DeviceSpec], node_ids: se
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
-    """Load a shipped profile by name (``t4x2``) or a YAML/JSON file by path."""
-    text: str
+    """Load a shipped profile by name (``t4x2``) or a YAML/JSON file by path (read again at every call)."""
     s = os.fspath(name_or_path)
     if os.sep in s or s.endswith((".yaml", ".yml", ".json")):
-        text = _read_profile_file(s)
-        file = s
-    else:
-        if s.startswith("_") or s not in list_profiles():
-            raise ProfileError(s, "", "no such profile (shipped: " + ", ".join(list_profiles()) + ")")
-        file = f"{s}.yaml"
-        text = profiles_dir().joinpath(file).read_text(encoding="utf-8")
+        return _parse_text(_read_profile_file(s), s)
+    if s.startswith("_") or s not in list_profiles():
+        raise ProfileError(s, "", "no such profile (shipped: " + ", ".join(list_profiles()) + ")")
+    return _shipped(s)
+
+
+@functools.cache
+def _shipped(name: str) -> Profile:
+    # A shipped profile is parsed once per process (3-8 ms of YAML each time, and every simulated host starts
+    # from one): its file ships with the package, and a Profile is immutable (frozen dataclasses, tuples).
+    file = f"{name}.yaml"
+    return _parse_text(profiles_dir().joinpath(file).read_text(encoding="utf-8"), file)
+
+
+def _parse_text(text: str, file: str) -> Profile:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
