@@ -414,6 +414,8 @@ def test_killed_session_is_reestablished_and_read_succeeds(testbed: Testbed, hos
     assert server_execs(testbed, new_port) == 1
 
 
+# the exec watchdog closes the channel on the frozen link from its timer thread: that must not die with a traceback
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_hung_connection_idempotent_read_is_retried(testbed: Testbed, tree: Path) -> None:
     h = testbed.ssh(sysfs_root=str(tree), connect_timeout=1.0)  # the default retry policy
     h.run(["true"])
@@ -428,6 +430,8 @@ def test_hung_connection_idempotent_read_is_retried(testbed: Testbed, tree: Path
     assert new_port != port and server_execs(testbed, new_port) == 1
 
 
+# the exec watchdog closes the channel on the frozen link from its timer thread: that must not die with a traceback
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_hung_connection_apply_is_not_retried(testbed: Testbed, wtree: Path) -> None:
     h = testbed.ssh(sysfs_root=str(wtree), connect_timeout=1.0, lock_path=str(wtree / "lock"))
     h.run(["true"])

@@ -380,7 +380,6 @@ class OsFs(ReadFs):
             os.close(dfd)
 
 
-
 class UnsafeState(Exception):
     """The lock's (or the audit log's) directory or file cannot be trusted: refused, with the reason."""
 

@@ -71,6 +71,16 @@ def no_retry() -> tenacity.Retrying:
     return tenacity.Retrying(stop=tenacity.stop_after_attempt(1), reraise=True)
 
 
+def _close_quietly(chan: paramiko.Channel) -> None:
+    """The exec watchdog's close: paramiko marks the channel closed (which wakes the waiting exec request) before
+    it sends the close message, and that send fails on the dead link the watchdog is there for; the failure has
+    nobody to go to in the timer's thread (it printed a traceback there) and the waiter reports the link."""
+    try:
+        chan.close()
+    except (paramiko.SSHException, EOFError, OSError):
+        pass
+
+
 class SSHHost(BaseHost):
     def __init__(
         self,
@@ -195,7 +205,7 @@ class SSHHost(BaseHost):
         # paramiko waits for the server's answer to the exec request without any timeout; a server that
         # stops answering there would hang us for ever. A watchdog closes the channel, which wakes that
         # wait with an SSHException (then: TransportError, connection dropped).
-        watchdog = threading.Timer(self.connect_timeout, chan.close)
+        watchdog = threading.Timer(self.connect_timeout, _close_quietly, (chan,))
         watchdog.daemon = True
         watchdog.start()
         try:
