@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import posixpath
+import re
 from collections.abc import Callable
 
 from vgpuvirt.sim.kstrto import oserror
@@ -41,8 +42,23 @@ class Dir:
 Node = Attr | Link | Dir
 
 
+#: what a normalized absolute path never holds: empty, "." or ".." components, a trailing "/"
+_ODD = re.compile(r"//|/\.\.?(/|\0|$)|/(\0|$)")
+
+
 def rel_link(link_dir: str, target: str) -> str:
-    return posixpath.relpath(target, link_dir)
+    """``posixpath.relpath(target, link_dir)``; for the simulator's own paths (absolute, normalized) without the
+    ``abspath``/``commonprefix`` work of the general one: a host's sysfs has thousands of links."""
+    if not (link_dir.startswith("/") and target.startswith("/")) or _ODD.search(link_dir + "\0" + target):
+        return posixpath.relpath(target, link_dir)
+    here = link_dir.split("/")[1:] if link_dir != "/" else []
+    there = target.split("/")[1:] if target != "/" else []
+    common = 0
+    for a, b in zip(here, there, strict=False):   # (the shorter ends the common part)
+        if a != b:
+            break
+        common += 1
+    return "/".join([".."] * (len(here) - common) + there[common:]) or "."
 
 
 def const(text: str) -> Attr:

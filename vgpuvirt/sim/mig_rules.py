@@ -23,6 +23,7 @@ NVIDIA MIG user guide ("Supported MIG Profiles", "Partitioning"; tests/fixtures/
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -31,8 +32,12 @@ from vgpuvirt.sim.profile_spec import MigProfile, TypeTable
 CI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5}
 
 
+_GB = re.compile(r"\.(\d+)gb")
+
+
+@functools.cache   # a handful of profile names, asked millions of times by a layout's MIG planning
 def _gb(name: str) -> int:
-    m = re.search(r"\.(\d+)gb", name)
+    m = _GB.search(name)
     return int(m[1]) if m else 0
 
 
