@@ -101,3 +101,21 @@ def test_model_rules() -> None:
 def test_unquoted_off_is_the_mode_off() -> None:
     lay = parse_layout("version: v1\nconfigs:\n  a:\n    - {devices: all, mode: off}\n")
     assert lay.config().entries[0].layout.mode == "off"
+
+
+def _nested(levels: int) -> str:
+    # the root mapping is level 1, "configs" a mapping at level 2, then lists down to `levels`
+    return "version: v1\nconfigs:\n  day:\n" + "    " + "[" * (levels - 3) + "1" + "]" * (levels - 3) + "\n"
+
+
+def test_nesting_stops_at_32_levels_where_the_composer_reaches_the_33rd() -> None:
+    with pytest.raises(LayoutFileError) as ok:
+        parse_layout(_nested(32), "lab.yaml")
+    assert "nested deeper" not in str(ok.value)          # refused for what it holds, not for its depth
+    with pytest.raises(LayoutFileError) as deep:
+        parse_layout(_nested(33), "lab.yaml")
+    assert str(deep.value) == "lab.yaml:4: nested deeper than 32 levels"
+    # 100,000 levels: refused at the same place (the scanner stopped there, not at the file's end)
+    with pytest.raises(LayoutFileError) as deeper:
+        parse_layout(_nested(100_000), "lab.yaml")
+    assert str(deeper.value) == "lab.yaml:4: nested deeper than 32 levels"

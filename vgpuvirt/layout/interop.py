@@ -30,7 +30,7 @@ from vgpuvirt.layout.model import (
     config_name,
     pci_id,
 )
-from vgpuvirt.layout.schema import NodeReader, parse_layout
+from vgpuvirt.layout.schema import DepthBoundedLoader, NodeReader, parse_layout
 
 MIG_PARTED, VGPU_DM = "mig-parted", "vgpu-device-manager"
 FORMATS = (MIG_PARTED, VGPU_DM)
@@ -68,8 +68,8 @@ def detect(text: str) -> str:
     """Which format a file is in: ``vgpuvirt`` (``configs``), ``mig-parted`` (``mig-configs``) or
     ``vgpu-device-manager`` (``vgpu-configs``); ``vgpuvirt`` when it cannot tell (its parser then says why)."""
     try:   # the top-level keys only: composed, never constructed (the parser then checks the whole file)
-        root = yaml.compose(text, Loader=yaml.SafeLoader) if "\0" not in text else None
-    except (yaml.YAMLError, RecursionError):
+        root = yaml.compose(text, Loader=DepthBoundedLoader) if "\0" not in text else None
+    except yaml.YAMLError:
         return "vgpuvirt"
     if isinstance(root, yaml.MappingNode):
         keys = {k.value for k, _ in root.value if isinstance(k, yaml.ScalarNode)}
