@@ -1034,8 +1034,8 @@ def parts_needed(request: "Any") -> "List[str]":
     return parts
 
 
-def _missing_parts(request: "Dict[str, Any]") -> "Optional[Dict[str, Any]]":
-    missing = [p for p in parts_needed(request) if PART_MARKS[p] not in globals()]
+def _missing_parts(needed: "List[str]") -> "Optional[Dict[str, Any]]":
+    missing = [p for p in needed if PART_MARKS[p] not in globals()]
     if not missing:
         return None
     return {"v": PROTOCOL, "fatal": "agent", "error": "this agent was sent without its part(s) %s, which the "
@@ -1054,7 +1054,8 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
     ``audit_path``: the log, for a caller that runs on the host itself (LocalHost's option); by default the
     host's configuration says (:func:`host_audit_path`). The request never chooses it.
     """
-    refused = _missing_parts(request)
+    needed = parts_needed(request)
+    refused = _missing_parts(needed)
     if refused is not None:
         return refused
     if "audit_read" in request:
@@ -1062,7 +1063,7 @@ def handle(request: "Dict[str, Any]", fs: "Any" = None, locker: "Any" = None,
     if fs is None:
         # the writes come with the ops part (OsFs); what reads only needs ReadFs, in the core
         root = request.get("root", "/")
-        fs = OsFs(root) if "ops" in parts_needed(request) else ReadFs(root)
+        fs = OsFs(root) if "ops" in needed else ReadFs(root)
     response = {"v": PROTOCOL, "entries": {}, "ops": [], "after": {}}  # type: Dict[str, Any]
     try:
         read_entries(fs, request.get("reads", []), response["entries"], workers, _part(encoded, "entries"))
