@@ -119,6 +119,15 @@ install_venv() {
   "$VENV/bin/python" -m compileall -q "$REPO/vgpuvirt" >/dev/null
 }
 
+# install_script FILE: stdin becomes the executable FILE by a rename. Rewriting it in place (`cat > FILE`) while a
+# libvirt connection of another test executes it fails that exec with ETXTBSY ("Text file busy": a CI-style run
+# lost a migration test to it when two tests brought the migration hosts up at once).
+install_script() {
+  local tmp
+  tmp=$(mktemp "$1.XXXXXX")
+  cat > "$tmp" && chmod 755 "$tmp" && mv -f "$tmp" "$1"
+}
+
 # ---------------------------------------------------------------- helpers for daemons
 # alive PIDFILE [WORD]: the pid in PIDFILE runs, and (when given) its command line contains WORD,
 # so that a recycled pid is never taken for ours.
@@ -186,11 +195,10 @@ prep_ssh() {
   : > "$SSH_DIR/empty_bashrc"
   sshd_config "$SSH_DIR" 127.0.0.1 main
   # libvirt's qemu+ssh:// transport runs plain ssh: this wrapper makes it check our known_hosts strictly.
-  cat > "$SSH_DIR/ssh-wrapper" <<EOF
+  install_script "$SSH_DIR/ssh-wrapper" <<EOF
 #!/bin/sh
 exec /usr/bin/ssh -o UserKnownHostsFile=$SSH_DIR/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes "\$@"
 EOF
-  chmod 755 "$SSH_DIR/ssh-wrapper"
   write_known_hosts
 }
 
@@ -258,11 +266,10 @@ mig_known_hosts() {
     printf '[%s.%s]:%s %s\n' "$MIG_NET" "${d##*/m}" "$PORT" "$(cut -d' ' -f1,2 "$d/host_ed25519.pub")"
   done > "$MIG/known_hosts.new"
   mv "$MIG/known_hosts.new" "$MIG/known_hosts"
-  cat > "$MIG/ssh-wrapper" <<EOF
+  install_script "$MIG/ssh-wrapper" <<EOF
 #!/bin/sh
 exec /usr/bin/ssh -o UserKnownHostsFile=$MIG/known_hosts -o StrictHostKeyChecking=yes -o BatchMode=yes "\$@"
 EOF
-  chmod 755 "$MIG/ssh-wrapper"
 }
 
 # mig_answers N: host mN's own libvirtd answers through its sshd (what the tests and migrations use)
