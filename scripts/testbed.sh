@@ -458,6 +458,7 @@ data = {
     "known_hosts": os.path.join(ssh_dir, "known_hosts"), "mnt_dir": mnt, "libvirt_uri": uri,
     "libvirt_ssh_uri": "qemu+ssh://root@127.0.0.1:%d/system?keyfile=%s&command=%s" % (port, identity, wrapper),
     "ssh_wrapper": wrapper, "sshd_log": os.path.join(run, "sshd-main.log"),
+    "libvirtd_pidfile": os.path.join(run, "libvirtd.pid"), "libvirtd_log": os.path.join(run, "libvirtd.log"),
     "hosts": [{"name": "h" + i, "ssh_host": "%s.%s" % (net, i), "ssh_port": port,
                "mnt_dir": os.path.join(mnt, "h" + i), "sshd_log": os.path.join(run, "sshd-h%s.log" % i)}
               for i in sorted(hosts, key=int)],
