@@ -129,16 +129,22 @@ install_script() {
 }
 
 # ---------------------------------------------------------------- helpers for daemons
-# alive PIDFILE [WORD]: the pid in PIDFILE runs, and (when given) its command line contains WORD,
-# so that a recycled pid is never taken for ours.
-# alive PIDFILE [WORD]: the pid file's process runs and (WORD) its command line holds WORD. WORD must name
-# that one process (its own config or pid file), not its program: a stale pid file of one migration host
-# whose pid now belongs to another host's virtlogd read as "running", and m6..m9 never came up again.
+# running PID: the process exists and is not a zombie (no init here reaps a dead daemon at once, and kill -0
+# still finds a zombie: a stop would wait its 10 s for nothing, and status call a crashed libvirtd running)
+running() {
+  kill -0 "$1" 2>/dev/null || return 1
+  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]
+}
+
+# alive PIDFILE [WORD]: the pid file's process runs and (WORD) its command line holds WORD, so that a recycled
+# pid is never taken for ours. WORD must name that one process (its own config or pid file), not its program:
+# a stale pid file of one migration host whose pid now belongs to another host's virtlogd read as "running",
+# and m6..m9 never came up again.
 alive() {
   local pid
   [ -s "$1" ] || return 1
   pid=$(cat "$1")
-  kill -0 "$pid" 2>/dev/null || return 1
+  running "$pid" || return 1
   [ -z "${2:-}" ] || tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2"
 }
 
@@ -147,8 +153,8 @@ stop_pidfile() {  # stop_pidfile NAME PIDFILE WORD
   if alive "$2" "$3"; then
     pid=$(cat "$2")
     kill "$pid"
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    for i in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+    running "$pid" && kill -9 "$pid"
     log "stopped $1 (pid $pid)"
   fi
   rm -f "$2"

@@ -205,6 +205,15 @@ def _read_pid(pidfile: str) -> int | None:
         return None
 
 
+def _running(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: here no init reaps a dead daemon at once, and kill -0 still finds it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
 def _kernel_lines(pid: int) -> list[str]:
     try:
         out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
@@ -224,15 +233,8 @@ def revive_libvirtd(before: str) -> dict[str, Any] | None:
     """Start the testbed's libvirtd again if the one this process saw has died; the record of its death or None."""
     import time
     pid = _LIBVIRTD.get("pid")
-    if not pid:
+    if not pid or _running(pid):
         return None
-    try:
-        os.kill(pid, 0)
-        return None
-    except PermissionError:
-        return None
-    except ProcessLookupError:
-        pass
     record = {"time": time.time(), "pid": pid, "noticed_before": before,
               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "kernel": _kernel_lines(pid),
               "log_tail": _log_tail(_LIBVIRTD.get("log", ""))}

@@ -36,8 +36,10 @@ def test_status_fails_when_a_live_libvirtd_does_not_answer(testbed: Any, tmp_pat
 
 
 def test_start_never_launches_a_second_libvirtd_over_live_sockets(testbed: Any, tmp_path: Path) -> None:
+    # the testbed's own libvirtd must answer (pgrep alone also counts migration hosts' daemons): were it dead,
+    # this `start` would find no libvirtd and launch one on the system sockets with a scratch pid file
+    assert script("libvirt-state").stdout.strip() in ("ours", "foreign"), "the testbed's libvirtd answers"
     before = libvirtds()
-    assert before, "the testbed's libvirtd runs"
     res = script("start", VGPUVIRT_SBX=str(tmp_path / "sbx"), VGPUVIRT_SSH_PORT="2299", VGPUVIRT_LIBVIRT_WAIT="1",
                  VGPUVIRT_LIBVIRT_URI=f"qemu+unix:///system?socket={tmp_path}/no-sock")
     assert res.returncode == 5, res.stderr
