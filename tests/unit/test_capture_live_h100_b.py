@@ -1,0 +1,66 @@
+"""A second H100 board, recorded by today's tree (`scripts/real_host_capture.sh` on a lent machine; see
+tests/fixtures/real/h100-580/live-b/README.md): the replay answers as the host did, the nvidia-smi inventory is
+the NVML one, and the two boards' recordings, made by trees weeks of commits apart, agree wherever the answer
+is the kind's and not the board's own (its UUID, its ECC record)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vgpuvirt.cli import main as cli_main
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h100-580"
+LIVE_B, LIVE_A = REAL / "live-b", REAL / "live"
+CAPTURE_B = LIVE_B / "capture.json"
+
+
+def cli(host: str, *argv: str, rc: int = 0) -> Any:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli_main(["--host", host, "--json", *argv]) == rc
+    return json.loads(out.getvalue())
+
+
+def recorded(live: Path, name: str) -> Any:
+    return json.loads((live / "recorded" / f"{name}.json").read_text())
+
+
+VERBS = [(("types",), "types", 0), (("mig", "show"), "mig-show", 0), (("scheduler", "show"), "scheduler-show", 0),
+         (("layout", "export"), "layout-export", 0), (("sriov", "show"), "sriov-show", 0),
+         (("mdev", "list"), "mdev-list", 0), (("iommu", "check", "0000:00:06.0"), "iommu-check", 1)]
+
+
+@pytest.mark.parametrize(("argv", "name", "rc"), VERBS)
+def test_the_replay_answers_as_the_second_h100_did(argv: tuple[str, ...], name: str, rc: int) -> None:
+    assert cli(f"capture:{CAPTURE_B}", *argv, rc=rc) == recorded(LIVE_B, name)
+
+
+def test_its_inventory_through_nvidia_smi_is_the_one_through_nvml() -> None:
+    live, again = recorded(LIVE_B, "inventory"), cli(f"capture:{CAPTURE_B}", "inventory")
+    (l_gpu,), (r_gpu,) = live["gpus"], again["gpus"]
+    assert (l_gpu["nvidia"].pop("source"), r_gpu["nvidia"].pop("source")) == ("nvml", "nvidia-smi")
+    assert r_gpu["nvidia"].pop("not_supported") == [] and l_gpu["nvidia"].pop("not_supported")
+    assert live.pop("sources")["nvml"] == "ok" and again.pop("sources")["nvml"] == "not used"
+    assert live == again
+
+
+@pytest.mark.parametrize("name", [n for _, n, _ in VERBS])
+def test_both_boards_answer_alike(name: str) -> None:
+    assert recorded(LIVE_B, name) == recorded(LIVE_A, name)
+
+
+def test_both_inventories_differ_only_in_what_is_the_boards_own() -> None:
+    a, b = recorded(LIVE_A, "inventory"), recorded(LIVE_B, "inventory")
+    (ga,), (gb,) = a["gpus"], b["gpus"]
+    # board A had an uncorrected ECC error on record (its health warning); board B has none
+    assert ga["health"]["warnings"] and not gb["health"]["warnings"]
+    assert ga["nvidia"]["uuid"] == gb["nvidia"]["uuid"] == "GPU-00000000-0000-4000-8000-000000000001"  # redacted
+    for g in (ga, gb):
+        g["health"].pop("warnings")
+    assert a == b
