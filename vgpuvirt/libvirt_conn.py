@@ -572,23 +572,35 @@ class LibvirtConnection:
             target = StoragePool.from_xml(xml).target
         except XmlError:
             target = None
+        if not active:
+            return PoolFacts(name, False, target, {}, None)
+        try:
+            vols, available = self._pool_contents(p, name, refresh)
+        except LibvirtError as exc:
+            # stopped between the isActive above and this read (another caller; seen on the suite's shared
+            # libvirtd: "storage pool ... is not active"): an inactive pool, as it would have been listed a
+            # moment later. A pool undefined meanwhile raises its own "no storage pool", which facts() skips.
+            if exc.code != VIR_ERR_OPERATION_INVALID or self._call(None, f"query storage pool {name}", p.isActive):
+                raise
+            return PoolFacts(name, False, target, {}, None)
+        return PoolFacts(name, True, target, vols, available)
+
+    def _pool_contents(self, p: Any, name: str, refresh: bool) -> tuple[dict[str, str], int]:
+        """An active pool's volumes by name (their paths) and its free bytes."""
+        if refresh:
+            try:
+                self._call(None, f"refresh storage pool {name}", lambda: p.refresh(0))
+            except LibvirtError as exc:      # a pool busy with another job still lists what it had
+                log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
         vols: dict[str, str] = {}
-        available: int | None = None
-        if active:
-            if refresh:
-                try:
-                    self._call(None, f"refresh storage pool {name}", lambda: p.refresh(0))
-                except LibvirtError as exc:      # a pool busy with another job still lists what it had
-                    log.debug("%s: refresh of pool %s failed: %s", self.uri, name, exc)
-            for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
-                try:
-                    vols[str(v.name())] = str(self._call(None, f"read volume of {name}", v.path))
-                except LibvirtError as exc:  # deleted between the listing and this read (another caller)
-                    if exc.code != VIR_ERR_NO_STORAGE_VOL:
-                        raise
-            # info(): [state, capacity, allocation, available], in bytes
-            available = int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
-        return PoolFacts(name, active, target, vols, available)
+        for v in self._call(None, f"list volumes of {name}", lambda: p.listAllVolumes(0)):
+            try:
+                vols[str(v.name())] = str(self._call(None, f"read volume of {name}", v.path))
+            except LibvirtError as exc:  # deleted between the listing and this read (another caller)
+                if exc.code != VIR_ERR_NO_STORAGE_VOL:
+                    raise
+        # info(): [state, capacity, allocation, available], in bytes
+        return vols, int(self._call(None, f"query storage pool {name}", lambda: p.info())[3])
 
     def _firmware(self) -> FirmwareCaps | None:
         try:

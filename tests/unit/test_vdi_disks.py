@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from provision_fixtures import drop_test_domains
 
 from vgpuvirt.change.domain import DefineDomain
 from vgpuvirt.change.storage import CreateVolume
-from vgpuvirt.errors import InvalidSpec, ProvisioningError
+from vgpuvirt.errors import InvalidSpec, LibvirtError, ProvisioningError
 from vgpuvirt.libvirt_conn import LibvirtConnection
 from vgpuvirt.provision import VgpuRequest, VmRequest, apply, plan, provision, teardown
 from vgpuvirt.provision.disks import ClonedDisk
@@ -214,3 +215,49 @@ def test_a_volume_deleted_while_the_pool_is_read_is_left_out_not_an_error() -> N
             except Exception:  # the first one is gone already
                 pass
         c.close()
+
+
+class _StoppedWhileRead:
+    """A storage pool another caller stops between its isActive and its volume listing (seen on the suite's
+    shared libvirtd: the listing failed with "storage pool ... is not active" and so did the whole plan)."""
+
+    def __init__(self, pool: object) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._pool, name)
+
+    def listAllVolumes(self, flags: int) -> list[object]:
+        self._pool.destroy()  # type: ignore[attr-defined]
+        return self._pool.listAllVolumes(flags)  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_pool_stopped_while_it_is_read_is_an_inactive_pool_not_an_error(tmp_path: Path) -> None:
+    c = LibvirtConnection("test:///default")
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    c.define_pool(StoragePool(name, target=str(tmp_path / "p")))
+    pool = c.raw.storagePoolLookupByName(name)
+    try:
+        assert c._pool_facts(pool, refresh=False).active
+        facts = c._pool_facts(_StoppedWhileRead(pool), refresh=False)
+        assert (facts.name, facts.active, facts.volumes, facts.available_bytes) == (name, False, {}, None)
+        with pytest.raises(LibvirtError, match="not active"):    # the same error on a pool still running is raised
+            c._pool_facts(_ListsBadly(c.raw.storagePoolLookupByName("default-pool")), refresh=False)
+    finally:
+        c.remove_pool(name)
+
+
+class _ListsBadly:
+    """An active pool whose listing fails with "operation invalid" although it still runs: not hidden."""
+
+    def __init__(self, pool: object) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._pool, name)
+
+    def listAllVolumes(self, flags: int) -> list[object]:
+        import libvirt
+        err = libvirt.libvirtError("storage pool is not active")
+        err.err = (55, 0, "Requested operation is not valid: storage pool is not active", 2, "", None, None, 0, 0)
+        raise err
