@@ -226,7 +226,7 @@ def test_a_vgpu17_vf_type_is_set_on_attach_and_reset_on_detach(conn, monkeypatch
     assert typed[vf] != 0 and sum(1 for t in typed.values() if t) == 2
     assert main(["--json", "--host", "sim:l40s-vgpu17", "detach", name, vf, "--connect", conn.uri]) == 0
     det = json.loads(capsys.readouterr().out)
-    assert det["removed"] == [f"reset VF {vf}"]
+    assert det["removed"] == [f"reset VF {vf}"], json.dumps(det)
     typed = {str(v.address): v.current_type for v in inventory(h).vendor_vgpu}
     assert typed[vf] == 0 and sum(1 for t in typed.values() if t) == 1      # the VM's first vGPU stays
     assert teardown(h, conn, [name]).ok

@@ -228,6 +228,12 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
                       unhealthy="; ".join(g.health.reasons) if g.health and not g.health.healthy else None,
                       cordoned=inv.cordon.reason if inv.cordon is not None else None)
         gs.slots = _vgpu_slots(inv, budget, vendor)
+        for slot in gs.slots:
+            # a vGPU-17 VF another domain's definition names is that domain's, even with no type set now (its
+            # VM is off, or the host rebooted and the types went): typing it for a new VM would hand one VF to
+            # two domains, and detach would then refuse to reset it ("used by domain ...")
+            if slot.kind is GpuUse.VENDOR_VF and slot.blocked is None and slot.address in used_pci:
+                slot.blocked = f"used by domain {used_pci[slot.address]}"
         gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []
         if g.backend is Backend.SRIOV_VF or (not budget.places and vfs):
