@@ -176,7 +176,7 @@ def test_a_libvirt_that_stops_answering_is_a_one_line_timeout_not_a_hang(stallin
 def test_the_cli_says_timeout_in_one_line(testbed: Testbed, stalling_uri: tuple[str, Path]) -> None:
     uri, stall = stalling_uri
     stall.touch()                                       # stalls from the first byte: the connect itself
-    proc = _cli(testbed, "vm", "list", "--connect", uri, env={"VGPUVIRT_LIBVIRT_TIMEOUT": "3"}, bound=60)
+    proc = _cli(testbed, "vm", "list", "--connect", uri, env={"VGPUVIRT_LIBVIRT_TIMEOUT": "1"}, bound=60)
     assert proc.returncode == 1, proc
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "got no answer in 3 s" in lines[0] and "stopped answering" in lines[0], proc.stderr
+    assert len(lines) == 1 and "got no answer in 1 s" in lines[0] and "stopped answering" in lines[0], proc.stderr

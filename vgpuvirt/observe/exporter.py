@@ -217,7 +217,10 @@ def serve(scraper: ParallelScraper, addr: str, port: int) -> tuple[Any, threadin
         server: ThreadingHTTPServer = _Server6((addr, port), handler)
     else:
         server = _Server((addr, port), handler)
-    thread = threading.Thread(target=server.serve_forever, name="vgpuvirt-exporter", daemon=True)
+    # shutdown() returns once the loop polls again: every 0.5 s by default, so each stop (SIGTERM, a test's
+    # teardown) waited up to half a second; ten idle polls a second cost nothing
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="vgpuvirt-exporter",
+                              daemon=True)
     thread.start()
     return server, thread
 
