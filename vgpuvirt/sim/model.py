@@ -73,6 +73,8 @@ class SimModel:
         self._gvt_next = 1
         self._vg_cache: dict[str, list[tuple[VgpuType, int | None]]] = {}
         self._vg_version = -1
+        self._mp_index: dict[str, list[Mdev]] = {}
+        self._mp_key = (-1, -1)
         # utilisation over time and injected faults, as the emulated nvidia-smi / dmesg report them
         self.telemetry = SimTelemetry()
         self.telemetry.profile = profile.name
@@ -204,7 +206,15 @@ class SimModel:
         return [d for d in self.devices.values() if self.mdev_table(d) is not None]
 
     def mdevs_of(self, parent: str) -> list[Mdev]:
-        return [m for m in self.mdevs.values() if m.parent == parent]
+        # indexed once per model version (and count): a read of a host asks it for every type of every VF,
+        # and scanning every mdev each time was a quarter of reading the scale profile `large`
+        key = (self.version, len(self.mdevs))
+        if self._mp_key != key:
+            by: dict[str, list[Mdev]] = {}
+            for m in self.mdevs.values():
+                by.setdefault(m.parent, []).append(m)
+            self._mp_index, self._mp_key = by, key
+        return list(self._mp_index.get(parent, ()))
 
     def _gpu_vgpus(self, gpu: Gpu) -> list[tuple[VgpuType, int | None]]:
         """(type, GI) of every vGPU on one physical GPU: mdevs on the PF/VFs plus vendor-mode VFs."""
