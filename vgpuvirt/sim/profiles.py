@@ -262,12 +262,19 @@ def _shipped(name: str) -> Profile:
     return _parse_text(profiles_dir().joinpath(file).read_text(encoding="utf-8"), file)
 
 
+#: libyaml's safe loader where PyYAML has it (8x faster: a CLI call on ``sim:NAME`` parsed its profile in ~7 ms of
+#: pure-Python scanning; libyaml also refuses nesting deeper than 1,000 levels itself); the same documents
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _parse_text(text: str, file: str) -> Profile:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_LOADER)  # noqa: S506 -- a safe loader (CSafeLoader or SafeLoader)
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):     # libyaml's own limit (1,000 levels)
+            raise ProfileError(file, "", "not valid YAML/JSON: nested too deeply") from exc
         raise ProfileError(file, "", f"not valid YAML/JSON: {' '.join(str(exc).split())}") from exc
-    except RecursionError as exc:   # PyYAML composes nested collections recursively
+    except RecursionError as exc:   # the pure-Python loader composes nested collections recursively
         raise ProfileError(file, "", "not valid YAML/JSON: nested too deeply") from exc
     return _parse_profile(raw, file)
 
