@@ -47,6 +47,9 @@ def _tiny(conn: LibvirtConnection, name: str) -> None:
                 "</devices></domain>")
 
 
+# `slow`: 5-7 s, mostly QEMU starting and the shutdown timeouts passing (the inner loop starts QEMU in
+# test_xml_libvirtd.py)
+@pytest.mark.slow
 def test_drain_choreography_on_libvirtd(conn: LibvirtConnection) -> None:
     host = SimHost.from_profile("t4x2")
     verbs.apply_host(host, LAY.config("two-q"))

@@ -225,6 +225,9 @@ class CuttingSSHHost(SSHHost):
         return super()._exchange(request, idempotent=idempotent)
 
 
+# `slow`: 7-8 s, mostly round trips of the 400 ms RTT link (the inner loop cuts a batch over SSH in
+# test_audit_ssh.py)
+@pytest.mark.slow
 def test_ssh_connection_cut_mid_batch(testbed: Testbed, conn: LibvirtConnection) -> None:
     with sim_mount(testbed.mnt_dir, "t4x2") as mnt, testbed.ssh(mnt) as observer:
         foreign = _foreign(observer, conn)

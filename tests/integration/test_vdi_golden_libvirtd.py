@@ -48,6 +48,8 @@ def _tag() -> str:
     return "vgpuvirt-it-vdi-" + uuid.uuid4().hex[:6]
 
 
+# `slow`: 4.5-5.5 s, mostly QEMU starting the clones
+@pytest.mark.slow
 def test_golden_pool_example_boots_linked_clones(conn: LibvirtConnection, capsys: pytest.CaptureFixture[str]) -> None:
     spec = importlib.util.spec_from_file_location("vdi_golden_pool", EXAMPLE)
     assert spec is not None and spec.loader is not None

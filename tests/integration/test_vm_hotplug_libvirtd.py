@@ -122,6 +122,8 @@ def test_detach_leaves_a_vgpu_that_vgpuvirt_did_not_make_for_the_vm(conn, sim, c
     MdevService(sim).remove(other)
 
 
+# `slow`: 3.7-5.6 s, mostly QEMU starting and stopping
+@pytest.mark.slow
 def test_vm_start_list_destroy_on_libvirtd(conn, capsys):
     from vgpuvirt.xml import DomainOptions, VirtioNic, build_domain
 
@@ -186,6 +188,8 @@ def test_attach_a_whole_gpu_with_its_audio_and_detach_it(conn, monkeypatch, caps
     assert not Domain.from_xml(conn.xml(name, inactive=True)).gpu_devices().pci_addresses
 
 
+# `slow`: 4.8 s, mostly QEMU starting
+@pytest.mark.slow
 def test_an_attach_libvirt_refuses_removes_the_vgpu_on_libvirtd(conn, sim):
     from vgpuvirt.errors import ProvisioningError
     from vgpuvirt.provision.hotplug import attach_gpu
