@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ T4 = PciAddress.parse("0000:3b:00.0")
 T4_2Q = MdevTypeId.parse("nvidia-231")
 NEW_DRIVER = "550.127.05"                 # newer than the t4x2 profile's 550.90.05
 VIR_DOMAIN_RUNNING, VIR_DOMAIN_RUNNING_MIGRATED = 1, 2
+STALE = re.compile(r"roll[0-9a-f]{6}-h\d+-")      # this test's VM names (roll{tag}-h{i}-...), of any run
 
 
 @dataclass
@@ -78,6 +80,14 @@ def fleet(testbed: Any, tmp_path: Path) -> Iterator[list[RollHost]]:
     require_fleet_parts()
     mig = testbed.migration_hosts(7)[4:]
     tag = uuid.uuid4().hex[:6]
+    for m in mig:
+        # VMs an interrupted run of this test left on its own hosts: a drain would move them too, and reserve
+        # their vGPUs on the destinations (seen: two extra mdevs on h1 after a killed run had left three VMs)
+        with LibvirtConnection(m.libvirt_uri) as c:
+            for d in c.domains():
+                if STALE.match(d.name):
+                    c.destroy(d.name)
+                    c.undefine(d.name)
     hosts: list[RollHost] = []
     try:
         for i, m in enumerate(mig, start=1):
