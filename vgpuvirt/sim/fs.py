@@ -112,22 +112,6 @@ class SimFs:
                 raise oserror(f.code) from None
             return node, canon
 
-    def _leaf(self, path: str) -> Node | None:
-        """What ``_walk(path, False)`` finds, or None where it fails, for a path whose last component is a plain
-        name: its directory resolved (and memoized) as the walk would, the leaf looked up there and not memoized.
-        The agent reads each file of a directory once (an inventory: ~10k of them); the whole walk of each (its
-        key, the miss, the leaf memoized though never asked again) cost about twice this."""
-        cut = path.rfind("/")
-        with self.model.lock:
-            self._fresh()
-            try:
-                pnode, pcanon, _ = self._resolve(path[:cut] or "/", True, 0)
-            except FsFail:
-                return None
-            if not isinstance(pnode, Dir):
-                return None
-            return self._entries(pcanon, pnode).get(path[cut + 1:])
-
     def _resolve(self, path: str, follow: bool, depth: int) -> Resolved:
         key = (path, follow)
         hit = self._ok.get(key)
@@ -210,16 +194,10 @@ class SimFs:
 
     def read_entry(self, path: str) -> list[Any] | None:
         """The agent's per-path read in one resolution; the same answers as its kind()+readlink()/read()."""
-        name = path[path.rfind("/") + 1:] if isinstance(path, str) and path.startswith("/") else ""
-        if name and name != "." and name != ".." and "//" not in path:
-            node = self._leaf(path)
-            if node is None:
-                return None
-        else:
-            try:
-                node, _ = self._walk(path, False)
-            except OSError:
-                return None
+        try:
+            node, _ = self._walk(path, False)
+        except OSError:
+            return None
         if isinstance(node, Link):
             return ["l", node.target, None]
         if isinstance(node, Dir):
