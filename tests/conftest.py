@@ -192,8 +192,9 @@ def testbed() -> Iterator[Testbed]:
 # libvirtd 9.0 (Debian 12) has died under the suite: a general protection fault in virObjectUnref in one of its
 # RPC worker threads (dmesg), once in a local run and once under CI, where every later libvirtd test then failed
 # or errored (5 + 55). Each worker looks before a testbed test: a libvirtd that died is written down (when, which
-# test came next, the kernel's line, its log's tail), started again, and the run's summary says so. The tests
-# that were talking to it when it died still fail: nothing here hides that.
+# test came next, the kernel's line, its log's tail) and started again; a test that failed while it died under it
+# runs once more (pytest_runtest_protocol below); the run's summary names the death and those tests. A failure
+# with libvirtd alive is never run again.
 _LIBVIRTD: dict[str, Any] = {}
 _DEATHS = SBX / "run" / "libvirtd-deaths.jsonl"
 
