@@ -130,7 +130,7 @@ install_script() {
 
 # ---------------------------------------------------------------- helpers for daemons
 # running PID: the process exists and is not a zombie (no init here reaps a dead daemon at once, and kill -0
-# still finds a zombie: a stop would wait its 10 s for nothing, and status call a crashed libvirtd running)
+# still finds a zombie: a stop waited until something reaped it, up to 10 s, and status called a dead libvirtd running)
 running() {
   kill -0 "$1" 2>/dev/null || return 1
   [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]
