@@ -41,8 +41,9 @@ def test_status_streams_and_stdin_are_the_commands_own(zygote: Zygote, tmp_path:
     assert r.returncode == named.returncode == 0, r.stderr
     assert len(json.loads(r.stdout)) == len(json.loads(named.stdout)) > 0
     r = sh(zygote, "vgpuvirt --json --host sim:t4x2 types | head -c 1; echo \" ${PIPESTATUS[0]}\"", tmp_path)
-    # the reader went away: the CLI stops quietly with 141, as cat does (and as `python -m vgpuvirt` does)
-    assert (r.stdout, r.stderr) == ("[ 141\n", "")
+    # head takes one byte and goes: the CLI either wrote all into the pipe first (0) or met the closed pipe and
+    # stopped quietly with 141, as cat does; either way no traceback (as `python -m vgpuvirt`: the same race)
+    assert r.stdout in ("[ 0\n", "[ 141\n") and r.stderr == "", (r.stdout, r.stderr)
 
 
 def test_environment_and_directory_are_each_commands_own(zygote: Zygote, tmp_path: Path) -> None:
