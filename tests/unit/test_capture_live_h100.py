@@ -12,27 +12,19 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from live_capture import REAL, cli_json, recorded
 
 from vgpuvirt.cli import main as cli_main
 
-LIVE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h100-580" / "live"
+LIVE = REAL / "h100-580" / "live"
 CAPTURE = LIVE / "capture.json"
-RECORDED = LIVE / "recorded"
 
 
 def replay(*argv: str, rc: int = 0) -> Any:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert cli_main(["--host", f"capture:{CAPTURE}", "--json", *argv]) == rc
-    return json.loads(out.getvalue())
-
-
-def recorded(name: str) -> Any:
-    return json.loads((RECORDED / f"{name}.json").read_text())
+    return cli_json(f"capture:{CAPTURE}", *argv, rc=rc)
 
 
 @pytest.mark.parametrize(("argv", "name", "rc"), [
@@ -45,11 +37,11 @@ def recorded(name: str) -> Any:
     (("iommu", "check", "0000:00:06.0"), "iommu-check", 1),      # refused: a guest without IOMMU
 ])
 def test_the_replay_answers_as_the_real_host_did(argv: tuple[str, ...], name: str, rc: int) -> None:
-    assert replay(*argv, rc=rc) == recorded(name)
+    assert replay(*argv, rc=rc) == recorded(LIVE, name)
 
 
 def test_the_inventory_through_nvidia_smi_is_the_inventory_through_nvml() -> None:
-    live, again = recorded("inventory"), replay("inventory")
+    live, again = recorded(LIVE, "inventory"), replay("inventory")
     (l_gpu,), (r_gpu,) = live["gpus"], again["gpus"]
     l_facts, r_facts = l_gpu["nvidia"], r_gpu["nvidia"]
     # the fields that name their source, and nothing else
@@ -68,7 +60,7 @@ def test_the_inventory_through_nvidia_smi_is_the_inventory_through_nvml() -> Non
 
 
 def test_metrics_through_nvml_and_through_nvidia_smi_differ_only_in_time_and_rounding() -> None:
-    live, again = recorded("metrics"), replay("metrics")
+    live, again = recorded(LIVE, "metrics"), replay("metrics")
     for d in (live, again, live["hosts"][0], again["hosts"][0]):
         d.pop("collected_at")
     (l_host,), (r_host,) = live["hosts"], again["hosts"]
@@ -95,13 +87,7 @@ def test_the_capture_is_redacted_and_refuses_changes() -> None:
 def test_the_simulated_h100_answers_as_the_real_one() -> None:
     """sim:h100-sxm5 (built from the first H100's transcript) against this second H100, recorded by vgpuvirt:
     the same answers for what vgpuvirt decides on, apart from the board's identity and its own ECC history."""
-    def cli(host: str, *argv: str) -> Any:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert cli_main(["--host", host, "--json", *argv]) == 0
-        return json.loads(out.getvalue())
-
-    real, sim = replay("inventory"), cli("sim:h100-sxm5", "inventory")
+    real, sim = replay("inventory"), cli_json("sim:h100-sxm5", "inventory")
     for inv in (real, sim):
         inv.pop("host")
         (gpu,) = inv["gpus"]
@@ -109,8 +95,8 @@ def test_the_simulated_h100_answers_as_the_real_one() -> None:
         gpu["health"].pop("warnings")                  # this board: 1 uncorrectable ECC error over its life
     assert real == sim
     for argv in (("types",), ("scheduler", "show")):
-        assert replay(*argv) == cli("sim:h100-sxm5", *argv)
-    real_mig, sim_mig = replay("mig", "show"), cli("sim:h100-sxm5", "mig", "show")
+        assert replay(*argv) == cli_json("sim:h100-sxm5", *argv)
+    real_mig, sim_mig = replay("mig", "show"), cli_json("sim:h100-sxm5", "mig", "show")
     assert real_mig.pop("host") == "local" and sim_mig.pop("host") == "sim:h100-sxm5"
     assert real_mig == sim_mig
 

@@ -5,30 +5,11 @@ is the kind's and not the board's own (its UUID, its ECC record)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
+from live_capture import REAL, cli_json, recorded
 
-from vgpuvirt.cli import main as cli_main
-
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h100-580"
-LIVE_B, LIVE_A = REAL / "live-b", REAL / "live"
+LIVE_B, LIVE_A = REAL / "h100-580" / "live-b", REAL / "h100-580" / "live"
 CAPTURE_B = LIVE_B / "capture.json"
-
-
-def cli(host: str, *argv: str, rc: int = 0) -> Any:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert cli_main(["--host", host, "--json", *argv]) == rc
-    return json.loads(out.getvalue())
-
-
-def recorded(live: Path, name: str) -> Any:
-    return json.loads((live / "recorded" / f"{name}.json").read_text())
 
 
 VERBS = [(("types",), "types", 0), (("mig", "show"), "mig-show", 0), (("scheduler", "show"), "scheduler-show", 0),
@@ -38,11 +19,11 @@ VERBS = [(("types",), "types", 0), (("mig", "show"), "mig-show", 0), (("schedule
 
 @pytest.mark.parametrize(("argv", "name", "rc"), VERBS)
 def test_the_replay_answers_as_the_second_h100_did(argv: tuple[str, ...], name: str, rc: int) -> None:
-    assert cli(f"capture:{CAPTURE_B}", *argv, rc=rc) == recorded(LIVE_B, name)
+    assert cli_json(f"capture:{CAPTURE_B}", *argv, rc=rc) == recorded(LIVE_B, name)
 
 
 def test_its_inventory_through_nvidia_smi_is_the_one_through_nvml() -> None:
-    live, again = recorded(LIVE_B, "inventory"), cli(f"capture:{CAPTURE_B}", "inventory")
+    live, again = recorded(LIVE_B, "inventory"), cli_json(f"capture:{CAPTURE_B}", "inventory")
     (l_gpu,), (r_gpu,) = live["gpus"], again["gpus"]
     assert (l_gpu["nvidia"].pop("source"), r_gpu["nvidia"].pop("source")) == ("nvml", "nvidia-smi")
     assert r_gpu["nvidia"].pop("not_supported") == [] and l_gpu["nvidia"].pop("not_supported")

@@ -4,29 +4,11 @@ the NVML one apart from the fields that name their source, and `sim:h200` answer
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
+from live_capture import REAL, cli_json, recorded
 
-from vgpuvirt.cli import main as cli_main
-
-LIVE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h200-580" / "live"
+LIVE = REAL / "h200-580" / "live"
 CAPTURE = LIVE / "capture.json"
-
-
-def cli(host: str, *argv: str, rc: int = 0) -> Any:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert cli_main(["--host", host, "--json", *argv]) == rc
-    return json.loads(out.getvalue())
-
-
-def recorded(name: str) -> Any:
-    return json.loads((LIVE / "recorded" / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize(("argv", "name", "rc"), [
@@ -35,11 +17,11 @@ def recorded(name: str) -> Any:
     (("mdev", "list"), "mdev-list", 0), (("iommu", "check", "0000:00:06.0"), "iommu-check", 1),
 ])
 def test_the_replay_answers_as_the_real_h200_did(argv: tuple[str, ...], name: str, rc: int) -> None:
-    assert cli(f"capture:{CAPTURE}", *argv, rc=rc) == recorded(name)
+    assert cli_json(f"capture:{CAPTURE}", *argv, rc=rc) == recorded(LIVE, name)
 
 
 def test_the_h200_inventory_through_nvidia_smi_is_the_one_through_nvml() -> None:
-    live, again = recorded("inventory"), cli(f"capture:{CAPTURE}", "inventory")
+    live, again = recorded(LIVE, "inventory"), cli_json(f"capture:{CAPTURE}", "inventory")
     (l_gpu,), (r_gpu,) = live["gpus"], again["gpus"]
     assert (l_gpu["nvidia"].pop("source"), r_gpu["nvidia"].pop("source")) == ("nvml", "nvidia-smi")
     assert r_gpu["nvidia"].pop("not_supported") == [] and l_gpu["nvidia"].pop("not_supported")
@@ -49,13 +31,13 @@ def test_the_h200_inventory_through_nvidia_smi_is_the_one_through_nvml() -> None
 
 
 def test_the_simulated_h200_answers_as_the_real_one() -> None:
-    real, sim = cli(f"capture:{CAPTURE}", "inventory"), cli("sim:h200", "inventory")
+    real, sim = cli_json(f"capture:{CAPTURE}", "inventory"), cli_json("sim:h200", "inventory")
     for inv in (real, sim):
         inv.pop("host")
         inv["gpus"][0]["nvidia"].pop("uuid")
     assert real == sim
     for argv in (("types",), ("scheduler", "show")):
-        assert cli(f"capture:{CAPTURE}", *argv) == cli("sim:h200", *argv)
-    real_mig, sim_mig = cli(f"capture:{CAPTURE}", "mig", "show"), cli("sim:h200", "mig", "show")
+        assert cli_json(f"capture:{CAPTURE}", *argv) == cli_json("sim:h200", *argv)
+    real_mig, sim_mig = cli_json(f"capture:{CAPTURE}", "mig", "show"), cli_json("sim:h200", "mig", "show")
     assert (real_mig.pop("host"), sim_mig.pop("host")) == ("local", "sim:h200")
     assert real_mig == sim_mig
