@@ -37,7 +37,7 @@ from vgpuvirt.sim.profile_spec import (
     VgpuType,
     vf_address,
 )
-from vgpuvirt.sim.type_tables import builtin_type_tables, parse_table, profiles_dir
+from vgpuvirt.sim.type_tables import SAFE_LOADER, builtin_type_tables, parse_table, profiles_dir
 
 __all__ = ["VGPU_MODES", "DeviceSpec", "GpuInstanceSpec", "InitialVgpu", "MigProfile", "NodeSpec", "Profile",
            "ProfileError", "SriovSpec", "TypeTable", "VgpuSpec", "VgpuType", "builtin_type_tables", "list_profiles",
@@ -262,14 +262,9 @@ def _shipped(name: str) -> Profile:
     return _parse_text(profiles_dir().joinpath(file).read_text(encoding="utf-8"), file)
 
 
-#: libyaml's safe loader where PyYAML has it (8x faster: a CLI call on ``sim:NAME`` parsed its profile in ~7 ms of
-#: pure-Python scanning; libyaml also refuses nesting deeper than 1,000 levels itself); the same documents
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def _parse_text(text: str, file: str) -> Profile:
     try:
-        raw = yaml.load(text, Loader=_LOADER)  # noqa: S506 -- a safe loader (CSafeLoader or SafeLoader)
+        raw = yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 -- a safe loader (CSafeLoader or SafeLoader)
     except yaml.YAMLError as exc:
         if "maximum nesting depth" in str(exc):     # libyaml's own limit (1,000 levels)
             raise ProfileError(file, "", "not valid YAML/JSON: nested too deeply") from exc
