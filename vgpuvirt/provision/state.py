@@ -171,7 +171,7 @@ def _vendor_profile(vt: VgpuType) -> TypeProfile:
                        series=cls.series, mig_backed=cls.mig_backed if cls.series else None)
 
 
-def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
+def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str, used_pci: Mapping[PciAddress, str]) -> list[Slot]:
     parents = {p.address: p for p in inv.mdev_parents}
     slots: list[Slot] = []
     made: dict[str, TypeProfile] = {}           # a GPU's VFs repeat one type table: one profile per type
@@ -188,8 +188,12 @@ def _vgpu_slots(inv: Inventory, b: GpuBudget, vendor: str) -> list[Slot]:
             slots.append(Slot(a, GpuUse.MDEV, place.is_vf, dict(place.kernel), profiles))
         else:
             profiles = {tid: _vendor_profile(b.types[tid]) for tid in place.kernel}
-            slots.append(Slot(a, GpuUse.VENDOR_VF, True, dict(place.kernel), profiles,
-                              blocked="VF holds a vGPU" if place.occupied else None))
+            # a VF another domain's definition names is that domain's even with no type set now (its VM is off,
+            # or the host rebooted and the types went): typing it for a new VM would hand one VF to two domains,
+            # and detach would then refuse to reset it
+            blocked = ("VF holds a vGPU" if place.occupied
+                       else f"used by domain {used_pci[a]}" if a in used_pci else None)
+            slots.append(Slot(a, GpuUse.VENDOR_VF, True, dict(place.kernel), profiles, blocked=blocked))
     return slots
 
 
@@ -227,13 +231,7 @@ def host_state(inv: Inventory, domains: Iterable[tuple[str, str]] = ()) -> HostS
                       backend=g.backend, budget=budget, boot_vga=bool(g.boot_vga), local_cpus=g.local_cpulist,
                       unhealthy="; ".join(g.health.reasons) if g.health and not g.health.healthy else None,
                       cordoned=inv.cordon.reason if inv.cordon is not None else None)
-        gs.slots = _vgpu_slots(inv, budget, vendor)
-        for slot in gs.slots:
-            # a vGPU-17 VF another domain's definition names is that domain's, even with no type set now (its
-            # VM is off, or the host rebooted and the types went): typing it for a new VM would hand one VF to
-            # two domains, and detach would then refuse to reset it ("used by domain ...")
-            if slot.kind is GpuUse.VENDOR_VF and slot.blocked is None and slot.address in used_pci:
-                slot.blocked = f"used by domain {used_pci[slot.address]}"
+        gs.slots = _vgpu_slots(inv, budget, vendor, used_pci)
         gs.type_profiles = {tid: p for s in reversed(gs.slots) for tid, p in s.profiles.items()}
         vfs = list(dev.virtfns) if dev is not None else []
         if g.backend is Backend.SRIOV_VF or (not budget.places and vfs):
