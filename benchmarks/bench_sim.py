@@ -11,7 +11,8 @@ Prints, in one run, for ``host.read(INVENTORY_GLOBS)`` (the inventory's single r
 * LocalHost over a materialized (static) tree of the same profile: the floor for reading through the
   kernel's VFS.
 Each figure is the best and median of --repeat runs; ratios are against the static tree. The three
-snapshots are checked to be equal (same paths, kinds, texts, link targets).
+snapshots are checked to be equal (same paths, kinds, texts, link targets). Last, the shipped profiles' YAML
+parsed with the profiles' loader against the pure-Python safe loader.
 """
 
 from __future__ import annotations
@@ -125,7 +126,30 @@ def main() -> int:
     print(f"\n{'read of INVENTORY_GLOBS':44s} {'best':>9s} {'median':>9s} {'best / static':>14s}")
     for name, best, med in rows:
         print(f"{name:44s} {best:8.3f}s {med:8.3f}s {best / floor:13.1f}x")
+    parse_profiles(a.repeat)
     return 0
+
+
+def parse_profiles(repeat: int) -> None:
+    """Every shipped profile's YAML parsed with the loader profiles use (libyaml where PyYAML has it) against the
+    pure-Python safe loader, the baseline; CPU time of this process."""
+    import yaml
+
+    from vgpuvirt.sim.profiles import list_profiles, profiles_dir
+    from vgpuvirt.sim.type_tables import SAFE_LOADER
+    texts = [profiles_dir().joinpath(f"{n}.yaml").read_text(encoding="utf-8") for n in list_profiles()]
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for name, loader in (("pure-Python SafeLoader (baseline)", yaml.SafeLoader),
+                             (f"profiles' loader ({SAFE_LOADER.__name__})", SAFE_LOADER)):
+            t = time.process_time()
+            for text in texts:
+                yaml.load(text, Loader=loader)  # both are safe loaders
+            best[name] = min(best.get(name, 1e9), time.process_time() - t)
+    base = best["pure-Python SafeLoader (baseline)"]
+    print(f"\n{f'parse the {len(texts)} shipped profiles':44s} {'best CPU':>9s} {'x baseline':>11s}")
+    for name, t in best.items():
+        print(f"{name:44s} {t:8.3f}s {t / base:10.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """One warm interpreter that forks a process per ``vgpuvirt`` command a test's shell runs.
 
-The documentation examples run each line through ``bash -c`` with ``vgpuvirt`` on PATH: ~90 command lines in the
-inner loop, each a whole Python start and import of the CLI (~0.2 s of CPU each, a fifth of the inner loop's
-child CPU). Here ``vgpuvirt`` on PATH is a small client (stdlib only, ``python -I -S``): it hands its stdin,
-stdout and stderr, its argv, environment and working directory to a server that imported the CLI once; the
-server forks, and the child runs ``vgpuvirt.cli.main(argv)`` in that environment as ``python -m vgpuvirt``
+The documentation examples run each line through ``bash -c`` with ``vgpuvirt`` on PATH: 86 command lines in the
+inner loop, each a whole Python start and import of the CLI (benchmarks/bench_doc_examples.py measures both ways:
+0.45x the machine CPU forked). Here ``vgpuvirt`` on PATH is a small client (stdlib only, ``python -I -S``): it
+hands its stdin, stdout and stderr, its argv, environment and working directory to a server that imported the
+CLI once; the server forks, and the child runs ``vgpuvirt.cli.main(argv)`` in that environment as ``python -m vgpuvirt``
 would (SystemExit and an uncaught exception as the interpreter ends them: its code, or a traceback and 1;
 non-daemon threads joined, atexit run, streams flushed) and sends back the exit status, which the client exits
 with. The shell, its quoting, pipes and redirections are the user's own; only the interpreter start is shared.

@@ -79,8 +79,8 @@ CASES = [pytest.param(path, n, block, id=f"{path.name}:{block[0][0]}",
 @pytest.fixture(scope="module")
 def bindir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A directory with a ``vgpuvirt`` that runs this tree's CLI: each call a process of its own, forked from
-    one interpreter that imported the CLI once (tests/unit/cli_zygote.py; ~0.08 s of CPU a command instead of
-    ~0.2 s for a whole ``python -m vgpuvirt``), with the shell's streams, environment and directory."""
+    one interpreter that imported the CLI once (tests/unit/cli_zygote.py; benchmarks/bench_doc_examples.py: 0.45x
+    the machine CPU of a whole ``python -m vgpuvirt`` each), with the shell's streams, environment and directory."""
     z = Zygote(tmp_path_factory.mktemp("cli"))
     try:
         yield z.bindir

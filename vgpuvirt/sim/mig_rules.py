@@ -58,7 +58,7 @@ def _full_gb(table: TypeTable) -> int:
 
 def memory_size(table: TypeTable, prof: MigProfile) -> int:
     """Memory slices one GI of ``prof`` takes."""
-    # asked ~350k times by a test lane's MIG planning: the largest profile is looked up once per table
+    # asked at every placement check of a layout's MIG planning: the largest profile is looked up once per table
     full = _full_gb(table)
     if full <= 0:
         return prof.slices

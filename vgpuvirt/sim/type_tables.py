@@ -110,8 +110,8 @@ def parse_table(ctx: ProfileContext, name: str, raw: Any, key: str) -> TypeTable
                      fb_reserved_mib=ctx.integer(m.get("fb_reserved_mib", 0), f"{key}.fb_reserved_mib", 0))
 
 
-#: libyaml's safe loader where PyYAML has it, else the pure-Python one (the same documents): 7 ms instead of 45 ms
-#: for the shipped type tables, ~8x less for a profile; libyaml refuses nesting deeper than 1,000 levels itself
+#: libyaml's safe loader where PyYAML has it, else the pure-Python one (the same documents; benchmarks/bench_sim.py
+#: prints both for the shipped profiles); libyaml refuses nesting deeper than 1,000 levels itself
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _BUILTIN_TABLES: dict[str, TypeTable] | None = None
