@@ -7,6 +7,7 @@ passed to a command.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid as _uuid
 from dataclasses import dataclass, field
@@ -302,6 +303,13 @@ def parse_cpulist(text: str) -> frozenset[int]:
     """Parse a kernel CPU list (``0-3,8,10-11``) into a set of CPU numbers."""
     if not isinstance(text, str):  # a number or None from YAML/JSON must not surface as AttributeError
         raise InvalidSpec("CPU list", text, "comma-separated CPUs and ranges, e.g. 0-3,8")
+    return _parse_cpulist(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cpulist(text: str) -> frozenset[int]:
+    # kept: the same few lists come back (a build's pinning, each domain's vcpupin read by lint, the host's
+    # online and NUMA node CPU lists); the result is immutable and a refusal is raised again
     cpus: set[int] = set()
     s = text.strip()
     if not s:

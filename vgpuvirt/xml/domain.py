@@ -359,14 +359,17 @@ class Domain:
         """Append a GPU device; refuses a second device with the same source. A caller adding several keeps
         the domain's sources in ``sources`` (from :meth:`device_sources`; updated here) instead of having each
         addition read every device again."""
+        self.claim_source(device, self.device_sources() if sources is None else sources)
+        return self.add_element(device.to_element())
+
+    def claim_source(self, device: GpuDevice, sources: set[str]) -> None:
+        """Add ``device``'s source to ``sources`` (the domain's, see :meth:`device_sources`), or refuse a second
+        device with the same source."""
         want = device.source_key
-        if sources is None:
-            sources = self.device_sources()
         if want in sources:
             raise XmlError(f"{device.label()}: already in domain {self.name!r}",
                            [f"duplicate-hostdev: {device.label()} is already attached"])
         sources.add(want)
-        return self.add_element(device.to_element())
 
     def device_sources(self) -> set[str]:
         """The source keys (``mdev:<uuid>``, ``pci:<address>``) of the domain's hostdevs and interfaces."""
@@ -412,10 +415,10 @@ class Domain:
         if tpm is not None:
             self.add_element(tpm.to_element())
 
-    def add_disk(self, disk: Disk) -> None:
+    def add_disk(self, disk: Disk) -> Element:
         """Add ``disk``; a disk already on its target (the template's ``vda``) is replaced, not doubled."""
         self._remove_all(f"disk[target/@dev='{disk.target}']")   # target: validated ([a-z]+)
-        self.add_element(disk.to_element())
+        return self.add_element(disk.to_element())
 
     def set_virtio_nics(self, nics: Sequence[VirtioNic]) -> None:
         """Replace the ordinary (non-hostdev) NICs."""

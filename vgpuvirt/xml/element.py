@@ -7,7 +7,8 @@ normalized when parsed (``0x3b`` and ``59`` both become the integer 59), so two 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypeVar
 
 from lxml import etree
@@ -50,6 +51,25 @@ def make(tag: str, attrs: dict[str, str] | None = None) -> Element:
     el = etree.Element(tag)
     _fill(el, attrs, None)
     return el
+
+
+def shape_of(device: Any, identity: tuple[str, ...]) -> tuple[object, ...]:
+    """Every field of ``device`` but those that name the host device (``identity``: of these only whether
+    each is set, which decides whether its element exists). Two devices of one shape make the same element
+    but for what their ``stamp`` writes: a build makes the element once per shape and stamps each VM's."""
+    cls = type(device)
+    getters = _SHAPE_GETTERS.get(cls)
+    if getters is None:
+        # every field is read: a field added to a device class later is part of its shape without a word here.
+        # (One name more than needed: attrgetter of a single name returns the value, not a 1-tuple.)
+        rest = [f.name for f in fields(cls) if f.name not in identity]
+        getters = _SHAPE_GETTERS[cls] = (operator.attrgetter(*rest, rest[0]),
+                                         operator.attrgetter(*identity, identity[0]))
+    rest_of, identity_of = getters
+    return (cls, rest_of(device), *(v is None for v in identity_of(device)))
+
+
+_SHAPE_GETTERS: dict[type, tuple[Any, Any]] = {}
 
 
 def onoff(flag: bool) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from lxml import etree
+
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MacAddress, MdevUuid, PciAddress, format_cpulist, parse_cpulist
 from vgpuvirt.xml.element import (
@@ -23,6 +25,7 @@ from vgpuvirt.xml.element import (
     parse_flag,
     parse_int,
     pci_from_address,
+    shape_of,
     sub,
     yesno,
 )
@@ -59,6 +62,13 @@ class MdevHostdev:
     @property
     def source_key(self) -> str:
         return f"mdev:{self.uuid}"
+
+    def shape(self) -> tuple[object, ...]:
+        return shape_of(self, ("uuid",))
+
+    def stamp(self, el: Element) -> None:
+        """Write this instance's UUID into ``el``, which :meth:`to_element` made for an mdev of the same shape."""
+        _source_address(el).set("uuid", str(self.uuid))
 
     def to_element(self) -> Element:
         el = make("hostdev", {"mode": "subsystem", "type": "mdev", "managed": "no", "model": self.model})
@@ -180,6 +190,13 @@ class PciHostdev:
     @property
     def source_key(self) -> str:
         return f"pci:{self.address}"
+
+    def shape(self) -> tuple[object, ...]:
+        return shape_of(self, ("address",))
+
+    def stamp(self, el: Element) -> None:
+        """Write this device's host address into ``el``, made by :meth:`to_element` for one of the same shape."""
+        _stamp_pci(_source_address(el), self.address)
 
     def to_element(self) -> Element:
         el = make("hostdev", {"mode": "subsystem", "type": "pci", "managed": yesno(self.managed)})
@@ -316,6 +333,17 @@ class HostdevInterface:
     def source_key(self) -> str:
         return f"pci:{self.address}"
 
+    def shape(self) -> tuple[object, ...]:
+        return shape_of(self, ("address", "mac"))
+
+    def stamp(self, el: Element) -> None:
+        """Write this VF's address and MAC into ``el``, made by :meth:`to_element` for one of the same shape."""
+        _stamp_pci(_source_address(el), self.address)
+        if self.mac is not None:
+            mac = el.find("mac")
+            assert mac is not None, "stamped onto an element of another shape"
+            mac.set("address", str(self.mac))
+
     def to_element(self) -> Element:
         # children in libvirt's own output order (mac, driver, source, vlan, virtualport, model, boot, address)
         el = make("interface", {"type": "hostdev", "managed": yesno(self.managed)})
@@ -366,6 +394,22 @@ class HostdevInterface:
 
 
 GpuDevice = MdevHostdev | PciHostdev | HostdevInterface
+
+
+_SOURCE_ADDRESS = etree.XPath("source/address")   # compiled once: half the cost of find()'s path per call
+
+
+def _source_address(el: Element) -> Element:
+    found = _SOURCE_ADDRESS(el)
+    assert isinstance(found, list) and found, "stamped onto an element of another shape"
+    a = found[0]
+    assert isinstance(a, etree._Element)
+    return a
+
+
+def _stamp_pci(a: Element, address: PciAddress) -> None:
+    for k, v in address.libvirt_attrs().items():
+        a.set(k, v)
 
 
 def device_from_element(el: Element) -> GpuDevice | None:

@@ -2,11 +2,14 @@
 
 Each problem names the device and says why, so a CLI user or a provisioning journal can act on it.
 The checks read the raw tree (not only the typed views) so a malformed user file is reported, not crashed on.
+
+``build_domain`` keeps lint's verdict per request shape (``templates._shape``) and checks for each VM only what
+reads a device's identity (a source named twice; a MAC, which :class:`~vgpuvirt.model.MacAddress` checks): a
+rule added here that reads a UUID, a host address or a MAC must be checked per VM there too.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -144,7 +147,7 @@ def lint(domain: Domain, host_cpus: frozenset[int] | None = None) -> list[LintPr
             out.append(LintProblem("multifunction-incomplete", names,
                                    f"{where} has functions > 0 but function 0 lacks multifunction='on'"))
 
-    out.extend(_lint_cpus(domain, host_cpus))
+    out.extend(lint_cpus(domain, host_cpus))
     return out
 
 
@@ -181,12 +184,8 @@ def _chipset_slot(domain: Domain) -> tuple[int, int, int] | None:
     return None
 
 
-# A build pins each vCPU to a CPU list it wrote from a checked CpuPinning: the same few strings in every
-# domain (the parse is a regex per part). Cached: the result is a frozenset, a refusal is raised again.
-_cpuset = functools.lru_cache(maxsize=1024)(parse_cpulist)
-
-
-def _lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintProblem]:
+def lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintProblem]:
+    """The CPU pinning's problems: CPU lists that do not parse, vCPUs the domain lacks, CPUs not on the host."""
     out: list[LintProblem] = []
     tune = domain.root.find("cputune")
     if tune is None:
@@ -197,7 +196,7 @@ def _lint_cpus(domain: Domain, host_cpus: frozenset[int] | None) -> list[LintPro
             continue
         what = el.tag if el.tag != "vcpupin" else f"vcpupin vcpu {el.get('vcpu')}"
         try:
-            cpus = _cpuset(el.get("cpuset", ""))
+            cpus = parse_cpulist(el.get("cpuset", ""))
         except InvalidSpec as exc:
             out.append(LintProblem("cpu-not-on-host", what, str(exc)))
             continue

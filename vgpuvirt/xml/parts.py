@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from vgpuvirt.errors import InvalidSpec
 from vgpuvirt.model import MacAddress, format_cpulist, parse_cpulist
-from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, sub
+from vgpuvirt.xml.element import Element, expect_tag, make, parse_int, shape_of, sub
 from vgpuvirt.xml.hostdev import check_alias
 
 _TARGET_RE = re.compile(r"^(vd|sd|hd)[a-z]{1,3}\Z")
@@ -41,6 +41,15 @@ class Disk:
             raise InvalidSpec("disk format", self.format, " | ".join(DISK_FORMATS))
         if not isinstance(self.target, str) or not _TARGET_RE.match(self.target):
             raise InvalidSpec("disk target", self.target, "a guest device name such as vda")
+
+    def shape(self) -> tuple[object, ...]:
+        return shape_of(self, ("path",))
+
+    def stamp(self, el: Element) -> None:
+        """Write this disk's path into ``el``, made by :meth:`to_element` for a disk of the same shape."""
+        src = el.find("source")
+        assert src is not None, "stamped onto an element of another shape"
+        src.set("file", self.path)
 
     def to_element(self) -> Element:
         el = make("disk", {"type": "file", "device": "disk"})
