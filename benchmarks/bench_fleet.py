@@ -28,6 +28,7 @@ import cProfile
 import gc
 import io
 import pstats
+import resource
 import statistics
 import sys
 import tempfile
@@ -84,9 +85,11 @@ def fleet(n: int, profile: str, node: str, tag: str) -> tuple[dict[str, SimHost]
 
 
 def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.Profile | None = None
-            ) -> tuple[float, float, float, float]:
-    """(provision client CPU, provision wall, metrics client CPU, metrics wall) of one fleet of n hosts. Client
-    CPU: this process's, less the time spent inside the simulated hosts (on a real fleet, the hosts' own)."""
+            ) -> tuple[float, float, float, float, float]:
+    """(provision client CPU, provision wall, metrics client CPU, metrics wall, provision's voluntary context
+    switches) of one fleet of n hosts. Client CPU: this process's, less the time spent inside the simulated hosts
+    (on a real fleet, the hosts' own). A context switch is a thread giving up the interpreter (a system call, a
+    libvirt call, a lock) and waiting to get it back: with a thread per host these grow with the fleet."""
     hosts, conns = fleet(n, a.profile, node, tag)
     vms = VmRequest.pool(f"{tag}-vm", n * a.vms_per_host, gpu=VgpuRequest.parse(a.gpu), memory_mib=256, vcpus=1)
     if a.freeze:
@@ -96,6 +99,7 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
         gc.freeze()
     try:
         HostSide.seconds = 0.0
+        s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         c0, w0 = time.process_time(), time.perf_counter()
         if prof is not None:
             prof.enable()
@@ -103,6 +107,7 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
         if prof is not None:
             prof.disable()
         c1, w1 = time.process_time() - HostSide.seconds, time.perf_counter()
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - s0
         HostSide.seconds = 0.0
         assert res.applied is not None and len(res.plan.assignments) == len(vms), "not every VM was placed"
         per_host = {h: sum(1 for x in res.plan.assignments if x.host == h) for h in hosts}
@@ -116,7 +121,7 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
         gc.unfreeze()
         for c in conns.values():
             c.close()
-    return c1 - c0, w1 - w0, c2 - c1b, w2 - w1
+    return c1 - c0, w1 - w0, c2 - c1b, w2 - w1, switches
 
 
 def plan_alone(n: int, a: argparse.Namespace, node: str, rounds: int) -> float:
@@ -162,20 +167,20 @@ def main() -> int:
         f.write(NODE_XML)
         node = f.name
     one_run(1, a, node, "warm")                  # imports, caches, the first libvirt connection
-    rows: dict[int, list[tuple[float, float, float, float]]] = {}
+    rows: dict[int, list[tuple[float, float, float, float, float]]] = {}
     for n in counts:
         rows[n] = [one_run(n, a, node, f"f{n}r{r}") for r in range(a.repeat)]
-    med = {n: tuple(statistics.median(r[i] for r in runs) for i in range(4)) for n, runs in rows.items()}
-    p1c, p1w, m1c, _m1w = med[1]
+    med = {n: tuple(statistics.median(r[i] for r in runs) for i in range(5)) for n, runs in rows.items()}
+    p1c, p1w, m1c, _m1w, _s1 = med[1]
     print(f"profile {a.profile}, {a.vms_per_host} VMs per host ({a.gpu}, spread), libvirt test driver per host; "
           f"median of {a.repeat} runs")
-    print(f"{'hosts':>5s} | {'provision CPU':>13s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s} {'x line':>7s} | "
-          f"{'metrics CPU':>11s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s}")
+    print(f"{'hosts':>5s} | {'provision CPU':>13s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s} {'x line':>7s} "
+          f"{'switches/host':>13s} | {'metrics CPU':>11s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s}")
     for n in counts:
-        pc, pw, mc, mw = med[n]
+        pc, pw, mc, mw, sw = med[n]
         print(f"{n:5d} | {pc * 1e3:10.1f} ms {pc / n * 1e3:6.1f} ms {pc / (n * p1c):7.2f} {pw * 1e3:5.0f} ms "
-              f"{pw / (n * p1w):7.2f} | {mc * 1e3:8.1f} ms {mc / n * 1e3:6.1f} ms {mc / (n * m1c):7.2f} "
-              f"{mw * 1e3:5.0f} ms")
+              f"{pw / (n * p1w):7.2f} {sw / n:13.0f} | {mc * 1e3:8.1f} ms {mc / n * 1e3:6.1f} ms "
+              f"{mc / (n * m1c):7.2f} {mw * 1e3:5.0f} ms")
     big = counts[-1]
     print(f"straight line: {big} hosts take {med[big][0] / p1c:.1f}x one host's provisioning CPU "
           f"(line: {big}x; target <= {big}x) and {med[big][2] / m1c:.1f}x its metrics CPU; "

@@ -13,6 +13,7 @@ Stdlib only: every layer above ``model`` may record.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -29,6 +30,10 @@ log = logging.getLogger("vgpuvirt.audit.trail")
 FIELD_MAX = 256
 
 _warned: set[str] = set()
+
+
+def _open_log(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def log_path() -> Path:
@@ -54,24 +59,39 @@ def _clip(v: Any) -> Any:
 
 def os_user() -> str:
     """The account this process runs as (its uid's name), never ``$USER``/``$LOGNAME``, which anyone sets."""
+    return _user_name(os.geteuid())
+
+
+@functools.lru_cache(maxsize=8)
+def _user_name(euid: int) -> str:
+    # looked up once per uid: reading the user database (open, read, close /etc/passwd or NSS) for each record
+    # was a third of a record's system calls, and each lets another thread take the interpreter
     try:
         import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
+        return pwd.getpwuid(euid).pw_name
     except (ImportError, KeyError):
-        return str(os.geteuid())
+        return str(euid)
+
+
+@functools.cache
+def client_host() -> str:
+    return socket.gethostname()   # once per process (a system call each record, for a name that stays)
 
 
 def record(action: str, target: str, outcome: str, **fields: Any) -> None:
     """Append one record (``outcome``: ok, failed, or what a command exited with)."""
-    rec = {"t": _now(), "user": os_user(), "client_host": socket.gethostname(), "pid": os.getpid(),
+    rec = {"t": _now(), "user": os_user(), "client_host": client_host(), "pid": os.getpid(),
            "action": action, "target": target, "outcome": outcome,
            **{k: _clip(v) for k, v in fields.items() if v is not None}}
     line = json.dumps(rec, separators=(",", ":"), default=str)
     log.info("%s", line)
     path = log_path()
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = _open_log(path)
+        except FileNotFoundError:   # the first record: its directory is made then, not checked at each record
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = _open_log(path)
         try:
             os.write(fd, (line + "\n").encode())
         finally:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -180,7 +179,7 @@ class BaseHost:
             # The agent records every mutating batch in the host's log, under an id of its own; this id and
             # who asked (as this machine knows it) let the two logs be matched.
             request["audit"] = {"id": uuid.uuid4().hex[:16], "client_user": _user(),
-                                "client_host": socket.gethostname()}
+                                "client_host": client_audit.client_host()}
         for op in ops:
             if op.mutates:
                 audit.info("%s: begin %s", self.name, op.describe())
