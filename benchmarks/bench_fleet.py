@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from vgpuvirt.libvirt_conn import LibvirtConnection  # noqa: E402
 from vgpuvirt.observe.collect import collect_many  # noqa: E402
 from vgpuvirt.provision import VgpuRequest, VmRequest, provision, teardown  # noqa: E402
+from vgpuvirt.provision import run as provision_run  # noqa: E402
 from vgpuvirt.provision.plan import plan  # noqa: E402
 from vgpuvirt.provision.run import gather  # noqa: E402
 from vgpuvirt.provision.state import host_states  # noqa: E402
@@ -77,6 +78,39 @@ class TimedSimHost(SimHost):
                 HostSide.seconds += spent
 
 
+PHASES: dict[int, list[dict[str, float]]] = {}   # per host count, each run's Phases.seconds
+
+
+class Phases:
+    """Client CPU of provisioning's phases (gather, plan, apply; the simulated hosts' own time left out) and of
+    the garbage collector's passes during them, summed over a run: where a larger fleet's extra time goes."""
+
+    seconds: dict[str, float] = {}
+    gc_started = 0.0
+
+    @classmethod
+    def timed(cls, name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            c0, h0 = time.process_time(), HostSide.seconds
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.process_time() - c0 - (HostSide.seconds - h0)
+                cls.seconds[name] = cls.seconds.get(name, 0.0) + spent
+        return run
+
+    @classmethod
+    def gc_pass(cls, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cls.gc_started = time.thread_time()
+        else:
+            cls.seconds["gc"] = cls.seconds.get("gc", 0.0) + time.thread_time() - cls.gc_started
+
+
+for _phase in ("gather", "plan", "apply"):   # provision() calls them by these module-level names
+    setattr(provision_run, _phase, Phases.timed(_phase, getattr(provision_run, _phase)))
+
+
 def fleet(n: int, profile: str, node: str, tag: str) -> tuple[dict[str, SimHost], dict[str, LibvirtConnection]]:
     hosts: dict[str, SimHost] = {f"{tag}-h{i:02d}": TimedSimHost.from_profile(profile, name=f"{tag}-h{i:02d}")
                                  for i in range(n)}
@@ -99,6 +133,8 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
         gc.freeze()
     try:
         HostSide.seconds = 0.0
+        Phases.seconds = {}
+        gc.callbacks.append(Phases.gc_pass)
         s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         c0, w0 = time.process_time(), time.perf_counter()
         if prof is not None:
@@ -108,6 +144,8 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
             prof.disable()
         c1, w1 = time.process_time() - HostSide.seconds, time.perf_counter()
         switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - s0
+        gc.callbacks.remove(Phases.gc_pass)
+        PHASES.setdefault(n, []).append(dict(Phases.seconds))
         HostSide.seconds = 0.0
         assert res.applied is not None and len(res.plan.assignments) == len(vms), "not every VM was placed"
         per_host = {h: sum(1 for x in res.plan.assignments if x.host == h) for h in hosts}
@@ -181,6 +219,13 @@ def main() -> int:
         print(f"{n:5d} | {pc * 1e3:10.1f} ms {pc / n * 1e3:6.1f} ms {pc / (n * p1c):7.2f} {pw * 1e3:5.0f} ms "
               f"{pw / (n * p1w):7.2f} {sw / n:13.0f} | {mc * 1e3:8.1f} ms {mc / n * 1e3:6.1f} ms "
               f"{mc / (n * m1c):7.2f} {mw * 1e3:5.0f} ms")
+    def phase(n: int, k: str) -> float:
+        return statistics.median(r.get(k, 0.0) for r in PHASES[n][-a.repeat:]) / n * 1e3
+
+    print("where provisioning's client CPU goes, ms per host (median of runs; the garbage collector's passes "
+          "are within the phases): " + "; ".join(
+              f"{n} host(s) gather {phase(n, 'gather'):.2f}, plan {phase(n, 'plan'):.2f}, "
+              f"apply {phase(n, 'apply'):.2f}, gc {phase(n, 'gc'):.2f}" for n in counts))
     big = counts[-1]
     print(f"straight line: {big} hosts take {med[big][0] / p1c:.1f}x one host's provisioning CPU "
           f"(line: {big}x; target <= {big}x) and {med[big][2] / m1c:.1f}x its metrics CPU; "
