@@ -107,6 +107,7 @@ class LibvirtConnection:
             raise InvalidSpec("libvirt URI", uri, "a URI such as qemu:///system or test:///default")
         self.uri = uri
         self.retry = retry
+        self._defined: dict[str, Any] = {}      # name -> the handle define() got, until the domain is started
         self.readonly = readonly
         self.timeout = bound.default_timeout() if timeout is None else timeout
         self._conn: Any = None
@@ -145,6 +146,7 @@ class LibvirtConnection:
             raise
 
     def close(self) -> None:
+        self._defined.clear()           # handles of this connection: a reopened one looks domains up again
         if self._hung is not None:      # a call still blocks in libvirt on it: closing would wait for that call
             self._conn = None
             return
@@ -190,7 +192,20 @@ class LibvirtConnection:
             except SystemError as exc:
                 raise self._undecodable(domain, what) from exc
 
-        return self.retry()(once)  # type: ignore[no-any-return]
+        # The first attempt outside the policy: a call that succeeds (nearly all) costs no tenacity.Retrying (10 us
+        # and two dozen objects for the collector, per call). A failure is handed to the policy as its own first
+        # attempt's, so what is retried, how often and after which waits is the policy's alone, as before.
+        try:
+            return once()
+        except BaseException as exc:
+            first: BaseException | None = exc
+        for attempt in self.retry():
+            with attempt:
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
+                return once()
+        raise AssertionError("tenacity ended its attempts without an outcome")  # pragma: no cover
 
     def _lookup(self, name: str) -> Any:
         n = str(DomainName.parse(name))
@@ -272,11 +287,25 @@ class LibvirtConnection:
         audit.info("%s: define domain %s", self.uri, name)
         with audited("define domain", self.uri, domain=name):
             dom = self._call(name, "define", lambda: self.raw.defineXML(xml))
-        return str(dom.name())
+        self._defined[name] = dom     # a start next asks no lookup of it (a round trip on a remote libvirt)
+        return name                   # (the name the XML gives is the domain's: no call to ask it back)
+
+    def _handle_and_state(self, name: str) -> tuple[Any, bool]:
+        """The domain and whether it runs: through the handle :meth:`define` got when this connection defined it,
+        else (or when that domain was undefined or defined anew since) looked up by name."""
+        dom = self._defined.pop(name, None)
+        if dom is not None:
+            try:
+                return dom, bool(self._call(name, "query state", lambda: dom.isActive()))
+            except LibvirtError as exc:
+                if exc.code != VIR_ERR_NO_DOMAIN:
+                    raise
+        dom = self._lookup(name)
+        return dom, bool(self._call(name, "query state", lambda: dom.isActive()))
 
     def start(self, name: str) -> None:
-        dom = self._lookup(name)
-        if self._call(name, "query state", lambda: dom.isActive()):
+        dom, active = self._handle_and_state(name)
+        if active:
             return
         audit.info("%s: start domain %s", self.uri, name)
         with audited("start domain", self.uri, domain=name):
@@ -319,6 +348,7 @@ class LibvirtConnection:
         Returns the disk paths removed. A domain that does not exist is a no-op.
         """
         libvirt = _import_libvirt()
+        self._defined.pop(name, None)
         if not self.exists(name):
             return []
         disks = disk_files(self.xml(name, inactive=True)) if remove_storage else []

@@ -233,3 +233,66 @@ def test_a_pool_or_network_deleted_while_facts_are_read_is_left_out(conn, tmp_pa
     facts = conn.facts()
     assert "going" not in facts.pools and "going-net" not in facts.networks
     assert "default-pool" in facts.pools and "default" in facts.networks      # the others are still read
+
+
+class _Counted:
+    """Counts each libvirt connection method called through it (lookups, defines)."""
+
+    def __init__(self, raw: object) -> None:
+        self.raw = raw
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        self.calls.append(name)
+        return getattr(self.raw, name)
+
+
+def test_a_domain_this_connection_defined_starts_without_a_lookup(conn, monkeypatch):
+    """Over a remote libvirt each lookup is a round trip: define's own handle serves the start."""
+    name = "hd-" + uuid.uuid4().hex[:8]
+    conn.made.append(name)
+    counted = _Counted(conn.raw)
+    monkeypatch.setattr(type(conn), "raw", property(lambda self: counted))
+    assert conn.define(_xml(name)) == name
+    conn.start(name)
+    assert conn.is_active(name)
+    assert counted.calls == ["defineXML", "lookupByName"]        # the lookup is is_active()'s, not start()'s
+
+
+def test_a_domain_defined_anew_elsewhere_between_define_and_start_is_looked_up(conn):
+    name = "hd-" + uuid.uuid4().hex[:8]
+    conn.made.append(name)
+    conn.define(_xml(name))
+    conn.raw.lookupByName(name).undefine()                        # another client: gone, then a new one
+    conn.raw.defineXML(_xml(name))
+    conn.start(name)                                              # the old handle answers "no domain"
+    assert conn.is_active(name)
+    conn.destroy(name)
+    conn.undefine(name)
+    with pytest.raises(LibvirtError) as ei:                       # undefined: no handle is kept for it
+        conn.start(name)
+    assert ei.value.code == VIR_ERR_NO_DOMAIN
+
+
+def test_a_call_that_succeeds_asks_nothing_of_the_retry_policy():
+    """The policy (tenacity) is built only for a call that failed: 10 us and two dozen objects a call."""
+    built: list[int] = []
+    policy = retry_transient(attempts=3, max_wait=0)
+
+    def counted_policy() -> tenacity.Retrying:
+        built.append(1)
+        return policy()
+
+    c = LibvirtConnection("test:///default", retry=counted_policy)
+    assert c._call(None, "get driver type", lambda: "test") == "test"
+    assert built == []
+    calls = {"n": 0}
+
+    def flaky() -> str:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise _lv_error(VIR_ERR_OPERATION_TIMEOUT)
+        return "ok"
+
+    assert c._call("d1", "start", flaky) == "ok"
+    assert built == [1] and calls["n"] == 3                       # the first failure counts as the policy's first
