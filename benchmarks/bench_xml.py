@@ -11,12 +11,18 @@ kept template and shape forgotten before each (what a process pays once per shap
 Each measure runs ROUNDS times, interleaved with the others, and the best round counts; times are this
 process's CPU time (``time.process_time``), which the load of other processes on a shared machine barely moves.
 
-    .venv/bin/python benchmarks/bench_xml.py [N [ROUNDS]]
+    .venv/bin/python benchmarks/bench_xml.py [N [ROUNDS]] [--profile-top K]
+
+``--profile-top K`` adds a cProfile of N builds from kept shapes: the function calls per build and the K
+functions that take the most time of their own.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import cProfile
+import io
+import pstats
 import time
 import uuid
 
@@ -65,9 +71,27 @@ def _round(fn: object, n: int) -> float:
     return time.process_time() - t0
 
 
+def profile(n: int, top: int) -> None:
+    """Function calls per build, and the ``top`` functions by their own time, of n builds (shapes already kept)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        build(i)
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    print(f"cProfile of {n} builds: {stats.total_calls / n:,.0f} function calls per build")  # type: ignore[attr-defined]
+    stats.sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", nargs="?", type=int, default=1000)
+    ap.add_argument("rounds", nargs="?", type=int, default=5)
+    ap.add_argument("--profile-top", type=int, default=0)
+    a = ap.parse_args()
+    n, rounds = a.n, a.rounds
     schema()  # compile once, outside the timed loop (a long-running caller pays this once: ~10 ms)
     for i in range(30):  # warm the template cache
         validate(build(i))
@@ -129,6 +153,8 @@ def main() -> None:
           f"   ratio full/parse = {t_full / t_parse:.1f}x")
     print(f"target >= 1,000 domains/s: {'met' if n / t_full >= 1000 else 'NOT met'}; "
           f"build + validate <= 1.6x validate: {'met' if t_full / t_validate <= 1.6 else 'NOT met'}")
+    if a.profile_top:
+        profile(n, a.profile_top)
 
 
 if __name__ == "__main__":

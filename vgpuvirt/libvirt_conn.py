@@ -192,8 +192,8 @@ class LibvirtConnection:
             except SystemError as exc:
                 raise self._undecodable(domain, what) from exc
 
-        # The first attempt outside the policy: a call that succeeds (nearly all) costs no tenacity.Retrying (10 us
-        # and two dozen objects for the collector, per call). A failure is handed to the policy as its own first
+        # The first attempt outside the policy: a call that succeeds (nearly all) builds no tenacity.Retrying and
+        # its state (objects for the collector, per call). A failure is handed to the policy as its own first
         # attempt's, so what is retried, how often and after which waits is the policy's alone, as before (a policy
         # that stops after a delay counts it from the end of that first attempt).
         try:

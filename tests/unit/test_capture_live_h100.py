@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from live_capture import REAL, cli_json, recorded
+from live_capture import READ_VERBS, REAL, cli_json, recorded
 
 from vgpuvirt.cli import main as cli_main
 
@@ -27,15 +27,7 @@ def replay(*argv: str, rc: int = 0) -> Any:
     return cli_json(f"capture:{CAPTURE}", *argv, rc=rc)
 
 
-@pytest.mark.parametrize(("argv", "name", "rc"), [
-    (("types",), "types", 0),
-    (("mig", "show"), "mig-show", 0),
-    (("scheduler", "show"), "scheduler-show", 0),
-    (("layout", "export"), "layout-export", 0),
-    (("sriov", "show"), "sriov-show", 0),
-    (("mdev", "list"), "mdev-list", 0),
-    (("iommu", "check", "0000:00:06.0"), "iommu-check", 1),      # refused: a guest without IOMMU
-])
+@pytest.mark.parametrize(("argv", "name", "rc"), READ_VERBS)
 def test_the_replay_answers_as_the_real_host_did(argv: tuple[str, ...], name: str, rc: int) -> None:
     assert replay(*argv, rc=rc) == recorded(LIVE, name)
 

@@ -118,21 +118,27 @@ def _lv_error(code: int) -> Exception:
     return exc
 
 
-def test_transient_errors_are_retried_and_others_are_not():
-    policy = retry_transient(attempts=3, max_wait=0)
-    c = LibvirtConnection("test:///default", retry=policy)
-    calls = {"n": 0}
+class _Flaky:
+    """A libvirt call that fails with a transient error ``failures`` times, then answers "ok"; ``calls`` counts."""
 
-    def flaky() -> str:
-        calls["n"] += 1
-        if calls["n"] < 3:
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
             raise _lv_error(VIR_ERR_OPERATION_TIMEOUT)
         return "ok"
 
-    assert c._call("d1", "start", flaky) == "ok"
-    assert calls["n"] == 3
 
-    calls["n"] = 0
+def test_transient_errors_are_retried_and_others_are_not():
+    policy = retry_transient(attempts=3, max_wait=0)
+    c = LibvirtConnection("test:///default", retry=policy)
+    flaky = _Flaky(2)
+    assert c._call("d1", "start", flaky) == "ok"
+    assert flaky.calls == 3
+
+    calls = {"n": 0}
 
     def broken() -> str:
         calls["n"] += 1
@@ -275,7 +281,7 @@ def test_a_domain_defined_anew_elsewhere_between_define_and_start_is_looked_up(c
 
 
 def test_a_call_that_succeeds_asks_nothing_of_the_retry_policy():
-    """The policy (tenacity) is built only for a call that failed: 10 us and two dozen objects a call."""
+    """The policy (a tenacity.Retrying and its state, per call) is built only for a call that failed."""
     built: list[int] = []
     policy = retry_transient(attempts=3, max_wait=0)
 
@@ -286,13 +292,6 @@ def test_a_call_that_succeeds_asks_nothing_of_the_retry_policy():
     c = LibvirtConnection("test:///default", retry=counted_policy)
     assert c._call(None, "get driver type", lambda: "test") == "test"
     assert built == []
-    calls = {"n": 0}
-
-    def flaky() -> str:
-        calls["n"] += 1
-        if calls["n"] < 3:
-            raise _lv_error(VIR_ERR_OPERATION_TIMEOUT)
-        return "ok"
-
+    flaky = _Flaky(2)
     assert c._call("d1", "start", flaky) == "ok"
-    assert built == [1] and calls["n"] == 3                       # the first failure counts as the policy's first
+    assert built == [1] and flaky.calls == 3                      # the first failure counts as the policy's first
