@@ -384,6 +384,8 @@ else:
     import subprocess
     subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
 before = open(log, "rb").read()
+from vgpuvirt import audit
+audit.record("warm", "t", "ok")   # the client's own log, kept open by design, is open before the count
 fds = len(os.listdir("/proc/self/fd"))
 h = LocalHost(tree, lock_path=os.path.join(tree, "..", "lock"), audit_path=log)
 errors = set()
@@ -438,6 +440,7 @@ def test_a_client_record_looks_up_who_and_where_once_and_makes_its_directory_whe
     real_pw, real_host = pwd.getpwuid, socket.gethostname
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: lookups.append("user") or real_pw(uid))
     monkeypatch.setattr(socket, "gethostname", lambda: lookups.append("host") or real_host())
+    monkeypatch.setattr(client_audit._Sink, "RECHECK_S", 0.0)   # the file checked at every record
     client_audit.record("define domain", "test:///default", "ok", domain="a")
     path.unlink()
     path.parent.rmdir()           # gone between two records: made again, 0700
@@ -447,3 +450,117 @@ def test_a_client_record_looks_up_who_and_where_once_and_makes_its_directory_whe
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
     rec = json.loads(path.read_text())
     assert rec["user"] == real_pw(os.geteuid()).pw_name and rec["client_host"] == real_host()
+
+
+def test_client_records_share_one_open_file_until_it_is_rotated_or_the_path_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening and closing the log per record let another thread take the interpreter twice per record; the file
+    stays open, and a rotation (rename) is noticed at the first record after RECHECK_S."""
+    from vgpuvirt import audit as client_audit
+    path = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(path))
+    opened: list[str] = []
+    real_open = client_audit._open_log
+    monkeypatch.setattr(client_audit, "_open_log", lambda p: opened.append(str(p)) or real_open(p))
+    clock = [1000.0]
+    monkeypatch.setattr(client_audit.time, "monotonic", lambda: clock[0])
+
+    def actions(p: Path) -> list[str]:
+        return [json.loads(line)["action"] for line in p.read_text().splitlines()]
+
+    for i in range(5):
+        client_audit.record(f"a{i}", "t", "ok")
+    assert opened == [str(path)] and actions(path) == [f"a{i}" for i in range(5)]
+    path.rename(tmp_path / "audit.jsonl.1")                    # logrotate's default: rename, then a new file
+    client_audit.record("in the window", "t", "ok")
+    assert not path.exists() and actions(tmp_path / "audit.jsonl.1")[-1] == "in the window"
+    clock[0] += client_audit._Sink.RECHECK_S
+    client_audit.record("after", "t", "ok")
+    assert actions(path) == ["after"] and len(opened) == 2
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    other = tmp_path / "other.jsonl"
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(other))       # a new path: opened at once, not after the window
+    client_audit.record("elsewhere", "t", "ok")
+    assert actions(other) == ["elsewhere"] and actions(path) == ["after"]
+    path.unlink()
+    path.symlink_to(tmp_path / "victim")                        # planted in place of the log: never followed
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(path))
+    client_audit.record("refused", "t", "ok")
+    assert not (tmp_path / "victim").exists()
+
+
+def test_a_forked_child_opens_its_own_client_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vgpuvirt import audit as client_audit
+    path = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(path))
+    client_audit.record("parent", "t", "ok")
+    parent_fd = client_audit._sink.fd
+    pid = os.fork()
+    if pid == 0:   # the child: the parent's descriptor is closed, its first record opens its own
+        code = 1
+        try:
+            if client_audit._sink.fd == -1:
+                client_audit.record("child", "t", "ok")
+                code = 0 if client_audit._sink.fd >= 0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    client_audit.record("parent again", "t", "ok")
+    assert client_audit._sink.fd == parent_fd
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["action"] for r in recs] == ["parent", "child", "parent again"]
+    assert recs[1]["pid"] == pid and recs[0]["pid"] == recs[2]["pid"] == os.getpid()
+
+
+def test_records_from_many_threads_survive_rotations_whole_and_leak_no_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads write while the log is renamed away again and again: every record is in one of the files, whole,
+    and a descriptor replaced while others still wrote to it was closed by the last of them."""
+    import threading
+
+    from vgpuvirt import audit as client_audit
+    path = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("VGPUVIRT_AUDIT_LOG", str(path))
+    monkeypatch.setattr(client_audit._Sink, "RECHECK_S", 0.0)
+
+    class SlowWrites:   # a write that takes a while, as on a busy disk: others retire its descriptor meanwhile
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd: int, data: bytes) -> int:
+            time.sleep(0.0005)
+            return os.write(fd, data)
+    monkeypatch.setattr(client_audit, "os", SlowWrites())
+    client_audit.record("first", "t", "ok")
+    fds_before = len(os.listdir("/proc/self/fd"))
+    stop = threading.Event()
+    rotated: list[Path] = []
+
+    def rotate() -> None:
+        while not stop.is_set():
+            if path.exists():
+                dest = tmp_path / f"audit.jsonl.{len(rotated)}"
+                path.rename(dest)
+                rotated.append(dest)
+            stop.wait(0.001)
+
+    def write(k: int) -> None:
+        for i in range(150):
+            client_audit.record(f"w{k}-{i}", "t", "ok", pad="x" * (k * 40))
+    rot = threading.Thread(target=rotate)
+    rot.start()
+    writers = [threading.Thread(target=write, args=(k,)) for k in range(8)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    rot.join()
+    client_audit.record("last", "t", "ok")
+    files = [*rotated, path]
+    actions = [json.loads(line)["action"] for f in files if f.exists() for line in f.read_text().splitlines()]
+    assert sorted(actions) == sorted(["first", "last", *(f"w{k}-{i}" for k in range(8) for i in range(150))])
+    assert len(rotated) > 5                         # the rotations did happen while the threads wrote
+    assert len(os.listdir("/proc/self/fd")) == fds_before and client_audit._sink.writers == {}
