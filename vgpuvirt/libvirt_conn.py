@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from vgpuvirt import audit as client_audit
 from vgpuvirt import libvirt_bound as bound
 from vgpuvirt.audit import audited
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency, XmlError
@@ -86,6 +87,18 @@ def _upload(raw: Any, vol: Any, data: bytes) -> None:
     except BaseException:
         stream.abort()
         raise
+
+
+def _first_name_is(xml: str, name: str) -> bool:
+    """Whether the first ``<name>`` element of domain XML reads ``name`` (a valid domain name needs no escaping).
+    Used only to confirm the name a caller built the XML with, never to find one: libvirt writes a domain's own
+    ``<name>`` first, and the builders here set it; where another ``<name>`` comes first, the XML is parsed."""
+    at = xml.find("<name>")
+    return at >= 0 and xml.startswith(name + "</name>", at + 6)
+
+
+class _StaleHandle(Exception):
+    """The handle :meth:`LibvirtConnection.define` kept names a domain gone since: look the name up."""
 
 
 @dataclass(frozen=True)
@@ -276,14 +289,23 @@ class LibvirtConnection:
             yield d.name, d.xml
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def define(self, xml: str) -> str:
-        """Define (or redefine) a persistent domain from XML; return its name."""
-        try:
-            name = parse_xml(xml).findtext("name")
-        except XmlError as exc:
-            raise InvalidSpec("domain XML", xml[:60], f"well-formed XML ({exc})") from None
-        if not name:
-            raise InvalidSpec("domain XML", xml[:60], "a <name> element")
+    def define(self, xml: str, *, name: str | None = None) -> str:
+        """Define (or redefine) a persistent domain from XML; return its name.
+
+        ``name``: the name the caller built the XML with (a plan's define step). Where the XML's first ``<name>``
+        reads it, the document is not parsed to find it: a parse per VM, which also lets another thread take the
+        interpreter (lxml parses without it). Otherwise, or without ``name``, the XML is parsed and its name read;
+        a name that differs from the one given is refused (the caller's XML is not what it thinks)."""
+        if name is None or not _first_name_is(xml, str(DomainName.parse(name))):
+            try:
+                found = parse_xml(xml).findtext("name")
+            except XmlError as exc:
+                raise InvalidSpec("domain XML", xml[:60], f"well-formed XML ({exc})") from None
+            if not found:
+                raise InvalidSpec("domain XML", xml[:60], "a <name> element")
+            if name is not None and found != name:
+                raise InvalidSpec("domain XML", xml[:60], f"the name {name} (it names {found})")
+            name = found
         DomainName.parse(name)
         audit.info("%s: define domain %s", self.uri, name)
         with audited("define domain", self.uri, domain=name):
@@ -291,26 +313,43 @@ class LibvirtConnection:
         self._defined[name] = dom     # a start next asks no lookup of it (a round trip on a remote libvirt)
         return name                   # (the name the XML gives is the domain's: no call to ask it back)
 
-    def _handle_and_state(self, name: str) -> tuple[Any, bool]:
-        """The domain and whether it runs: through the handle :meth:`define` got when this connection defined it,
-        else (or when that domain was undefined or defined anew since) looked up by name."""
+    def start(self, name: str) -> None:
+        """Start a defined domain; one that already runs is left as it is (converges).
+
+        No state query first: libvirt refuses to start a running domain, and only then is the state asked, so a
+        start is one call (a round trip on a remote libvirt) where it was two. A domain this connection defined
+        starts through :meth:`define`'s handle, with no lookup; when that domain was undefined (or defined anew)
+        since, the handle answers "no domain" and the name is looked up."""
+        audit.info("%s: start domain %s", self.uri, name)
         dom = self._defined.pop(name, None)
         if dom is not None:
             try:
-                return dom, bool(self._call(name, "query state", lambda: dom.isActive()))
-            except LibvirtError as exc:
-                if exc.code != VIR_ERR_NO_DOMAIN:
-                    raise
-        dom = self._lookup(name)
-        return dom, bool(self._call(name, "query state", lambda: dom.isActive()))
+                self._start(name, dom, kept=True)
+                return
+            except _StaleHandle:
+                pass
+        self._start(name, self._lookup(name), kept=False)
 
-    def start(self, name: str) -> None:
-        dom, active = self._handle_and_state(name)
-        if active:
-            return
-        audit.info("%s: start domain %s", self.uri, name)
-        with audited("start domain", self.uri, domain=name):
+    def _start(self, name: str, dom: Any, *, kept: bool) -> None:
+        try:
             self._call(name, "start", lambda: dom.create())
+        except LibvirtError as exc:
+            if kept and exc.code == VIR_ERR_NO_DOMAIN:
+                raise _StaleHandle from exc
+            if self._runs(name, dom):
+                return      # nothing was started, nothing to record
+            client_audit.failed("start domain", self.uri, exc, domain=name)
+            raise
+        client_audit.record("start domain", self.uri, "ok", domain=name)
+
+    def _runs(self, name: str, dom: Any) -> bool:
+        """After a refused start: does the domain run (then the start converged)? Drivers word that refusal
+        differently (qemu: operation invalid, "domain is already running"; the test driver: internal error), so
+        the state is asked rather than the error read; an error asking it leaves the start's own error standing."""
+        try:
+            return bool(self._call(name, "query state", lambda: dom.isActive()))
+        except LibvirtError:
+            return False
 
     def shutdown(self, name: str) -> None:
         """Ask the guest to shut down (ACPI); returns at once."""

@@ -236,7 +236,7 @@ def test_a_failed_run_switches_the_gpu_back(conn) -> None:
     p = plan([inventory(host)], vms, heterogeneous=True)
 
     class RefusingConn(LibvirtConnection):
-        def define(self, xml: str) -> str:
+        def define(self, xml: str, *, name: str | None = None) -> str:
             raise LibvirtError("define failed: injected", domain="m2", code=1, uri=self.uri)
 
     with pytest.raises(ProvisioningError) as ei:

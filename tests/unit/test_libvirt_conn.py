@@ -242,27 +242,67 @@ def test_a_pool_or_network_deleted_while_facts_are_read_is_left_out(conn, tmp_pa
 
 
 class _Counted:
-    """Counts each libvirt connection method called through it (lookups, defines)."""
+    """Counts each libvirt method called through it: the connection's, and those of the domains it hands out
+    (each call is a round trip on a remote libvirt)."""
 
-    def __init__(self, raw: object) -> None:
+    def __init__(self, raw: object, calls: list[str] | None = None) -> None:
         self.raw = raw
-        self.calls: list[str] = []
+        self.calls: list[str] = [] if calls is None else calls
 
     def __getattr__(self, name: str) -> object:
-        self.calls.append(name)
-        return getattr(self.raw, name)
+        attr = getattr(self.raw, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: object, **kwargs: object) -> object:
+            self.calls.append(name)
+            out = attr(*args, **kwargs)
+            return _Counted(out, self.calls) if isinstance(out, libvirt.virDomain) else out
+        return call
 
 
-def test_a_domain_this_connection_defined_starts_without_a_lookup(conn, monkeypatch):
-    """Over a remote libvirt each lookup is a round trip: define's own handle serves the start."""
+def _client_records(name: str) -> list[tuple[str, str]]:
+    import json
+    import os
+    from pathlib import Path
+    path = Path(os.environ["VGPUVIRT_AUDIT_LOG"])
+    recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [(r["action"], r["outcome"]) for r in recs if r.get("domain") == name]
+
+
+def test_a_domain_this_connection_defined_starts_in_one_call(conn, monkeypatch):
+    """Over a remote libvirt each call is a round trip: define's own handle serves the start, which asks no state
+    first; a start of a running domain converges with one question more, and records nothing."""
     name = "hd-" + uuid.uuid4().hex[:8]
     conn.made.append(name)
     counted = _Counted(conn.raw)
     monkeypatch.setattr(type(conn), "raw", property(lambda self: counted))
     assert conn.define(_xml(name)) == name
     conn.start(name)
+    assert counted.calls == ["defineXML", "create"]
     assert conn.is_active(name)
-    assert counted.calls == ["defineXML", "lookupByName"]        # the lookup is is_active()'s, not start()'s
+    del counted.calls[:]
+    conn.start(name)                                              # runs already: refused, asked, converged
+    assert counted.calls == ["lookupByName", "create", "isActive"] and conn.is_active(name)
+    assert _client_records(name) == [("define domain", "ok"), ("start domain", "ok")]
+
+
+def test_a_start_that_fails_is_recorded_and_raised_with_libvirts_error(conn, monkeypatch):
+    name = "hd-" + uuid.uuid4().hex[:8]
+    conn.made.append(name)
+    conn.define(_xml(name))
+
+    class Refusing:
+        def create(self) -> None:
+            raise libvirt.libvirtError("no room for it")
+
+        def isActive(self) -> int:
+            return 0
+    monkeypatch.setitem(conn._defined, name, Refusing())
+    with pytest.raises(LibvirtError, match=r"start failed.*no room for it"):
+        conn.start(name)
+    assert _client_records(name) == [("define domain", "ok"), ("start domain", "failed")]
+    assert not conn.is_active(name)
 
 
 def test_a_domain_defined_anew_elsewhere_between_define_and_start_is_looked_up(conn):
@@ -295,3 +335,25 @@ def test_a_call_that_succeeds_asks_nothing_of_the_retry_policy():
     flaky = _Flaky(2)
     assert c._call("d1", "start", flaky) == "ok"
     assert built == [1] and flaky.calls == 3                      # the first failure counts as the policy's first
+
+
+def test_define_with_the_callers_name_parses_nothing_and_refuses_a_name_the_xml_does_not_give(conn, monkeypatch):
+    """A plan's define step knows the name it built the XML with: no parse per VM (lxml's parse also lets another
+    thread take the interpreter). Where the XML's first <name> is another element's, it is parsed, and a name the
+    XML does not give is refused, defining nothing."""
+    import vgpuvirt.libvirt_conn as lc
+    parsed: list[str] = []
+    real = lc.parse_xml
+    monkeypatch.setattr(lc, "parse_xml", lambda text: parsed.append(text) or real(text))
+    one, two, three = ("dn-" + uuid.uuid4().hex[:8] for _ in range(3))
+    conn.made.extend([one, two, three])
+    assert conn.define(_xml(one), name=one) == one and parsed == []
+    meta = _xml(two).replace("<name>", "<metadata><app xmlns='urn:x'><name>other</name></app></metadata><name>", 1)
+    assert conn.define(meta, name=two) == two and len(parsed) == 1           # the first <name> is not the domain's
+    assert "urn:x" in conn.xml(two)
+    with pytest.raises(InvalidSpec, match=r"the name dn-x \(it names dn-"):
+        conn.define(_xml(three), name="dn-x")
+    with pytest.raises(InvalidSpec):
+        conn.define(_xml(three), name="bad name")                              # a name no domain may have
+    assert not conn.exists("dn-x") and not conn.exists(three)
+    assert conn.define(_xml(three)) == three and len(parsed) == 3             # no name given: read from the XML

@@ -38,10 +38,10 @@ class FaultyConn(LibvirtConnection):
         if self.fail == (method, name):
             raise LibvirtError(f"{method} failed: injected", domain=name, code=1, uri=self.uri)
 
-    def define(self, xml: str) -> str:
+    def define(self, xml: str, *, name: str | None = None) -> str:
         from lxml import etree
         self._boom("define", etree.fromstring(xml.encode()).findtext("name"))
-        return super().define(xml)
+        return super().define(xml, name=name)
 
     def start(self, name: str) -> None:
         self._boom("start", name)

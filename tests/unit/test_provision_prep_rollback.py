@@ -53,11 +53,11 @@ def test_the_last_libvirt_step_failing_undoes_everything_too(conn: LibvirtConnec
     vms = _vms(2)
     real = LibvirtConnection.define
 
-    def define(self: LibvirtConnection, xml: str) -> object:
+    def define(self: LibvirtConnection, xml: str, *, name: str | None = None) -> object:
         if f"<name>{vms[-1].name}</name>" in xml:            # the plan's last step: the last VM's define
             from vgpuvirt.errors import VgpuvirtError
             raise VgpuvirtError("injected: libvirt refused the definition")
-        return real(self, xml)
+        return real(self, xml, name=name)
 
     monkeypatch.setattr(LibvirtConnection, "define", define)
     with pytest.raises(ProvisioningError, match="injected") as err:

@@ -37,7 +37,7 @@ class DefineDomain(DomainStep):
         return facts.domain_xml(self.vm) is not None
 
     def run(self, conn: LibvirtConnection) -> None:
-        conn.define(self.xml)
+        conn.define(self.xml, name=self.vm)
 
     def undo(self, conn: LibvirtConnection) -> str:
         conn.undefine(self.vm)
@@ -225,5 +225,5 @@ class UndefineDomain(DomainStep):
         self.deleted[:] = conn.undefine(self.vm, remove_storage=self.remove_storage)
 
     def undo(self, conn: LibvirtConnection) -> str:
-        conn.define(self.xml)
+        conn.define(self.xml, name=self.vm)
         return f"defined domain {self.vm} again"
