@@ -16,8 +16,9 @@ hugepages), and ``/etc``, ``/proc`` and the NVML calls of the agent's ``nvml`` o
 from __future__ import annotations
 
 import errno
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from vgpuvirt.model import format_cpulist
 from vgpuvirt.sim.devices import gpu_uuid
@@ -43,6 +44,8 @@ from vgpuvirt.sim.model import Dev, Mdev, SimModel
 from vgpuvirt.sim.nvml_migration import MIGRATION_CALLS, answer
 from vgpuvirt.sim.profiles import VgpuType
 
+_T = TypeVar("_T")
+
 __all__ = ["MAX_LINKS", "PAGE_SIZE", "Attr", "Dir", "Link", "Node", "SimFs"]
 
 
@@ -58,6 +61,8 @@ class SimFs:
         # a full inventory read resolves ~60,000 paths, nearly all sharing their parent with the last one.
         self._ok: dict[tuple[str, bool], Resolved] = {}
         self._bad: dict[tuple[str, bool], tuple[int, int]] = {}
+        # Nodes that stay valid across model versions, kept per device or mdev object (see _kept_nodes).
+        self._kept: dict[tuple[str, int, int], tuple[Dev | Mdev, Any]] = {}
         # /proc/sys/kernel/random/boot_id: a new one after each simulated reboot, as on Linux
         boot_id = Attr(lambda: self.model.boot_id + "\n")
         random: dict[str, Node] = {"boot_id": boot_id}
@@ -85,8 +90,32 @@ class SimFs:
                 kids.setdefault(d.sysfs_dir.rsplit("/", 1)[0], []).append(d)
             self._children = kids
             self._version = self.model.version
+            if self._kept:
+                self._kept = {k: v for k, v in self._kept.items() if self._alive(v[0])}
+
+    def _alive(self, owner: Dev | Mdev) -> bool:
+        if isinstance(owner, Mdev):
+            return self.model.mdevs.get(owner.uuid) is owner
+        return self.model.devices.get(owner.addr) is owner
+
+    def _kept_nodes(self, kind: str, owner: Dev | Mdev, other: object, make: Callable[[], _T]) -> _T:
+        """What ``make()`` builds for ``owner`` (and ``other``), built once while ``owner`` is the model's.
+
+        A model change drops every directory listing and resolution (``_fresh``), and each walk after it used to
+        build its directories' nodes anew: a provisioning's create-then-check batch rebuilt the same device
+        directories after each write, most of a fleet's allocations in the simulator. Kept here is only what is a
+        pure function of the owner object's fixed fields (its spec, address, parent, type) and of ``other``; what
+        a change can alter (a driver link, the mdevs of a parent, VF links) is built at each listing, and an
+        attribute's text is computed at each read, from live state, as before. Dropped when the owner leaves the
+        model (a VF disabled, an mdev removed, a reboot's new devices)."""
+        key = (kind, id(owner), id(other))
+        hit = self._kept.get(key)
+        if hit is None:
+            hit = self._kept[key] = (owner, (other, make()))
+        return cast(_T, hit[1][1])
 
     def _entries(self, path: str, node: Dir) -> dict[str, Node]:
+        # A listing is only read, never changed: a fill may hand out the same dict at every model version.
         e = self._dircache.get(path)
         if e is None:
             e = node.fill()
@@ -365,9 +394,46 @@ class SimFs:
         m = self.model
         spec = d.spec
         here = d.sysfs_dir
+        head, sriov = self._kept_nodes("device", d, None, lambda: self._device_fixed(d))
+        out = dict(head)
+        if d.driver is not None:
+            out["driver"] = Link(rel_link(here, f"/sys/bus/pci/drivers/{d.driver}"))
+        if d.group is not None:
+            out["iommu_group"] = Link(rel_link(here, f"/sys/kernel/iommu_groups/{d.group}"))
+            out["iommu"] = Link(rel_link(here, "/sys/devices/virtual/iommu/dmar0"))
+        if spec.is_bridge:
+            kids = self._children.get(here, [])
+            sec = kids[0].spec.address.bus if kids else (spec.address.bus + 1) & 0xFF
+            out["pci_bus"] = Dir(lambda: {f"{spec.address.domain:04x}:{sec:02x}": Dir(dict)})
+        out.update(sriov)
+        if d.physfn is None and spec.sriov is not None:
+            for vf in m.vfs(d):
+                out[f"virtfn{vf.vf_index}"] = Link(rel_link(here, vf.sysfs_dir))
+        table = m.mdev_table(d)
+        if table is not None:
+            out["mdev_supported_types"] = self._kept_nodes("types", d, table, lambda: Dir(
+                lambda: {t.sysfs_id: Dir(self._type_dir(d, t)) for t in table.types}))
+            for md in m.mdevs_of(d.addr):
+                out[md.uuid] = Dir(self._mdev(md))
+        if m.is_vendor_vf(d):
+            out["nvidia"] = self._kept_nodes("nvidia", d, None, lambda: Dir(lambda: {
+                "creatable_vgpu_types": Attr(show=lambda: self._creatable(d)),
+                "current_vgpu_type": Attr(show=lambda: f"{d.vendor_type}\n",
+                                          store=lambda v: m.set_vendor_type(d, v)),
+            }))
+        for child in self._children.get(here, []):
+            out[child.addr] = Dir(self._device(child))
+        return out
+
+    def _device_fixed(self, d: Dev) -> tuple[dict[str, Node], dict[str, Node]]:
+        """A device directory's entries that its fixed fields decide (spec, address, physfn), in the directory's
+        order: those before its driver and IOMMU links, and its SR-IOV ones after them. Kept per device."""
+        m = self.model
+        spec = d.spec
+        here = d.sysfs_dir
         dev_id = m.device_id(d)
         cls = spec.pci_class
-        out: dict[str, Node] = {
+        head: dict[str, Node] = {
             "vendor": const(f"0x{spec.vendor:04x}\n"),
             "device": const(f"0x{dev_id:04x}\n"),
             "subsystem_vendor": const(f"0x{spec.subsystem_vendor:04x}\n"),
@@ -386,49 +452,26 @@ class SimFs:
             "subsystem": Link(rel_link(here, "/sys/bus/pci")),
         }
         if (cls >> 8) == 0x0300:
-            out["boot_vga"] = const("1\n" if spec.boot_vga else "0\n")
+            head["boot_vga"] = const("1\n" if spec.boot_vga else "0\n")
         if spec.reset_method:
-            out["reset_method"] = Attr(show=lambda: d.reset_method + "\n" if d.reset_method else "",
-                                       store=lambda v: self._set_reset_method(d, v))
-            out["reset"] = Attr(store=self._reset)
-        if d.driver is not None:
-            out["driver"] = Link(rel_link(here, f"/sys/bus/pci/drivers/{d.driver}"))
-        if d.group is not None:
-            out["iommu_group"] = Link(rel_link(here, f"/sys/kernel/iommu_groups/{d.group}"))
-            out["iommu"] = Link(rel_link(here, "/sys/devices/virtual/iommu/dmar0"))
-        if spec.is_bridge:
-            kids = self._children.get(here, [])
-            sec = kids[0].spec.address.bus if kids else (spec.address.bus + 1) & 0xFF
-            out["pci_bus"] = Dir(lambda: {f"{spec.address.domain:04x}:{sec:02x}": Dir(dict)})
+            head["reset_method"] = Attr(show=lambda: d.reset_method + "\n" if d.reset_method else "",
+                                        store=lambda v: self._set_reset_method(d, v))
+            head["reset"] = Attr(store=self._reset)
+        sriov: dict[str, Node] = {}
         if d.physfn is not None:
-            out["physfn"] = Link(rel_link(here, m.devices[d.physfn].sysfs_dir))
+            sriov["physfn"] = Link(rel_link(here, m.devices[d.physfn].sysfs_dir))
         elif spec.sriov is not None:
-            sriov = spec.sriov
-            out.update({
-                "sriov_totalvfs": const(f"{sriov.totalvfs}\n"),
+            sr = spec.sriov
+            sriov.update({
+                "sriov_totalvfs": const(f"{sr.totalvfs}\n"),
                 "sriov_numvfs": Attr(show=lambda: f"{d.numvfs}\n", store=lambda v: m.set_numvfs(d, v)),
-                "sriov_offset": const(f"{sriov.offset}\n"),
-                "sriov_stride": const(f"{sriov.stride}\n"),
-                "sriov_vf_device": const(f"{sriov.vf_device:x}\n"),
+                "sriov_offset": const(f"{sr.offset}\n"),
+                "sriov_stride": const(f"{sr.stride}\n"),
+                "sriov_vf_device": const(f"{sr.vf_device:x}\n"),
                 "sriov_drivers_autoprobe": Attr(show=lambda: f"{int(d.autoprobe)}\n",
                                                 store=lambda v: self._set_autoprobe(d, v)),
             })
-            for vf in m.vfs(d):
-                out[f"virtfn{vf.vf_index}"] = Link(rel_link(here, vf.sysfs_dir))
-        table = m.mdev_table(d)
-        if table is not None:
-            out["mdev_supported_types"] = Dir(lambda: {t.sysfs_id: Dir(self._type_dir(d, t)) for t in table.types})
-            for md in m.mdevs_of(d.addr):
-                out[md.uuid] = Dir(self._mdev(md))
-        if m.is_vendor_vf(d):
-            out["nvidia"] = Dir(lambda: {
-                "creatable_vgpu_types": Attr(show=lambda: self._creatable(d)),
-                "current_vgpu_type": Attr(show=lambda: f"{d.vendor_type}\n",
-                                          store=lambda v: m.set_vendor_type(d, v)),
-            })
-        for child in self._children.get(here, []):
-            out[child.addr] = Dir(self._device(child))
-        return out
+        return head, sriov
 
     def _creatable(self, vf: Dev) -> str:
         rows = "".join(f"{t.number:<5d} : {t.name}\n" for t in self.model.creatable(vf))
@@ -438,6 +481,9 @@ class SimFs:
         m = self.model
 
         def fill() -> dict[str, Node]:
+            return self._kept_nodes("type", parent, t, build)
+
+        def build() -> dict[str, Node]:
             out: dict[str, Node] = {
                 "name": const(t.name + "\n"),
                 "device_api": const(t.device_api + "\n"),
@@ -465,6 +511,9 @@ class SimFs:
             md.vgpu_params = v.strip()
 
         def fill() -> dict[str, Node]:
+            return self._kept_nodes("mdev", md, None, build)
+
+        def build() -> dict[str, Node]:
             out: dict[str, Node] = {
                 "remove": Attr(store=lambda v: m.remove_mdev(md.uuid, v)),
                 "mdev_type": Link(f"../mdev_supported_types/{md.type.sysfs_id}"),
@@ -543,6 +592,12 @@ class SimFs:
     def _system(self) -> dict[str, Node]:
         return {"node": Dir(self._nodes), "cpu": Dir(self._cpus)}
 
+    @functools.cached_property
+    def _cpu_tree(self) -> dict[str, Node]:
+        # the CPUs and their topology are the profile's, fixed for the model's life: built once, not after each
+        # change (a gathering reads every CPU's topology)
+        return self._cpus_of_profile()
+
     def _nodes(self) -> dict[str, Node]:
         nodes = self.model.profile.nodes
         ids = format_cpulist([n.id for n in nodes]) + "\n"
@@ -593,6 +648,9 @@ class SimFs:
         self.model.bump()
 
     def _cpus(self) -> dict[str, Node]:
+        return self._cpu_tree
+
+    def _cpus_of_profile(self) -> dict[str, Node]:
         prof = self.model.profile
         online = self._online()
         text = format_cpulist(online) + "\n"
@@ -614,7 +672,8 @@ class SimFs:
 
     @staticmethod
     def _cpu_dir(topo: dict[str, Node]) -> Callable[[], dict[str, Node]]:
-        return lambda: {"topology": Dir(lambda: dict(topo))}
+        entries: dict[str, Node] = {"topology": Dir(lambda: topo)}   # fixed: the same entries at every listing
+        return lambda: entries
 
     # ------------------------------------------------------------------ /sys/kernel
 

@@ -25,6 +25,19 @@ class Attr:
         self.mode = mode if mode is not None else (0o644 if show and store else 0o444 if show else 0o200)
 
 
+class _Text:
+    """The ``show`` of a constant attribute: one object, where a closure over the text was three (function, cell,
+    cell tuple) for the garbage collector to walk; a host's tree has thousands."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __call__(self) -> str:
+        return self.text
+
+
 class Link:
     __slots__ = ("target",)
 
@@ -62,7 +75,7 @@ def rel_link(link_dir: str, target: str) -> str:
 
 
 def const(text: str) -> Attr:
-    return Attr(show=lambda: text)
+    return Attr(show=_Text(text))
 
 
 def noop(_: str) -> None:
