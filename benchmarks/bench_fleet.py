@@ -1,13 +1,19 @@
 """A fleet that scales: provisioning and metrics across 1, 8, 16 and 32 simulated hosts, client side.
 
     .venv/bin/python benchmarks/bench_fleet.py [--hosts 1,8,16,32] [--vms-per-host 8] [--profile t4x2]
-                                               [--repeat 3] [--profile-top 0] [--e2e-hosts 0]
+                                               [--repeat 5] [--profile-top 0] [--e2e-hosts 0]
+                                               [--no-boot] [--no-freeze]
 
 Each host is an in-process simulated host (``SimHost``, its own simulated sysfs) with its own libvirt test
 driver (``test:///NODE.xml``: one private state per connection, as each real host has its own libvirtd), so
-what is measured is this process's work: inventories, placement, plan, steps, XML, libvirt calls. One
+what is measured is this process's work: inventories, placement, plan, steps, XML, libvirt calls. Each host
+is booted before the measurement (--boot, the default: its simulated sysfs listed once, so the nodes the simulator
+keeps for a host's life exist, as a real host's sysfs exists before a client reads it) and the collector is told to
+leave the objects that exist then (--freeze, the default): the simulated hosts' objects live in this process, and
+a garbage-collector pass the client triggers would otherwise walk them, a cost no real client has. One
 ``provision()`` call places --vms-per-host VMs per host (``spread``), then one ``collect_many()`` reads every
-host's metrics. Per host count, the median of --repeat runs (fresh hosts each run, torn down untimed):
+host's metrics. Per host count, the median of --repeat runs (fresh hosts each run, torn down untimed; the runs
+go in rounds of every host count):
 * client CPU per host (``time.process_time`` of this process, less the CPU time spent inside the simulated
   hosts' agent and sysfs, which on a real fleet is the hosts' own) and wall time, for provisioning and for
   metrics; the libvirt test driver's work stays counted (it runs in this process);
@@ -111,9 +117,27 @@ for _phase in ("gather", "plan", "apply"):   # provision() calls them by these m
     setattr(provision_run, _phase, Phases.timed(_phase, getattr(provision_run, _phase)))
 
 
+def booted(host: SimHost) -> SimHost:
+    """The host with its sysfs in place: every directory listed once, so the nodes the simulator keeps for the
+    host's life (what its devices' fixed fields decide, see ``SimFs._kept_nodes``) exist before the measurement,
+    as a real host's sysfs exists before any client reads it. The client's gathering still reads it all."""
+    stack = ["/sys", "/proc"]
+    while stack:
+        d = stack.pop()
+        for name in host.fs.listdir(d):
+            if host.fs.kind(f"{d}/{name}") == "d":
+                stack.append(f"{d}/{name}")
+    return host
+
+
+BOOT = True   # main() sets it from --boot
+
+
 def fleet(n: int, profile: str, node: str, tag: str) -> tuple[dict[str, SimHost], dict[str, LibvirtConnection]]:
-    hosts: dict[str, SimHost] = {f"{tag}-h{i:02d}": TimedSimHost.from_profile(profile, name=f"{tag}-h{i:02d}")
-                                 for i in range(n)}
+    hosts: dict[str, SimHost] = {}
+    for i in range(n):
+        host = TimedSimHost.from_profile(profile, name=f"{tag}-h{i:02d}")
+        hosts[host.name] = booted(host) if BOOT else host
     conns = {name: LibvirtConnection(f"test://{node}") for name in hosts}
     return hosts, conns
 
@@ -191,13 +215,17 @@ def main() -> int:
     ap.add_argument("--vms-per-host", type=int, default=8)
     ap.add_argument("--profile", default="t4x2")
     ap.add_argument("--gpu", default="fb>=2G,series=Q")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile-top", type=int, default=0)
     ap.add_argument("--e2e-hosts", type=int, default=0)
     ap.add_argument("--plan-rounds", type=int, default=7)
     ap.add_argument("--freeze", action=argparse.BooleanOptionalAction, default=True,
                     help="keep the simulated hosts' objects out of the garbage collector's passes (default: on)")
+    ap.add_argument("--boot", action=argparse.BooleanOptionalAction, default=True,
+                    help="list each simulated host's sysfs once before the measurement (default: on)")
     a = ap.parse_args()
+    global BOOT
+    BOOT = a.boot
     counts = [int(x) for x in a.hosts.split(",")]
     if counts[0] != 1:
         counts.insert(0, 1)                      # the straight line starts from one host, measured here
@@ -205,13 +233,17 @@ def main() -> int:
         f.write(NODE_XML)
         node = f.name
     one_run(1, a, node, "warm")                  # imports, caches, the first libvirt connection
-    rows: dict[int, list[tuple[float, float, float, float, float]]] = {}
-    for n in counts:
-        rows[n] = [one_run(n, a, node, f"f{n}r{r}") for r in range(a.repeat)]
+    rows: dict[int, list[tuple[float, float, float, float, float]]] = {n: [] for n in counts}
+    for r in range(a.repeat):
+        # rounds of every host count, not every run of one count then the next: a busy spell of the machine
+        # then lands in one round of each count (which the median drops), not in all runs of one count
+        for n in counts:
+            rows[n].append(one_run(n, a, node, f"f{n}r{r}"))
     med = {n: tuple(statistics.median(r[i] for r in runs) for i in range(5)) for n, runs in rows.items()}
     p1c, p1w, m1c, _m1w, _s1 = med[1]
     print(f"profile {a.profile}, {a.vms_per_host} VMs per host ({a.gpu}, spread), libvirt test driver per host; "
-          f"median of {a.repeat} runs")
+          f"median of {a.repeat} runs; hosts {'booted' if a.boot else 'not booted'}, "
+          f"{'frozen' if a.freeze else 'not frozen'}")
     print(f"{'hosts':>5s} | {'provision CPU':>13s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s} {'x line':>7s} "
           f"{'switches/host':>13s} | {'metrics CPU':>11s} {'CPU/host':>9s} {'x line':>7s} {'wall':>8s}")
     for n in counts:
