@@ -172,3 +172,61 @@ def test_a_plan_looks_for_each_vm_s_domain_on_the_hosts_that_hold_one_not_on_eve
              policy="spread", states=host_states(invs))
     assert len(p.assignments) == 64
     assert len(looked) <= 64, len(looked)          # was one look per host per VM: 8 x 64 = 512
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_runs_of_kinds_place_refuse_and_explain_as_ranking_everything(monkeypatch: pytest.MonkeyPatch,
+                                                                           seed: int) -> None:
+    """Seeded random fleets and VM sequences (runs of one kind, kinds alternating, pinned and NUMA-strict VMs,
+    two-GPU VMs, pools that overflow the fleet): the kept ranking, its in-place changes and the explanation made
+    from the changes when read, against every host ranked for every VM."""
+    import random
+    rng = random.Random(seed)
+    invs = [t4_host(f"t{i}") if rng.random() < 0.6 else l40s_host(f"l{i}", nvfs=rng.choice([2, 4, 8]))
+            for i in range(rng.randint(1, 6))]
+    names = [inv.host for inv in invs]
+    kinds = [VgpuRequest(type="nvidia-231"), VgpuRequest.parse("fb>=1G"), VgpuRequest.parse("fb>=2G"),
+             VgpuRequest.parse("fb>=4G"), VgpuRequest(mode="passthrough")]
+    vms: list[VmRequest] = []
+    while len(vms) < rng.randint(4, 6 * len(invs)):      # some fleets overflow: a refusal must read alike too
+        req = rng.choices(kinds, weights=[4, 4, 4, 2, 1])[0]
+        extra: dict[str, Any] = {}
+        if rng.random() < 0.15:
+            extra["host"] = rng.choice(names)
+        if rng.random() < 0.15:
+            extra["numa_node"] = rng.choice([0, 1])
+        if rng.random() < 0.1:
+            vms.append(VmRequest(f"d{len(vms)}", gpus=(req, VgpuRequest.parse("fb>=1G")), start=False, **extra))
+            continue
+        vms.extend(VmRequest.pool(f"v{len(vms)}-", rng.randint(1, 8), gpu=req, start=False, **extra))
+    policy = rng.choice(["binpack", "spread"])
+
+    def outcome() -> object:
+        try:
+            got, why, _ = place(vms, host_states(invs), policy=policy)  # type: ignore[arg-type]
+            return got, [tuple(c) for c in why]
+        except NoCapacity as exc:
+            return str(exc)
+
+    fast = outcome()
+    real = options.rank
+
+    def everything(vm: Any, host_list: Any, pol: Any, order: Any, memo: Any, last: Any) -> Any:
+        req = vm.gpus[0]
+        ranked, notes = real(vm, req, host_list, pol, order, memo)
+        return ranked, notes, placement._Ranked((req, vm.host, vm.numa_node, vm.numa_strict), ranked, notes, None)
+
+    monkeypatch.setattr(placement, "_rank_reusing", everything)
+    assert fast == outcome()
+
+
+def test_a_plan_refuses_vm_names_given_twice_naming_each_once() -> None:
+    """Counted once for the whole request (a count per name grew with VMs x VMs: 65,000 comparisons for a
+    32-host pool of 8 VMs each)."""
+    from vgpuvirt.errors import InvalidSpec
+    from vgpuvirt.provision.plan import plan
+    vms = [*VmRequest.pool("vdi", 300, gpu=VgpuRequest(type="nvidia-231")),
+           *VmRequest.pool("vdi", 2, gpu=VgpuRequest(type="nvidia-231")), VmRequest.pool("x", 1)[0]]
+    with pytest.raises(InvalidSpec, match="unique names") as ei:
+        plan([t4_host("h1")], vms)
+    assert ei.value.value == ["vdi-001", "vdi-002"]

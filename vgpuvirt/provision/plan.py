@@ -11,6 +11,7 @@ them.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,8 +170,8 @@ def plan(inventories: Mapping[str, Any] | Iterable[Any], requests: Sequence[VmRe
     """Compute the steps; touches nothing. ``domains`` maps a host name to its libvirt (name, xml) pairs;
     ``libvirt`` to its networks, pools and firmware (:meth:`LibvirtConnection.facts`), for the pre-flight.
     A VM whose host lacks what its domain needs is refused here (:class:`PreflightFailed`), never at start."""
-    names = [vm.name for vm in requests]
-    dup = {n for n in names if names.count(n) > 1}
+    # counted once (a count per name was names x names: 65,000 comparisons for 32 hosts of 8 VMs)
+    dup = {n for n, k in Counter(vm.name for vm in requests).items() if k > 1}
     if dup:
         raise InvalidSpec("VM names", sorted(dup), "unique names")
     one_disk_each(requests)

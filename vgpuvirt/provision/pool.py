@@ -13,6 +13,7 @@ a survey is never applied blindly.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,7 @@ def place_pool(surveys: Sequence[Survey], prefix: str, count: int, template: VmR
         raise InvalidSpec("pool hosts", [], "at least one surveyed host")
     hosts = [s.host for s in surveys]
     gone = sorted(set(unreachable) - set(hosts))
-    dup = sorted({h for h in hosts if hosts.count(h) > 1})
+    dup = sorted(h for h, k in Counter(hosts).items() if k > 1)
     if dup:
         raise InvalidSpec("pool hosts", dup, "distinct host names (set host_name per host)")
     invs = {s.host: build_inventory(s.snapshot, host=s.host, domains=s.domains) for s in surveys}
