@@ -74,7 +74,9 @@ def value_for(path: str, tree: dict[str, tuple[Any, ...]], rng: random.Random) -
     return rng.choice(["1", "0", "default", "x"])
 
 
-PROFILES = ["t4x2", "a100-sriov", "l40s-vgpu17", "l4-hetero", "gvtg", "a30-mig", "mixed"]
+# the two largest trees are walked in the slow lane (CI runs it; the inner loop keeps five profiles)
+PROFILES = ["t4x2", pytest.param("a100-sriov", marks=pytest.mark.slow), "l40s-vgpu17", "l4-hetero", "gvtg",
+            "a30-mig", pytest.param("mixed", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -85,7 +87,7 @@ def test_the_kept_tree_reads_as_a_tree_built_anew_after_every_change(profile: st
     tree = walk(kept)                               # each walk fills what the kept SimFs keeps, before a change
     assert tree == walk(anew)
     changed = 0
-    for step in range(60):
+    for step in range(40):
         roll = rng.random()
         version = model.version
         if roll < 0.06:
@@ -105,4 +107,4 @@ def test_the_kept_tree_reads_as_a_tree_built_anew_after_every_change(profile: st
         tree, built = walk(kept), walk(anew)
         assert tree == built, (step, sorted(set(tree.items()) ^ set(built.items()))[:6])
     assert all(kept._alive(owner) for owner, _ in kept._kept.values())   # a gone device's nodes are not held
-    assert changed >= 10, f"only {changed} of the steps changed the model: the steps test too little"
+    assert changed >= 8, f"only {changed} of the steps changed the model: the steps test too little"
