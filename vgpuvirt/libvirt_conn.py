@@ -336,8 +336,12 @@ class LibvirtConnection:
         except LibvirtError as exc:
             if kept and exc.code == VIR_ERR_NO_DOMAIN:
                 raise _StaleHandle from exc
-            if self._runs(name, dom):
+            # a libvirt that stopped answering is not asked again (the question would wait out the bound too)
+            if not isinstance(exc, LibvirtTimeout) and self._runs(name, dom):
                 return      # nothing was started, nothing to record
+            client_audit.failed("start domain", self.uri, exc, domain=name)
+            raise
+        except BaseException as exc:   # recorded whatever it is, as audited() does
             client_audit.failed("start domain", self.uri, exc, domain=name)
             raise
         client_audit.record("start domain", self.uri, "ok", domain=name)

@@ -357,3 +357,25 @@ def test_define_with_the_callers_name_parses_nothing_and_refuses_a_name_the_xml_
         conn.define(_xml(three), name="bad name")                              # a name no domain may have
     assert not conn.exists("dn-x") and not conn.exists(three)
     assert conn.define(_xml(three)) == three and len(parsed) == 3             # no name given: read from the XML
+
+
+def test_a_start_that_gets_no_answer_is_recorded_and_asks_nothing_more(conn, monkeypatch):
+    """A libvirt that stopped answering is not asked whether the domain runs: that question would wait out the
+    bound again."""
+    from vgpuvirt.libvirt_bound import LibvirtTimeout
+    name = "hd-" + uuid.uuid4().hex[:8]
+    conn.made.append(name)
+    conn.define(_xml(name))
+    asked: list[str] = []
+    real = conn._call
+
+    def call(domain, what, fn):
+        asked.append(what)
+        if what == "start":
+            raise LibvirtTimeout("libvirt test:///default: start got no answer in 60 s", domain=domain, uri=conn.uri)
+        return real(domain, what, fn)
+    monkeypatch.setattr(conn, "_call", call)
+    with pytest.raises(LibvirtTimeout):
+        conn.start(name)
+    assert asked == ["start"]
+    assert _client_records(name) == [("define domain", "ok"), ("start domain", "failed")]
