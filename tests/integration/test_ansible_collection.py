@@ -72,9 +72,9 @@ def test_ansible_test_sanity_passes(tmp_path: Path, request: pytest.FixtureReque
     missing = re.search(r"can be manually downloaded and saved to: (\S+)", proc.stdout + proc.stderr)
     if missing:
         # ansible-test bootstraps pip in its virtual environments with a script from ci-files.testing.ansible.com;
-        # where only the package index is reachable, give it one that does the same with ensurepip + pip
+        # where only the package index is reachable, give it one that installs the same pip from the index
         Path(missing[1]).parent.mkdir(parents=True, exist_ok=True)
-        Path(missing[1]).write_text(GET_PIP)
+        Path(missing[1]).write_text(GET_PIP.replace("OUTER = None", f"OUTER = {sys.executable!r}", 1))
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -82,12 +82,17 @@ def test_ansible_test_sanity_passes(tmp_path: Path, request: pytest.FixtureReque
         assert f'Running sanity test "{test}"' in out, f"{test} did not run:\n{out[-3000:]}"
 
 
-GET_PIP = '''"""pip for ansible-test's sanity virtual environments: the bundled one, then the version asked."""
+GET_PIP = '''"""pip for ansible-test's sanity virtual environments: the version asked, installed into this one by the
+test's own pip (``pip --python``): one pip run per virtual environment, where ensurepip and then the version asked
+were two; ensurepip then pip where that cannot run."""
 import subprocess
 import sys
 
-# ensurepip in a child: in this process it would set PIP_CONFIG_FILE=/dev/null for the install below too
-subprocess.check_call([sys.executable, "-m", "ensurepip"])
+OUTER = None   # the test's interpreter (its venv has pip), written in when the script is saved
+
 args = [a for a in sys.argv[1:] if a not in ("--no-setuptools", "--no-wheel")]
-sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", *args]))
+if subprocess.call([OUTER, "-m", "pip", "--python", sys.executable, "install", *args]) != 0:
+    # ensurepip in a child: in this process it would set PIP_CONFIG_FILE=/dev/null for the install below too
+    subprocess.check_call([sys.executable, "-m", "ensurepip"])
+    sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", *args]))
 '''
