@@ -178,8 +178,8 @@ def test_a_plan_looks_for_each_vm_s_domain_on_the_hosts_that_hold_one_not_on_eve
 def test_random_runs_of_kinds_place_refuse_and_explain_as_ranking_everything(monkeypatch: pytest.MonkeyPatch,
                                                                            seed: int) -> None:
     """Seeded random fleets and VM sequences (runs of one kind, kinds alternating, pinned and NUMA-strict VMs,
-    two-GPU VMs, pools that overflow the fleet): the kept ranking, its in-place changes and the explanation made
-    from the changes when read, against every host ranked for every VM."""
+    two-GPU VMs, pools that overflow the fleet): the ranking reused from VM to VM (only the host the last VM went to
+    ranked again) and the explanation made from it when read, against every host ranked for every VM."""
     import random
     rng = random.Random(seed)
     invs = [t4_host(f"t{i}") if rng.random() < 0.6 else l40s_host(f"l{i}", nvfs=rng.choice([2, 4, 8]))
@@ -188,7 +188,8 @@ def test_random_runs_of_kinds_place_refuse_and_explain_as_ranking_everything(mon
     kinds = [VgpuRequest(type="nvidia-231"), VgpuRequest.parse("fb>=1G"), VgpuRequest.parse("fb>=2G"),
              VgpuRequest.parse("fb>=4G"), VgpuRequest(mode="passthrough")]
     vms: list[VmRequest] = []
-    while len(vms) < rng.randint(4, 6 * len(invs)):      # some fleets overflow: a refusal must read alike too
+    wanted = rng.randint(4, 6 * len(invs))               # some fleets overflow: a refusal must read alike too
+    while len(vms) < wanted:
         req = rng.choices(kinds, weights=[4, 4, 4, 2, 1])[0]
         extra: dict[str, Any] = {}
         if rng.random() < 0.15:
