@@ -130,14 +130,12 @@ def booted(host: SimHost) -> SimHost:
     return host
 
 
-BOOT = True   # main() sets it from --boot
-
-
-def fleet(n: int, profile: str, node: str, tag: str) -> tuple[dict[str, SimHost], dict[str, LibvirtConnection]]:
+def fleet(n: int, a: argparse.Namespace, node: str, tag: str
+          ) -> tuple[dict[str, SimHost], dict[str, LibvirtConnection]]:
     hosts: dict[str, SimHost] = {}
     for i in range(n):
-        host = TimedSimHost.from_profile(profile, name=f"{tag}-h{i:02d}")
-        hosts[host.name] = booted(host) if BOOT else host
+        host = TimedSimHost.from_profile(a.profile, name=f"{tag}-h{i:02d}")
+        hosts[host.name] = booted(host) if a.boot else host
     conns = {name: LibvirtConnection(f"test://{node}") for name in hosts}
     return hosts, conns
 
@@ -148,7 +146,7 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
     switches) of one fleet of n hosts. Client CPU: this process's, less the time spent inside the simulated hosts
     (on a real fleet, the hosts' own). A context switch is a thread giving up the interpreter (a system call, a
     libvirt call, a lock) and waiting to get it back: with a thread per host these grow with the fleet."""
-    hosts, conns = fleet(n, a.profile, node, tag)
+    hosts, conns = fleet(n, a, node, tag)
     vms = VmRequest.pool(f"{tag}-vm", n * a.vms_per_host, gpu=VgpuRequest.parse(a.gpu), memory_mib=256, vcpus=1)
     if a.freeze:
         # The simulated hosts' objects live in this process, not in a real client: out of the collector's
@@ -188,7 +186,7 @@ def one_run(n: int, a: argparse.Namespace, node: str, tag: str, prof: cProfile.P
 
 def plan_alone(n: int, a: argparse.Namespace, node: str, rounds: int) -> float:
     """Best CPU time of plan() for n hosts' gathered inventories (nothing is applied: the hosts stay empty)."""
-    hosts, conns = fleet(n, a.profile, node, f"p{n}")
+    hosts, conns = fleet(n, a, node, f"p{n}")
     try:
         invs, doms = gather(hosts, conns)
         states = host_states(invs, doms)
@@ -224,8 +222,6 @@ def main() -> int:
     ap.add_argument("--boot", action=argparse.BooleanOptionalAction, default=True,
                     help="list each simulated host's sysfs once before the measurement (default: on)")
     a = ap.parse_args()
-    global BOOT
-    BOOT = a.boot
     counts = [int(x) for x in a.hosts.split(",")]
     if counts[0] != 1:
         counts.insert(0, 1)                      # the straight line starts from one host, measured here

@@ -425,9 +425,8 @@ def test_a_log_that_cannot_take_the_batch_refuses_it_naming_the_cause(tree: Path
 
 def test_a_client_record_looks_up_who_and_where_once_and_makes_its_directory_when_missing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each lookup is a system call that lets another thread take the interpreter: provisioning 32 hosts in
-    threads made 356-368 voluntary context switches per host, 234-250 with these done once
-    (benchmarks/bench_fleet.py --hosts 1,32, switches/host)."""
+    """Each lookup is a system call that lets another thread take the interpreter (provisioning hosts in threads:
+    benchmarks/bench_fleet.py prints the switches per host)."""
     import pwd
     import socket
 

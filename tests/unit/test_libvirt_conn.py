@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 import tenacity
+from test_audit import client_records
 
 from vgpuvirt.errors import InvalidSpec, LibvirtError, MissingDependency
 from vgpuvirt.libvirt_bound import VIR_ERR_OPERATION_TIMEOUT, retry_transient
@@ -261,13 +262,9 @@ class _Counted:
         return call
 
 
-def _client_records(name: str) -> list[tuple[str, str]]:
-    import json
-    import os
-    from pathlib import Path
-    path = Path(os.environ["VGPUVIRT_AUDIT_LOG"])
-    recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [(r["action"], r["outcome"]) for r in recs if r.get("domain") == name]
+def _client_records(name: str) -> list[tuple[object, object]]:
+    """(action, outcome) of the client log's records of domain ``name``."""
+    return [(r["action"], r["outcome"]) for r in client_records() if r.get("domain") == name]
 
 
 def test_a_domain_this_connection_defined_starts_in_one_call(conn, monkeypatch):

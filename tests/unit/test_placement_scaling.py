@@ -49,6 +49,18 @@ def _without_memo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placement, "rank", plain)
 
 
+def _rank_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference the reused ranking is held to: every host ranked again for every VM."""
+    real = options.rank
+
+    def everything(vm: Any, host_list: Any, pol: Any, order: Any, memo: Any, last: Any) -> Any:
+        req = vm.gpus[0]
+        ranked, notes = real(vm, req, host_list, pol, order, memo)
+        return ranked, notes, placement._Ranked((req, vm.host, vm.numa_node, vm.numa_strict), ranked, notes, None)
+
+    monkeypatch.setattr(placement, "_rank_reusing", everything)
+
+
 def _scenarios() -> list[tuple[str, list[Any], list[VmRequest]]]:
     two_gpu = VmRequest("dual", gpus=(VgpuRequest.parse("fb>=2G"), VgpuRequest.parse("fb>=4G")), start=False)
     mix = [VmRequest("whole", gpus=(VgpuRequest(mode="passthrough"),), start=False),
@@ -111,14 +123,7 @@ def test_the_reused_ranking_places_and_explains_exactly_as_ranking_everything(
             return str(exc)
 
     fast = outcome()
-    real = options.rank
-
-    def everything(vm: Any, host_list: Any, pol: Any, order: Any, memo: Any, last: Any) -> Any:
-        req = vm.gpus[0]
-        ranked, notes = real(vm, req, host_list, pol, order, memo)
-        return ranked, notes, placement._Ranked((req, vm.host, vm.numa_node, vm.numa_strict), ranked, notes, None)
-
-    monkeypatch.setattr(placement, "_rank_reusing", everything)
+    _rank_everything(monkeypatch)
     assert fast == outcome()
 
 
@@ -210,14 +215,7 @@ def test_random_runs_of_kinds_place_refuse_and_explain_as_ranking_everything(mon
             return str(exc)
 
     fast = outcome()
-    real = options.rank
-
-    def everything(vm: Any, host_list: Any, pol: Any, order: Any, memo: Any, last: Any) -> Any:
-        req = vm.gpus[0]
-        ranked, notes = real(vm, req, host_list, pol, order, memo)
-        return ranked, notes, placement._Ranked((req, vm.host, vm.numa_node, vm.numa_strict), ranked, notes, None)
-
-    monkeypatch.setattr(placement, "_rank_reusing", everything)
+    _rank_everything(monkeypatch)
     assert fast == outcome()
 
 
